@@ -1,0 +1,306 @@
+"""Reading safetensors checkpoints: headers without data, components, and tensors one at a time.
+
+A *component* is one model's weights: a directory holding either a single ``*.safetensors``
+file or shards listed by a ``*.safetensors.index.json``, plus usually a ``config.json``.
+Everything here validates what it reads and raises `InputError` naming the file at fault;
+no path taken from an index is trusted to stay inside the checkpoint.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import dtypes
+from .errors import InputError
+
+__all__ = [
+    "TensorInfo",
+    "SafetensorsHeader",
+    "Component",
+    "read_header",
+    "open_component",
+    "read_tensor",
+    "read_rows",
+    "copy_tensor_bytes",
+    "confined_path",
+    "tensor_bytes",
+    "INDEX_SUFFIX",
+    "CONFIG_NAME",
+]
+
+INDEX_SUFFIX = ".safetensors.index.json"
+CONFIG_NAME = "config.json"
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
+_SHARD_RE = re.compile(r"^(?P<stem>.+)-\d{5}-of-\d{5}\.safetensors$")
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor lives: its file, dtype, shape and absolute byte range in that file."""
+
+    name: str
+    dtype: str  # safetensors dtype name, e.g. "BF16"
+    shape: tuple[int, ...]
+    file: Path
+    start: int  # absolute offset in `file`
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+@dataclass(frozen=True)
+class SafetensorsHeader:
+    path: Path
+    data_start: int
+    tensors: dict[str, TensorInfo]  # in file-offset order
+    metadata: dict[str, str]
+
+
+def read_header(path: Path) -> SafetensorsHeader:
+    """Parse and validate a safetensors header without reading tensor data.
+
+    >>> # header = read_header(Path("model.safetensors")); header.tensors["proj.weight"].shape
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            prefix = f.read(8)
+            if len(prefix) < 8:
+                raise InputError(f"{path}: not a safetensors file ({size} bytes, shorter than its 8-byte header length)")
+            (n,) = struct.unpack("<Q", prefix)
+            if n > MAX_HEADER_BYTES or 8 + n > size:
+                raise InputError(f"{path}: header length {n} runs past the end of the file ({size} bytes): truncated or not safetensors")
+            raw = f.read(n)
+    except OSError as e:
+        raise InputError(f"{path}: cannot read: {e.strerror or e}") from None
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"{path}: header is not valid JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise InputError(f"{path}: header is not a JSON object")
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise InputError(f"{path}: __metadata__ must map strings to strings")
+    data_start = 8 + n
+    infos = [_tensor_info(path, name, entry, data_start) for name, entry in header.items()]
+    infos.sort(key=lambda t: (t.start, t.end))
+    cursor = data_start
+    for t in infos:
+        if t.start != cursor:
+            raise InputError(f"{path}: tensor {t.name!r} starts at byte {t.start - data_start} of the data, expected {cursor - data_start} (overlapping or holey offsets)")
+        cursor = t.end
+    if cursor != size:
+        raise InputError(f"{path}: tensor data ends at byte {cursor} but the file has {size} bytes: truncated or padded")
+    return SafetensorsHeader(path, data_start, {t.name: t for t in infos}, dict(metadata))
+
+
+def _tensor_info(path: Path, name: str, entry: object, data_start: int) -> TensorInfo:
+    if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+        raise InputError(f"{path}: tensor {name!r} has a malformed header entry")
+    dt = entry["dtype"]
+    shape, offsets = entry["shape"], entry["data_offsets"]
+    if not isinstance(dt, str):
+        raise InputError(f"{path}: tensor {name!r} has a malformed dtype")
+    try:
+        row = dtypes.by_name(dt)
+    except InputError as e:
+        raise InputError(f"{path}: tensor {name!r}: {e}") from None
+    if not (isinstance(shape, list) and all(isinstance(s, int) and s >= 0 for s in shape)):
+        raise InputError(f"{path}: tensor {name!r} has a malformed shape {shape!r}")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) and o >= 0 for o in offsets)):
+        raise InputError(f"{path}: tensor {name!r} has malformed data_offsets {offsets!r}")
+    numel = 1
+    for s in shape:
+        numel *= s
+    begin, end = offsets
+    if end - begin != numel * row.itemsize:
+        raise InputError(f"{path}: tensor {name!r} spans {end - begin} bytes but {dt}{shape} needs {numel * row.itemsize}")
+    return TensorInfo(name, dt, tuple(shape), path, data_start + begin, data_start + end)
+
+
+def confined_path(root: Path, relative: str, what: str) -> Path:
+    """`root / relative`, refusing absolute paths and paths that leave `root`."""
+    rel = Path(relative)
+    if rel.is_absolute() or ".." in rel.parts or not relative:
+        raise InputError(f"{what}: path {relative!r} leaves the checkpoint directory {root}")
+    return root / rel
+
+
+@dataclass
+class Component:
+    """One model's weights inside a checkpoint directory."""
+
+    root: Path  # the checkpoint directory
+    rel: str  # the component's subfolder, "." for the root
+    shards: list[Path]
+    tensors: dict[str, TensorInfo]  # in source order: shard by shard, by offset
+    index_path: Path | None
+    stem: str  # shard name stem, e.g. "diffusion_pytorch_model"
+    config: dict | None
+    headers: dict[Path, SafetensorsHeader] = field(repr=False, default_factory=dict)
+
+    @property
+    def dir(self) -> Path:
+        return self.root if self.rel == "." else self.root / self.rel
+
+    @property
+    def config_path(self) -> Path:
+        return self.dir / CONFIG_NAME
+
+    def own_files(self) -> list[Path]:
+        """The files this component is made of: shards, index, config."""
+        files = list(self.shards)
+        if self.index_path is not None:
+            files.append(self.index_path)
+        if self.config is not None:
+            files.append(self.config_path)
+        return files
+
+
+def open_component(root: Path, rel: str = ".") -> Component:
+    """Find and validate one component's shards, index and config, reading headers only."""
+    root = Path(root)
+    comp_dir = root if rel == "." else confined_path(root, rel, f"component {rel!r}")
+    if not comp_dir.is_dir():
+        raise InputError(f"{comp_dir}: component directory not found")
+    indexes = sorted(comp_dir.glob("*" + INDEX_SUFFIX))
+    if len(indexes) > 1:
+        names = ", ".join(p.name for p in indexes)
+        raise InputError(f"{comp_dir}: more than one safetensors index ({names}); keep one")
+    if indexes:
+        index_path = indexes[0]
+        stem = index_path.name[: -len(INDEX_SUFFIX)]
+        shards, owner = _shards_from_index(comp_dir, index_path)
+    else:
+        index_path = None
+        shards = sorted(comp_dir.glob("*.safetensors"))
+        if not shards:
+            raise InputError(f"{comp_dir}: no *.safetensors files and no {INDEX_SUFFIX} here")
+        owner = None
+        m = _SHARD_RE.match(shards[0].name)
+        stem = m["stem"] if m else shards[0].name[: -len(".safetensors")]
+    headers = {p: read_header(p) for p in shards}
+    tensors: dict[str, TensorInfo] = {}
+    for p in shards:
+        for name, info in headers[p].tensors.items():
+            if name in tensors:
+                raise InputError(f"{comp_dir}: tensor {name!r} is in both {tensors[name].file.name} and {p.name}")
+            if owner is not None and owner.get(name) != p.name:
+                raise InputError(f"{index_path}: tensor {name!r} is in {p.name} but the index maps it to {owner.get(name)!r}")
+            tensors[name] = info
+    if owner is not None:
+        missing = sorted(set(owner) - set(tensors))
+        if missing:
+            raise InputError(f"{index_path}: tensor {missing[0]!r} is listed in the index but in no shard")
+    if not tensors:
+        raise InputError(f"{comp_dir}: the checkpoint holds no tensors")
+    return Component(root, rel, shards, tensors, index_path, stem, _read_config(comp_dir / CONFIG_NAME), headers)
+
+
+def _shards_from_index(comp_dir: Path, index_path: Path) -> tuple[list[Path], dict[str, str]]:
+    try:
+        index = json.loads(index_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"{index_path}: not a readable JSON index ({e})") from None
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise InputError(f"{index_path}: has no 'weight_map'")
+    shards: list[Path] = []
+    for name, file in weight_map.items():
+        if not isinstance(file, str):
+            raise InputError(f"{index_path}: tensor {name!r} maps to {file!r}, not a file name")
+        path = confined_path(comp_dir, file, str(index_path))
+        if path not in shards:
+            if not path.is_file():
+                raise InputError(f"{index_path}: names shard {file!r}, which does not exist")
+            shards.append(path)
+    return sorted(shards), {k: Path(v).as_posix() for k, v in weight_map.items()}
+
+
+def _read_config(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise InputError(f"{path}: must hold a JSON object")
+    return config
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """A zero-copy, writable byte view of a contiguous CPU tensor."""
+    if not t.is_contiguous():
+        raise ValueError("tensor must be contiguous")
+    n = t.numel() * t.element_size()
+    if n == 0:
+        return memoryview(b"")
+    return memoryview((ctypes.c_char * n).from_address(t.data_ptr())).cast("B")
+
+
+def _pread_into(fd: int, buf: memoryview, offset: int, path: Path) -> None:
+    done = 0
+    while done < len(buf):
+        n = os.preadv(fd, [buf[done:]], offset + done)
+        if n == 0:
+            raise InputError(f"{path}: unexpected end of file at byte {offset + done}: truncated shard")
+        done += n
+
+
+def read_rows(info: TensorInfo, row_start: int, row_end: int) -> torch.Tensor:
+    """Rows ``[row_start, row_end)`` of a tensor (along dim 0), read from disk into fresh memory."""
+    row = dtypes.by_name(info.dtype)
+    rows = info.shape[0] if info.shape else 1
+    inner = info.numel // rows if rows else 0
+    out = torch.empty((row_end - row_start, *info.shape[1:]), dtype=row.torch)
+    buf = tensor_bytes(out)
+    fd = os.open(info.file, os.O_RDONLY)
+    try:
+        _pread_into(fd, buf, info.start + row_start * inner * row.itemsize, info.file)
+    finally:
+        os.close(fd)
+    return out
+
+
+def read_tensor(info: TensorInfo) -> torch.Tensor:
+    """The whole tensor, read from disk into fresh memory (no memory map kept)."""
+    if not info.shape:
+        out = read_rows(TensorInfo(info.name, info.dtype, (1,), info.file, info.start, info.end), 0, 1)
+        return out.reshape(())
+    return read_rows(info, 0, info.shape[0])
+
+
+def copy_tensor_bytes(info: TensorInfo, write, chunk_bytes: int = 8 << 20) -> None:
+    """Stream a tensor's stored bytes, bit-exact, as `write(chunk: memoryview, offset_in_tensor)` calls."""
+    buf = bytearray(min(chunk_bytes, max(info.nbytes, 1)))
+    view = memoryview(buf)
+    fd = os.open(info.file, os.O_RDONLY)
+    try:
+        pos = info.start
+        while pos < info.end:
+            n = min(len(buf), info.end - pos)
+            _pread_into(fd, view[:n], pos, info.file)
+            write(view[:n], pos - info.start)
+            pos += n
+    finally:
+        os.close(fd)

@@ -1,0 +1,341 @@
+"""The `quantize` command line: the only place that parses arguments, prints, or picks exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import statistics
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+from .errors import QuantizeError
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+for _c in (out, err):
+    if not _c.is_terminal:  # logs and pipes: wide lines rather than wrapped tables
+        _c.width = max(_c.width, 160)
+_state = {"debug": False}
+
+
+# --- progress ----------------------------------------------------------------------------------
+
+
+class _RichProgress:
+    """A progress bar with bytes, tensors, rate and ETA, for a terminal."""
+
+    def __init__(self, label: str):
+        self._bar = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            DownloadColumn(binary_units=False),
+            TextColumn("{task.fields[tensors]}/{task.fields[total_tensors]} tensors"),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=err,
+            transient=False,
+        )
+        self._label = label
+        self._task = None
+        self._lock = threading.Lock()
+        self._tensors = 0
+
+    def start(self, total_bytes: int, total_tensors: int) -> None:
+        self._bar.start()
+        self._task = self._bar.add_task(self._label, total=total_bytes, tensors=0, total_tensors=total_tensors)
+
+    def advance(self, nbytes: int, tensors: int = 1) -> None:
+        with self._lock:
+            self._tensors += tensors
+            self._bar.update(self._task, advance=nbytes, tensors=self._tensors)
+
+    def note(self, text: str) -> None:
+        pass
+
+    def stop(self) -> None:
+        self._bar.stop()
+
+
+class _PlainProgress:
+    """Plain progress lines (every 10% or 10 s), for logs and pipes."""
+
+    def __init__(self, label: str):
+        self._label = label
+        self._lock = threading.Lock()
+        self._done = self._tensors = 0
+        self._total = self._total_tensors = 0
+        self._t0 = self._last_t = time.monotonic()
+        self._last_pct = 0
+
+    def start(self, total_bytes: int, total_tensors: int) -> None:
+        self._total, self._total_tensors = total_bytes, total_tensors
+        self._t0 = self._last_t = time.monotonic()
+        err.print(f"{self._label}: {total_tensors} tensors, {_gb(total_bytes)}")
+
+    def advance(self, nbytes: int, tensors: int = 1) -> None:
+        with self._lock:
+            self._done += nbytes
+            self._tensors += tensors
+            now = time.monotonic()
+            pct = 100 * self._done // max(1, self._total)
+            if pct >= self._last_pct + 10 or now - self._last_t >= 10 or self._tensors == self._total_tensors:
+                rate = self._done / max(now - self._t0, 1e-9)
+                eta = (self._total - self._done) / rate if rate else 0
+                err.print(
+                    f"{self._label}: {pct:3d}%  {_gb(self._done)}/{_gb(self._total)}  "
+                    f"{self._tensors}/{self._total_tensors} tensors  {_gb(rate)}/s  ETA {eta:.0f}s"
+                )
+                self._last_pct, self._last_t = pct, now
+
+    def note(self, text: str) -> None:
+        err.print(f"{self._label}: {text}")
+
+    def stop(self) -> None:
+        pass
+
+
+def _progress(label: str):
+    return _RichProgress(label) if err.is_terminal else _PlainProgress(label)
+
+
+def _gb(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale / 10:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+# --- commands ----------------------------------------------------------------------------------
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
+@click.version_option(package_name="dit-quantize")
+def cli(debug: bool) -> None:
+    """Offline quantization of video diffusion transformers into pre-quantized safetensors checkpoints."""
+    _state["debug"] = debug
+
+
+@cli.command("recipes")
+@click.argument("name", required=False)
+def recipes_cmd(name: str | None) -> None:
+    """List the bundled recipes, or print the YAML of one (to copy and edit)."""
+    from .recipes import bundled_recipes, load_recipe
+
+    if name:
+        loaded = load_recipe(name)
+        if not loaded.origin.startswith("bundled:"):
+            raise click.UsageError(f"{name!r} is a local file, not a bundled recipe")
+        click.echo(bundled_recipes()[loaded.origin.removeprefix("bundled:")], nl=False)
+        return
+    table = Table(title="Bundled recipes (quantize recipes NAME prints one)", title_justify="left")
+    for col in ("recipe", "format", "components", "what it is for"):
+        table.add_column(col)
+    for file, _ in bundled_recipes().items():
+        r = load_recipe(file).recipe
+        table.add_row(file, r.format, ", ".join(r.components), r.description.strip().splitlines()[0] if r.description else "")
+    out.print(table)
+
+
+def _recipe_option(f):
+    return click.option("--recipe", "-r", "recipe", required=True, help="Recipe: a YAML file, or a bundled recipe name (see `quantize recipes`).")(f)
+
+
+@cli.command("plan")
+@click.argument("source", type=click.Path(path_type=Path))
+@_recipe_option
+def plan_cmd(source: Path, recipe: str) -> None:
+    """Dry run: what each tensor of SOURCE becomes under RECIPE, and the sizes before and after."""
+    from .plan import make_plan
+    from .recipes import load_recipe
+
+    loaded = load_recipe(recipe)
+    plan = make_plan(source, loaded.recipe)
+    labels = {p: f"t{i}" for i, p in enumerate(plan.recipe.targets, 1)} | {p: f"i{i}" for i, p in enumerate(plan.recipe.ignore, 1)}
+    table = Table(title=f"{source} with {loaded.origin}: what each tensor becomes", title_justify="left")
+    for col, just in (("component", "left"), ("tensors (* = every block)", "left"), ("n", "right"), ("dtype", "left"),
+                      ("becomes", "left"), ("by", "left"), ("before", "right"), ("after", "right")):
+        table.add_column(col, justify=just)
+    for rel, generic, n, dt, becomes, pattern, before, after in _plan_groups(plan):
+        table.add_row(rel, escape(generic), str(n), dt, becomes, labels.get(pattern, ""), _gb(before), _gb(after))
+    table.add_section()
+    table.add_row("total", "", str(plan.tensor_count), "", "", "", _gb(plan.source_bytes), _gb(plan.output_bytes))
+    out.print(table)
+    hits = Table(title="Recipe patterns (re.fullmatch on module names) and the tensors each decided", title_justify="left")
+    hits.add_column("by")
+    hits.add_column("pattern")
+    for cp in plan.components:
+        hits.add_column(f"in {cp.rel}", justify="right")
+    for p, label in labels.items():
+        hits.add_row(label, escape(p), *(str(cp.pattern_hits[p]) for cp in plan.components))
+    out.print(hits)
+    ratio = plan.output_bytes / max(1, plan.source_bytes)
+    out.print(f"{_gb(plan.source_bytes)} -> {_gb(plan.output_bytes)} ({ratio:.0%} of the source) as {plan.recipe.format}")
+
+
+def _star_blocks(name: str) -> str:
+    """``blocks.12.ffn.0.weight`` -> ``blocks.*.ffn.0.weight`` (any ``*blocks.N.`` segment)."""
+    return re.sub(r"(?<=blocks)\.\d+\.", ".*.", name)
+
+
+def _plan_groups(plan) -> list[tuple]:
+    """Tensors grouped by name with block numbers starred, then by what they become."""
+    groups: dict[tuple, list] = defaultdict(list)
+    for cp in plan.components:
+        for tp in cp.tensors:
+            generic = _star_blocks(tp.name)
+            kept_as = tp.outputs[0].dtype
+            becomes = plan.recipe.format if tp.quantize else ("keep" if kept_as == tp.info.dtype else f"keep as {kept_as}")
+            groups[(cp.rel, generic, tp.info.dtype, becomes, tp.pattern or "")].append(tp)
+    rows = []
+    for (rel, generic, dt, becomes, pattern), tps in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        rows.append((rel, generic, len(tps), dt, becomes, pattern, sum(t.info.nbytes for t in tps), sum(t.output_bytes for t in tps)))
+    return rows
+
+
+@cli.command("convert")
+@click.argument("source", type=click.Path(path_type=Path))
+@click.argument("output", type=click.Path(path_type=Path))
+@_recipe_option
+@click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists (the old one stays until the new one is complete).")
+@click.option("--max-shard-size", default="5GB", show_default=True, help="Largest output shard (tensor bytes), e.g. 5GB, 500MB, 2GiB.")
+@click.option("--workers", type=int, default=None, help="Threads converting tensors in parallel [default: all cores]. Output is identical for any value.")
+def convert_cmd(source: Path, output: Path, recipe: str, overwrite: bool, max_shard_size: str, workers: int | None) -> None:
+    """Convert the safetensors checkpoint SOURCE into OUTPUT following RECIPE."""
+    from .convert import convert, parse_size
+    from .recipes import load_recipe
+
+    loaded = load_recipe(recipe)
+    size = parse_size(max_shard_size)
+    progress = _progress("convert")
+    t0 = time.monotonic()
+    try:
+        manifest = convert(source, output, loaded, overwrite=overwrite, max_shard_size=size, workers=workers, progress=progress)
+    finally:
+        progress.stop()
+    elapsed = time.monotonic() - t0
+    src = sum(c.source_bytes for c in manifest.components)
+    dst = sum(c.output_bytes for c in manifest.components)
+    sqnrs = [t.sqnr_db for t in manifest.tensors.values() if t.sqnr_db is not None]
+    quantized = sum(c.quantized for c in manifest.components)
+    kept = sum(c.kept for c in manifest.components)
+    out.print(f"wrote {output}: {quantized} tensors quantized to {manifest.format}, {kept} kept; {_gb(src)} -> {_gb(dst)} in {elapsed:.1f}s ({_gb(src / max(elapsed, 1e-9))}/s)")
+    if sqnrs:
+        out.print(f"weight SQNR: min {min(sqnrs):.1f} dB, median {statistics.median(sqnrs):.1f} dB")
+
+
+@cli.command("inspect")
+@click.argument("checkpoint", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def inspect_cmd(checkpoint: Path, as_json: bool) -> None:
+    """Format, components, sizes and kept layers of a converted CHECKPOINT (from its manifest)."""
+    from .manifest import read_manifest
+
+    m = read_manifest(checkpoint)
+    sqnrs = [t.sqnr_db for t in m.tensors.values() if t.sqnr_db is not None]
+    summary = {
+        "checkpoint": str(checkpoint),
+        "format": m.format,
+        "recipe": m.recipe.name or m.recipe.origin,
+        "source": m.source.get("name"),
+        "made_with": f"{m.tool['name']} {m.tool['version']}",
+        "components": [c.model_dump() for c in m.components],
+        "files": len(m.output_files),
+        "bytes": sum(f.size for f in m.output_files),
+        "min_sqnr_db": min(sqnrs) if sqnrs else None,
+        "median_sqnr_db": statistics.median(sqnrs) if sqnrs else None,
+    }
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    out.print(f"[bold]{escape(str(checkpoint))}[/]: {m.format}, recipe {escape(str(summary['recipe']))}, from {escape(str(summary['source']))}, made with {summary['made_with']}")
+    table = Table(title_justify="left")
+    for col, just in (("component", "left"), ("quantized", "right"), ("kept", "right"), ("source", "right"), ("output", "right"), ("kept Linears", "left")):
+        table.add_column(col, justify=just)
+    for c in m.components:
+        table.add_row(c.path, str(c.quantized), str(c.kept), _gb(c.source_bytes), _gb(c.output_bytes), escape(_summarize_names(c.kept_linears)))
+    out.print(table)
+    out.print(f"{summary['files']} files, {_gb(summary['bytes'])}")
+    if sqnrs:
+        out.print(f"weight SQNR: min {min(sqnrs):.1f} dB, median {statistics.median(sqnrs):.1f} dB")
+
+
+def _summarize_names(names: list[str]) -> str:
+    groups: dict[str, int] = defaultdict(int)
+    for n in names:
+        groups[_star_blocks(n)] += 1
+    return ", ".join(f"{g} ×{k}" if k > 1 else g for g, k in groups.items()) or "-"
+
+
+@cli.command("example")
+@click.argument("output", type=click.Path(path_type=Path))
+@click.option("--preset", type=click.Choice(["tiny", "small", "1.3b", "14b"]), default="small", show_default=True, help="Model size.")
+@click.option("--layout", type=click.Choice(["t2v", "i2v", "a14b", "lingbot"]), default="t2v", show_default=True, help="Folder layout and extra layers.")
+@click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default="bfloat16", show_default=True)
+@click.option("--max-shard-size", default="1GB", show_default=True)
+def example_cmd(output: Path, preset: str, layout: str, dtype: str, max_shard_size: str) -> None:
+    """Write a random-weight checkpoint with the original Wan key names, to try the tool on."""
+    import torch
+
+    from .convert import parse_size
+    from .errors import OutputExistsError
+    from .synthetic import write_wan_example
+
+    if output.exists():
+        raise OutputExistsError(f"{output}: already exists; remove it or pick another path")
+    write_wan_example(output, preset, layout, dtype=getattr(torch, dtype), max_shard_size=parse_size(max_shard_size))
+    out.print(f"wrote a {preset} Wan-shaped {layout} checkpoint ({dtype}, random weights) to {output}")
+
+
+# --- entry point -------------------------------------------------------------------------------
+
+
+def _on_sigterm(signum, frame):
+    raise SystemExit(143)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: one-line errors, DESIGN.md's exit codes, tracebacks only with --debug."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        cli.main(args=argv, prog_name="quantize", standalone_mode=False)
+    except QuantizeError as e:
+        if _state["debug"]:
+            raise
+        err.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
+        sys.exit(e.exit_code)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(2 if isinstance(e, click.UsageError) else e.exit_code)
+    except (KeyboardInterrupt, click.Abort):
+        err.print("interrupted: nothing was written to the output")
+        sys.exit(130)
+    except Exception as e:  # a bug, or an environment problem we did not foresee
+        if _state["debug"]:
+            raise
+        err.print(f"[red]error:[/] {escape(type(e).__name__)}: {escape(str(e))} (run with --debug for the traceback)", soft_wrap=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

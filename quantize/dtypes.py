@@ -1,0 +1,65 @@
+"""The one dtype table: safetensors name, torch dtype, item size, and safetensors' layout rank.
+
+`rank` is the position in safetensors' own dtype enum; within a file, safetensors lays tensors
+out by descending rank, then by name, which keeps every tensor aligned to its item size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import InputError
+
+__all__ = ["DType", "DTYPES", "by_name", "by_torch", "FLOAT_SOURCE_DTYPES"]
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str  # as spelled in a safetensors header
+    torch: torch.dtype
+    itemsize: int
+    rank: int  # safetensors' enum order; higher ranks are laid out first
+
+
+DTYPES: tuple[DType, ...] = (
+    DType("BOOL", torch.bool, 1, 0),
+    DType("U8", torch.uint8, 1, 4),
+    DType("I8", torch.int8, 1, 5),
+    DType("F8_E5M2", torch.float8_e5m2, 1, 6),
+    DType("F8_E4M3", torch.float8_e4m3fn, 1, 7),
+    DType("I16", torch.int16, 2, 9),
+    DType("U16", torch.uint16, 2, 10),
+    DType("F16", torch.float16, 2, 11),
+    DType("BF16", torch.bfloat16, 2, 12),
+    DType("I32", torch.int32, 4, 13),
+    DType("U32", torch.uint32, 4, 14),
+    DType("F32", torch.float32, 4, 15),
+    DType("F64", torch.float64, 8, 17),
+    DType("I64", torch.int64, 8, 18),
+    DType("U64", torch.uint64, 8, 19),
+)
+
+_BY_NAME = {d.name: d for d in DTYPES}
+_BY_TORCH = {d.torch: d for d in DTYPES}
+
+#: Source dtypes a weight may be quantized from.
+FLOAT_SOURCE_DTYPES = frozenset({"F32", "F16", "BF16"})
+
+
+def by_name(name: str) -> DType:
+    """The table row for a safetensors dtype name such as ``"BF16"``."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        known = ", ".join(sorted(_BY_NAME))
+        raise InputError(f"unsupported safetensors dtype {name!r} (known: {known})") from None
+
+
+def by_torch(dtype: torch.dtype) -> DType:
+    """The table row for a torch dtype."""
+    try:
+        return _BY_TORCH[dtype]
+    except KeyError:
+        raise InputError(f"torch dtype {dtype} has no safetensors equivalent") from None

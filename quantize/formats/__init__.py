@@ -1,0 +1,27 @@
+"""The on-disk formats, each defined once; this table is the only way to look one up.
+
+>>> get_format("fp8_channel").NAME
+'fp8_channel'
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from ..errors import InputError
+from . import fp8_channel
+from .base import Format, NonFiniteWeightError, PartSpec, part_key
+
+__all__ = ["FORMATS", "get_format", "Format", "PartSpec", "NonFiniteWeightError", "part_key"]
+
+FORMATS: dict[str, ModuleType] = {
+    fp8_channel.NAME: fp8_channel,
+}
+
+
+def get_format(name: str) -> Format:
+    """The format module registered under `name`; the error lists the known names."""
+    try:
+        return FORMATS[name]  # type: ignore[return-value]
+    except KeyError:
+        raise InputError(f"unknown format {name!r} (known: {', '.join(sorted(FORMATS))})") from None

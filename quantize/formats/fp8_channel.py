@@ -1,0 +1,94 @@
+"""`fp8_channel`: float8_e4m3fn weights with one float32 scale per output channel.
+
+On disk, per quantized Linear ``<m>``:
+  ``<m>.weight``        float8_e4m3fn [out, in]
+  ``<m>.weight_scale``  float32 [out, 1]         so that w ≈ weight.float() * weight_scale
+
+Reference numerics, in float32 from the values as stored (fp32, fp16 or bf16):
+  scale = rowmax|w| / 448;   q = e4m3(clamp(w / scale, -448, 448)), rounded to nearest even.
+A row whose scale is 0 (all zeros, or too small for float32 after the division) gets scale 1,
+so it stays finite and its values are exact zeros.
+
+`quantization_config` follows the compressed-tensors schema (`float-quantized`): weights
+float/8-bit/channel/symmetric/static, input activations float/8-bit/token/dynamic.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import NonFiniteWeightError, PartSpec
+
+__all__ = ["NAME", "ROW_SEPARABLE", "WEIGHT", "SCALE", "FP8_MAX", "parts", "encode", "decode", "quantization_config"]
+
+NAME = "fp8_channel"
+ROW_SEPARABLE = True
+WEIGHT = "weight"
+SCALE = "weight_scale"
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448.0
+
+
+def parts(shape: tuple[int, ...]) -> dict[str, PartSpec]:
+    out, inp = shape
+    return {WEIGHT: ("F8_E4M3", (out, inp)), SCALE: ("F32", (out, 1))}
+
+
+def encode(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Quantize a 2-D weight row by row.
+
+    >>> p = encode(torch.tensor([[1.0, -2.0], [0.0, 0.0]]))
+    >>> p["weight_scale"].flatten().tolist(), decode(p).tolist()
+    ([0.004464285913854837, 1.0], [[1.0, -2.0], [0.0, 0.0]])
+    """
+    if weight.dim() != 2:
+        raise ValueError(f"fp8_channel quantizes 2-D weights, got shape {list(weight.shape)}")
+    w = weight.float()
+    amax = w.abs().amax(dim=1, keepdim=True)
+    if not bool(torch.isfinite(amax).all()):
+        raise NonFiniteWeightError("holds NaN or Inf values")
+    scale = amax / FP8_MAX
+    scale = torch.where(scale == 0, 1.0, scale)
+    q = torch.div(w, scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return {WEIGHT: q, SCALE: scale}
+
+
+def decode(parts: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """weight.float() * weight_scale, cast to `dtype`."""
+    return (parts[WEIGHT].float() * parts[SCALE].float()).to(dtype)
+
+
+def quantization_config(kept_linears: list[str]) -> dict:
+    """compressed-tensors' config for FP8 channel-wise weights with dynamic per-token activations."""
+
+    def args(strategy: str, dynamic: bool) -> dict:
+        return {
+            "num_bits": 8,
+            "type": "float",
+            "symmetric": True,
+            "strategy": strategy,
+            "dynamic": dynamic,
+            "group_size": None,
+            "block_structure": None,
+            "actorder": None,
+            "observer": None if dynamic else "minmax",
+            "observer_kwargs": {},
+        }
+
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "float-quantized",
+        "quantization_status": "compressed",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": args("channel", False),
+                "input_activations": args("token", True),
+                "output_activations": None,
+                "format": "float-quantized",
+            }
+        },
+        "ignore": sorted(kept_linears),
+        "kv_cache_scheme": None,
+        "global_compression_ratio": None,
+    }

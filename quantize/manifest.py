@@ -1,0 +1,88 @@
+"""`quantize_manifest.json`: what a checkpoint was made from, how, and what it holds.
+
+Written last, at the output's root; it lists every other output file with its size and SHA-256,
+so the manifest itself is the one file it does not list. It holds no timestamps and no absolute
+paths: two conversions of the same source with the same recipe produce the same manifest.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import InputError
+
+__all__ = ["MANIFEST_NAME", "RECIPE_NAME", "FileEntry", "TensorEntry", "RecipeEntry", "Manifest", "read_manifest"]
+
+MANIFEST_NAME = "quantize_manifest.json"
+RECIPE_NAME = "recipe.yaml"
+SCHEMA_VERSION = 1
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FileEntry(_Strict):
+    path: str  # relative to the checkpoint (or source) root, POSIX separators
+    size: int
+    sha256: str
+
+
+class TensorEntry(_Strict):
+    """One quantized tensor: where it came from and how far its dequantized value is from the source."""
+
+    format: str
+    shape: list[int]
+    source_dtype: str
+    pattern: str
+    sqnr_db: float | None  # None when the error is exactly zero
+    cosine: float
+    max_abs_error: float
+
+
+class RecipeEntry(_Strict):
+    name: str | None
+    origin: str
+    sha256: str  # of recipe.yaml
+    text: str
+
+
+class ComponentEntry(_Strict):
+    path: str  # "." for the root
+    quantized: int
+    kept: int
+    kept_linears: list[str]
+    source_bytes: int
+    output_bytes: int
+
+
+class Manifest(_Strict):
+    schema_version: int = SCHEMA_VERSION
+    tool: dict[str, str]
+    libraries: dict[str, str]
+    format: str
+    recipe: RecipeEntry
+    source: dict[str, str]  # {"name": basename or repo id}
+    source_files: list[FileEntry]
+    components: list[ComponentEntry]
+    tensors: dict[str, TensorEntry] = Field(description="keyed by '<component>/<tensor name>'")
+    output_files: list[FileEntry]
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=False) + "\n"
+
+
+def read_manifest(checkpoint: Path) -> Manifest:
+    path = Path(checkpoint) / MANIFEST_NAME
+    try:
+        return Manifest.model_validate_json(path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path}: not found: is {checkpoint} a checkpoint written by `quantize convert`?") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: cannot read: {e}") from None
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise InputError(f"{path}: invalid manifest at {'.'.join(map(str, err['loc']))}: {err['msg']}") from None

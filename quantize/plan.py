@@ -1,0 +1,199 @@
+"""The plan: what each source tensor becomes, computed from safetensors headers alone.
+
+Rules (DESIGN.md "Recipes"): a tensor's *match key* is its name without a trailing ``.weight``
+(``blocks.0.ffn.0.weight`` -> ``blocks.0.ffn.0``), or its full name for anything else (biases,
+``scale_shift_table``, ``modulation``). Patterns are applied with `re.fullmatch`. A tensor hit by a
+target and by no ignore pattern is quantized, and must then be a 2-D float Linear weight; every
+pattern must match at least one key in every component.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import dtypes
+from .checkpoint import Component, TensorInfo, open_component
+from .errors import InputError
+from .formats import Format, get_format, part_key
+from .recipes import Recipe
+from .writer import TensorSpec
+
+__all__ = ["TensorPlan", "ComponentPlan", "Plan", "make_plan", "match_key", "KEEP_DTYPES"]
+
+WEIGHT_SUFFIX = ".weight"
+KEEP_DTYPES = {"bfloat16": "BF16", "float32": "F32"}
+
+
+def match_key(tensor_name: str) -> str:
+    """The name recipe patterns are matched against: the module name for a ``.weight``, else the tensor name."""
+    return tensor_name[: -len(WEIGHT_SUFFIX)] if tensor_name.endswith(WEIGHT_SUFFIX) else tensor_name
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    """One source tensor: kept (copied or cast) or quantized, and the tensors it becomes."""
+
+    info: TensorInfo
+    quantize: bool
+    pattern: str | None  # the target that quantizes it, or the ignore pattern that keeps it
+    outputs: tuple[TensorSpec, ...]
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def module(self) -> str:
+        return match_key(self.info.name)
+
+    @property
+    def output_bytes(self) -> int:
+        return sum(s.nbytes for s in self.outputs)
+
+    @property
+    def is_linear_weight(self) -> bool:
+        return _is_linear_weight(self.info)
+
+
+@dataclass(frozen=True)
+class ComponentPlan:
+    component: Component
+    tensors: tuple[TensorPlan, ...]  # source order
+    pattern_hits: dict[str, int]  # pattern -> number of tensors it decided
+
+    @property
+    def rel(self) -> str:
+        return self.component.rel
+
+    def quantized(self) -> Iterator[TensorPlan]:
+        return (t for t in self.tensors if t.quantize)
+
+    def kept_linears(self) -> list[str]:
+        """Modules with a 2-D weight that stay in high precision (compressed-tensors' `ignore`)."""
+        return [t.module for t in self.tensors if not t.quantize and t.is_linear_weight]
+
+    @property
+    def source_bytes(self) -> int:
+        return sum(t.info.nbytes for t in self.tensors)
+
+    @property
+    def output_bytes(self) -> int:
+        return sum(t.output_bytes for t in self.tensors)
+
+
+@dataclass(frozen=True)
+class Plan:
+    source: Path
+    recipe: Recipe
+    components: tuple[ComponentPlan, ...]
+
+    @property
+    def format(self) -> Format:
+        return get_format(self.recipe.format)
+
+    @property
+    def source_bytes(self) -> int:
+        return sum(c.source_bytes for c in self.components)
+
+    @property
+    def output_bytes(self) -> int:
+        return sum(c.output_bytes for c in self.components)
+
+    @property
+    def tensor_count(self) -> int:
+        return sum(len(c.tensors) for c in self.components)
+
+
+def _is_linear_weight(info: TensorInfo) -> bool:
+    return info.name.endswith(WEIGHT_SUFFIX) and len(info.shape) == 2
+
+
+def _first_match(patterns: list[re.Pattern], key: str) -> str | None:
+    for p in patterns:
+        if p.fullmatch(key):
+            return p.pattern
+    return None
+
+
+def _kept_spec(info: TensorInfo, keep_dtype: str) -> TensorSpec:
+    dt = info.dtype
+    if keep_dtype != "source" and dt in dtypes.FLOAT_SOURCE_DTYPES:
+        dt = KEEP_DTYPES[keep_dtype]
+    return TensorSpec(info.name, dt, info.shape)
+
+
+def _check_quantizable(info: TensorInfo, pattern: str, where: str) -> None:
+    if not _is_linear_weight(info):
+        raise InputError(
+            f"{where}: target {pattern!r} hits tensor {info.name!r} {info.dtype}{list(info.shape)}, which is not a 2-D "
+            "Linear weight (biases, norms, modulation tables and convolutions are never quantized): narrow the pattern"
+        )
+    if info.dtype not in dtypes.FLOAT_SOURCE_DTYPES:
+        raise InputError(
+            f"{where}: tensor {info.name!r} is {info.dtype}; only F32, F16 and BF16 weights can be quantized "
+            "(is this checkpoint already quantized?)"
+        )
+
+
+def plan_component(component: Component, recipe: Recipe) -> ComponentPlan:
+    fmt = get_format(recipe.format)
+    targets = [re.compile(p) for p in recipe.targets]
+    ignores = [re.compile(p) for p in recipe.ignore]
+    hits = {p: 0 for p in [*recipe.targets, *recipe.ignore]}
+    where = f"{component.dir}"
+    plans = []
+    for info in component.tensors.values():
+        key = match_key(info.name)
+        target = _first_match(targets, key)
+        ignored = _first_match(ignores, key)
+        if target is not None:
+            hits[target] += 1
+        if ignored is not None:
+            hits[ignored] += 1
+        if target is not None and ignored is None:
+            _check_quantizable(info, target, where)
+            outs = tuple(TensorSpec(part_key(key, part), dt, shape) for part, (dt, shape) in fmt.parts(info.shape).items())
+            plans.append(TensorPlan(info, True, target, outs))
+        else:
+            plans.append(TensorPlan(info, False, ignored, (_kept_spec(info, recipe.keep_dtype),)))
+    _check_every_pattern_matches(component, recipe, hits)
+    _check_no_key_collision(component, plans)
+    return ComponentPlan(component, tuple(plans), hits)
+
+
+def _check_every_pattern_matches(component: Component, recipe: Recipe, hits: dict[str, int]) -> None:
+    for field, patterns in (("targets", recipe.targets), ("ignore", recipe.ignore)):
+        for p in patterns:
+            if hits[p] == 0:
+                example = next(iter(component.tensors))
+                raise InputError(
+                    f"recipe {field} pattern {p!r} matches no module in component {component.rel!r} "
+                    f"({component.dir}; its keys look like {example!r}): fix the pattern or pick the recipe for these key names"
+                )
+
+
+def _check_no_key_collision(component: Component, plans: list[TensorPlan]) -> None:
+    seen: dict[str, str] = {}
+    for t in plans:
+        for spec in t.outputs:
+            if spec.name in seen and seen[spec.name] != t.name:
+                raise InputError(f"{component.dir}: output key {spec.name!r} of {t.name!r} collides with tensor {seen[spec.name]!r}")
+            seen[spec.name] = t.name
+
+
+def make_plan(source: Path, recipe: Recipe) -> Plan:
+    """Open every component the recipe names and decide each tensor's fate, reading headers only."""
+    source = Path(source)
+    if not source.is_dir():
+        raise InputError(f"{source}: source directory not found")
+    components = []
+    for rel in recipe.components:
+        comp_dir = source if rel == "." else source / rel
+        if rel != "." and not comp_dir.is_dir():
+            hint = " (SOURCE itself holds safetensors: point at its parent folder)" if any(source.glob("*.safetensors")) else ""
+            raise InputError(f"{source}: component folder {rel!r} named by the recipe is missing{hint}")
+        components.append(plan_component(open_component(source, rel), recipe))
+    return Plan(source, recipe, tuple(components))

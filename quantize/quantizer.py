@@ -1,0 +1,104 @@
+"""Converting one tensor: read it from its shard, encode or cast it, write it to its output shard.
+
+Row-separable formats are streamed in row chunks of about `CHUNK_BYTES` of float32, so a worker
+holds one chunk at a time whatever the size of the weight. The error figures of the manifest are
+accumulated over the same chunks in float64, in a fixed order, so they too are reproducible.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from . import dtypes
+from .checkpoint import copy_tensor_bytes, read_rows, read_tensor
+from .errors import InputError
+from .formats import Format, NonFiniteWeightError, part_key
+from .plan import TensorPlan
+from .writer import ShardWriter
+
+__all__ = ["ErrorStats", "write_tensor", "row_chunks", "CHUNK_BYTES"]
+
+CHUNK_BYTES = 16 << 20  # float32 bytes of one row chunk
+
+
+@dataclass
+class ErrorStats:
+    """Running sums for SQNR, cosine similarity and max abs error between a weight and its decoding."""
+
+    signal: float = 0.0  # sum w^2
+    noise: float = 0.0  # sum (w - dq)^2
+    dot: float = 0.0  # sum w * dq
+    decoded: float = 0.0  # sum dq^2
+    max_abs: float = 0.0
+
+    def add(self, w: torch.Tensor, dq: torch.Tensor) -> None:
+        w, dq = w.float(), dq.float()
+        err = w - dq
+        self.signal += float(torch.sum(w * w, dtype=torch.float64))
+        self.noise += float(torch.sum(err * err, dtype=torch.float64))
+        self.dot += float(torch.sum(w * dq, dtype=torch.float64))
+        self.decoded += float(torch.sum(dq * dq, dtype=torch.float64))
+        if err.numel():
+            self.max_abs = max(self.max_abs, float(err.abs().max()))
+
+    @property
+    def sqnr_db(self) -> float | None:
+        """10·log10(signal / noise); None when the decoding is exact."""
+        if self.noise == 0:
+            return None
+        if self.signal == 0:
+            return -math.inf
+        return 10 * math.log10(self.signal / self.noise)
+
+    @property
+    def cosine(self) -> float:
+        denom = math.sqrt(self.signal * self.decoded)
+        if denom == 0:
+            return 1.0 if self.signal == self.decoded else 0.0
+        return self.dot / denom
+
+
+def row_chunks(rows: int, row_elems: int, chunk_bytes: int = CHUNK_BYTES) -> list[tuple[int, int]]:
+    """Row ranges of about `chunk_bytes` of float32 each."""
+    step = max(1, chunk_bytes // max(1, 4 * row_elems))
+    return [(r, min(rows, r + step)) for r in range(0, rows, step)]
+
+
+def write_tensor(tp: TensorPlan, fmt: Format, writer: ShardWriter) -> ErrorStats | None:
+    """Convert one planned tensor into `writer`; returns error figures for a quantized one."""
+    if tp.quantize:
+        return _write_quantized(tp, fmt, writer)
+    (spec,) = tp.outputs
+    if spec.dtype == tp.info.dtype:
+        copy_tensor_bytes(tp.info, lambda data, offset: writer.write_bytes(spec.name, data, offset))
+        return None
+    target = dtypes.by_name(spec.dtype).torch
+    if not tp.info.shape:
+        writer.write(spec.name, read_tensor(tp.info).to(target))
+        return None
+    for r0, r1 in row_chunks(tp.info.shape[0], tp.info.numel // max(1, tp.info.shape[0])):
+        writer.write(spec.name, read_rows(tp.info, r0, r1).to(target), row_start=r0)
+    return None
+
+
+def _encode(fmt: Format, tp: TensorPlan, w: torch.Tensor) -> dict[str, torch.Tensor]:
+    try:
+        return fmt.encode(w)
+    except NonFiniteWeightError as e:
+        raise InputError(f"{tp.info.file}: tensor {tp.name!r} {e}: refusing to quantize it") from None
+
+
+def _write_quantized(tp: TensorPlan, fmt: Format, writer: ShardWriter) -> ErrorStats:
+    stats = ErrorStats()
+    rows, cols = tp.info.shape
+    ranges = row_chunks(rows, cols) if fmt.ROW_SEPARABLE else [(0, rows)]
+    for r0, r1 in ranges:
+        w = read_rows(tp.info, r0, r1)
+        parts = _encode(fmt, tp, w)
+        for part, t in parts.items():
+            writer.write(part_key(tp.module, part), t, row_start=r0)
+        stats.add(w, fmt.decode(parts))
+    return stats

@@ -1,0 +1,157 @@
+"""Recipes: YAML files that say which Linears of which components become which format.
+
+A recipe is validated before any tensor is read; unknown keys are errors at every level.
+Defaults are filled in one visible step (the field defaults below), so that
+``load_recipe_text(dump_recipe(r)) == r``.
+
+>>> r = parse_recipe("format: fp8_channel\\ntargets: ['blocks\\\\.\\\\d+\\\\.ffn\\\\.0']\\n")
+>>> r.components, r.keep_dtype
+(['.'], 'source')
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from importlib import resources
+from pathlib import Path, PurePosixPath
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import InputError
+from .formats import FORMATS
+
+__all__ = ["Recipe", "Checks", "LoadedRecipe", "parse_recipe", "load_recipe", "dump_recipe", "bundled_recipes"]
+
+_BUNDLED_PACKAGE = "quantize.bundled_recipes"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Checks(_Strict):
+    """Thresholds that `quantize verify` enforces for every quantized tensor."""
+
+    min_sqnr_db: float | None = None
+    min_cosine: float | None = Field(default=None, ge=-1.0, le=1.0)
+
+
+class Recipe(_Strict):
+    format: str
+    targets: list[str] = Field(min_length=1)
+    name: str | None = None
+    description: str = ""
+    components: list[str] = Field(default_factory=lambda: ["."], min_length=1)
+    ignore: list[str] = Field(default_factory=list)
+    keep_dtype: Literal["source", "bfloat16", "float32"] = "source"
+    copy_other_files: bool = False
+    checks: Checks = Field(default_factory=Checks)
+
+    @field_validator("format")
+    @classmethod
+    def _known_format(cls, v: str) -> str:
+        if v not in FORMATS:
+            raise ValueError(f"unknown format {v!r} (known: {', '.join(sorted(FORMATS))})")
+        return v
+
+    @field_validator("targets", "ignore")
+    @classmethod
+    def _valid_patterns(cls, v: list[str]) -> list[str]:
+        for p in v:
+            if not p:
+                raise ValueError("empty pattern")
+            try:
+                re.compile(p)
+            except re.error as e:
+                raise ValueError(f"bad regular expression {p!r}: {e}") from None
+        if len(set(v)) != len(v):
+            raise ValueError("a pattern is listed twice")
+        return v
+
+    @field_validator("components")
+    @classmethod
+    def _relative_components(cls, v: list[str]) -> list[str]:
+        for c in v:
+            p = PurePosixPath(c)
+            if c != "." and (not c or p.is_absolute() or ".." in p.parts or "\\" in c):
+                raise ValueError(f"component {c!r} must be a subfolder of the source, or '.'")
+        if len(set(v)) != len(v):
+            raise ValueError("a component is listed twice")
+        return v
+
+
+class LoadedRecipe(BaseModel):
+    """A recipe with where it came from."""
+
+    model_config = ConfigDict(frozen=True)
+    recipe: Recipe
+    origin: str  # a file path, or "bundled:NAME.yaml"
+
+
+def _field_path(loc: tuple) -> str:
+    return ".".join(str(p) for p in loc) or "recipe"
+
+
+def parse_recipe(text: str, origin: str = "recipe") -> Recipe:
+    """Validate recipe YAML text; any problem is one `InputError` line naming the field."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise InputError(f"{origin}: not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{origin}: a recipe is a YAML mapping with at least 'format' and 'targets'")
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = _field_path(err["loc"])
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown key {field!r} (allowed: {', '.join(_allowed_keys(err['loc']))})"
+        elif err["type"] == "too_short":
+            msg = f"field {field!r} must list at least one entry"
+        elif err["type"] == "missing":
+            msg = f"missing required field {field!r}"
+        else:
+            msg = f"field {field!r}: {err['msg'].removeprefix('Value error, ')}"
+        raise InputError(f"{origin}: {msg}") from None
+
+
+def _allowed_keys(loc: tuple) -> list[str]:
+    model: type[BaseModel] = Checks if loc and loc[0] == "checks" and len(loc) > 1 else Recipe
+    return list(model.model_fields)
+
+
+def dump_recipe(recipe: Recipe) -> str:
+    """The recipe as used, every default filled in, as YAML."""
+    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+
+
+def recipe_sha256(recipe: Recipe) -> str:
+    return hashlib.sha256(dump_recipe(recipe).encode()).hexdigest()
+
+
+def bundled_recipes() -> dict[str, str]:
+    """Bundled recipe file names and their text."""
+    root = resources.files(_BUNDLED_PACKAGE)
+    return {p.name: p.read_text() for p in sorted(root.iterdir(), key=lambda p: p.name) if p.name.endswith(".yaml")}
+
+
+def load_recipe(ref: str | Path) -> LoadedRecipe:
+    """A local file if `ref` names one, else the bundled recipe of that name (``.yaml`` optional)."""
+    path = Path(ref)
+    if path.is_file():
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise InputError(f"{path}: cannot read recipe: {e}") from None
+        return LoadedRecipe(recipe=parse_recipe(text, str(path)), origin=str(path))
+    bundled = bundled_recipes()
+    name = path.name if path.name.endswith(".yaml") else f"{path.name}.yaml"
+    if str(ref) in (name, name[: -len(".yaml")]) and name in bundled:
+        return LoadedRecipe(recipe=parse_recipe(bundled[name], f"bundled:{name}"), origin=f"bundled:{name}")
+    raise InputError(f"recipe {str(ref)!r}: no such file, and no bundled recipe of that name (bundled: {', '.join(bundled)})")

@@ -1,0 +1,1 @@
+"""The bundled recipes, shipped as package data (see `quantize recipes`)."""
