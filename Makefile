@@ -1,0 +1,40 @@
+# dit-quantize: `make demo` runs the tool end to end on a built-in example, `make test` runs the tests.
+# Both set everything up on a fresh machine. torch is pinned to the 2.13.0 CPU wheel: an unpinned
+# torch would pull a multi-GB CUDA build.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_VERSION := 2.13.0
+DEMO := demo-data
+
+.PHONY: setup demo test bench bench-large lint clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check "torch==$(TORCH_VERSION)"
+	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[dev]"
+	touch $@
+
+demo: setup
+	rm -rf $(DEMO)
+	$(BIN)/quantize example $(DEMO)/Wan2.1-T2V-small --preset small --layout t2v
+	$(BIN)/quantize recipes
+	$(BIN)/quantize plan $(DEMO)/Wan2.1-T2V-small --recipe wan-fp8.yaml
+	$(BIN)/quantize convert $(DEMO)/Wan2.1-T2V-small $(DEMO)/Wan2.1-T2V-small-fp8 --recipe wan-fp8.yaml
+	$(BIN)/quantize inspect $(DEMO)/Wan2.1-T2V-small-fp8
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python benchmarks/bench_convert.py --preset 1.3b --write docs/BENCHMARKS.md
+
+lint: setup
+	$(BIN)/ruff check quantize tests benchmarks
+	$(BIN)/ruff format --check quantize tests benchmarks
+
+clean:
+	rm -rf $(DEMO) bench-data .pytest_cache
