@@ -1,0 +1,93 @@
+"""Reading checkpoints: headers only, validated, with every error naming the file at fault."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from quantize.checkpoint import open_component, read_header, read_rows, read_tensor
+from quantize.errors import InputError
+
+
+def _write(path, tensors, **kw):
+    save_file(tensors, path, **kw)
+    return path
+
+
+def test_header_and_tensor_reads(tmp_path):
+    w = torch.randn(6, 4).to(torch.bfloat16)
+    p = _write(tmp_path / "m.safetensors", {"w": w, "s": torch.tensor(3.0)}, metadata={"format": "pt"})
+    h = read_header(p)
+    assert h.metadata == {"format": "pt"}
+    assert h.tensors["w"].shape == (6, 4) and h.tensors["w"].dtype == "BF16"
+    assert torch.equal(read_tensor(h.tensors["w"]), w)
+    assert torch.equal(read_rows(h.tensors["w"], 2, 5), w[2:5])
+    assert read_tensor(h.tensors["s"]).item() == 3.0
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda raw: raw[:5], "shorter than its 8-byte header length"),
+        (lambda raw: struct.pack("<Q", 10**6) + raw[8:], "runs past the end of the file"),
+        (lambda raw: raw[:8] + b"x" + raw[9:], "not valid JSON"),
+        (lambda raw: raw[:-3], "truncated"),
+        (lambda raw: raw + b"xx", "truncated or padded"),
+    ],
+)
+def test_corrupt_files_are_named(tmp_path, mutate, message):
+    p = _write(tmp_path / "m.safetensors", {"w": torch.randn(4, 4)})
+    p.write_bytes(mutate(p.read_bytes()))
+    with pytest.raises(InputError, match=message) as e:
+        read_header(p)
+    assert str(p) in str(e.value)
+
+
+def test_offsets_out_of_bounds(tmp_path):
+    p = tmp_path / "m.safetensors"
+    header = json.dumps({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "v": {"dtype": "F32", "shape": [2], "data_offsets": [16, 24]}}).encode()
+    header += b" " * (-len(header) % 8)
+    p.write_bytes(struct.pack("<Q", len(header)) + header + bytes(24))
+    with pytest.raises(InputError, match="'v' starts at byte 16"):
+        read_header(p)
+
+
+def test_component_from_index(tmp_path):
+    _write(tmp_path / "m-00001-of-00002.safetensors", {"a": torch.zeros(2)})
+    _write(tmp_path / "m-00002-of-00002.safetensors", {"b": torch.zeros(3)})
+    (tmp_path / "m.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "m-00001-of-00002.safetensors", "b": "m-00002-of-00002.safetensors"}}))
+    (tmp_path / "config.json").write_text('{"dim": 2}')
+    c = open_component(tmp_path)
+    assert list(c.tensors) == ["a", "b"] and c.stem == "m" and c.config == {"dim": 2}
+    assert {p.name for p in c.own_files()} == {"m-00001-of-00002.safetensors", "m-00002-of-00002.safetensors", "m.safetensors.index.json", "config.json"}
+
+
+@pytest.mark.parametrize("shard", ["../outside.safetensors", "/etc/passwd"])
+def test_index_paths_are_confined(tmp_path, shard):
+    _write(tmp_path / "a.safetensors", {"a": torch.zeros(2)})
+    (tmp_path / "m.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": shard}}))
+    with pytest.raises(InputError, match="leaves the checkpoint directory"):
+        open_component(tmp_path)
+
+
+def test_index_naming_missing_shard(tmp_path):
+    (tmp_path / "m.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "gone.safetensors"}}))
+    with pytest.raises(InputError, match="names shard 'gone.safetensors', which does not exist"):
+        open_component(tmp_path)
+
+
+def test_key_in_two_shards(tmp_path):
+    _write(tmp_path / "a.safetensors", {"x": torch.zeros(2)})
+    _write(tmp_path / "b.safetensors", {"x": torch.zeros(2)})
+    with pytest.raises(InputError, match="'x' is in both a.safetensors and b.safetensors"):
+        open_component(tmp_path)
+
+
+def test_no_safetensors(tmp_path):
+    (tmp_path / "model.bin").write_bytes(b"\0")
+    with pytest.raises(InputError, match="no \\*.safetensors files"):
+        open_component(tmp_path)
