@@ -128,7 +128,7 @@ def _kept_spec(info: TensorInfo, keep_dtype: str) -> TensorSpec:
 def _check_quantizable(info: TensorInfo, pattern: str, where: str) -> None:
     if not _is_linear_weight(info):
         raise InputError(
-            f"{where}: target {pattern!r} hits tensor {info.name!r} {info.dtype}{list(info.shape)}, which is not a 2-D "
+            f"{where}: target '{pattern}' hits tensor {info.name!r} {info.dtype}{list(info.shape)}, which is not a 2-D "
             "Linear weight (biases, norms, modulation tables and convolutions are never quantized): narrow the pattern"
         )
     if info.dtype not in dtypes.FLOAT_SOURCE_DTYPES:
@@ -170,7 +170,7 @@ def _check_every_pattern_matches(component: Component, recipe: Recipe, hits: dic
             if hits[p] == 0:
                 example = next(iter(component.tensors))
                 raise InputError(
-                    f"recipe {field} pattern {p!r} matches no module in component {component.rel!r} "
+                    f"recipe {field} pattern '{p}' matches no module in component {component.rel!r} "
                     f"({component.dir}; its keys look like {example!r}): fix the pattern or pick the recipe for these key names"
                 )
 

@@ -11,6 +11,7 @@ Defaults are filled in one visible step (the field defaults below), so that
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import re
 from importlib import resources
@@ -66,7 +67,7 @@ class Recipe(_Strict):
             try:
                 re.compile(p)
             except re.error as e:
-                raise ValueError(f"bad regular expression {p!r}: {e}") from None
+                raise ValueError(f"bad regular expression '{p}': {e}") from None
         if len(set(v)) != len(v):
             raise ValueError("a pattern is listed twice")
         return v
@@ -108,10 +109,15 @@ def parse_recipe(text: str, origin: str = "recipe") -> Recipe:
     try:
         return Recipe.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
+        errors = e.errors()
+        # an unknown key explains a missing one (a typo), so it is reported first
+        err = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
         field = _field_path(err["loc"])
         if err["type"] == "extra_forbidden":
-            msg = f"unknown key {field!r} (allowed: {', '.join(_allowed_keys(err['loc']))})"
+            allowed = _allowed_keys(err["loc"])
+            close = difflib.get_close_matches(str(err["loc"][-1]), allowed, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            msg = f"unknown key {field!r}{hint} (allowed: {', '.join(allowed)})"
         elif err["type"] == "too_short":
             msg = f"field {field!r} must list at least one entry"
         elif err["type"] == "missing":

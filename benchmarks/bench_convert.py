@@ -1,0 +1,467 @@
+"""Benchmark `quantize convert` against plain safetensors read-and-write on a Wan2.1-1.3B-shaped checkpoint.
+
+`make bench` runs::
+
+    .venv/bin/python benchmarks/bench_convert.py --preset 1.3b --write docs/BENCHMARKS.md
+
+1. A random-weight checkpoint with the original Wan key names (bf16, 1 GB shards) is generated once
+   into ``<data-dir>/wan-<preset>-bf16/`` and reused while it is complete (built in a temporary
+   folder and renamed into place, then checked against the expected names, shapes and dtype).
+2. Each measured run is its own process, so its peak RSS (``ru_maxrss`` from ``os.wait4``) is that
+   run's alone, and its wall time includes start-up (Python, torch import) as a user would see it:
+
+   * ``read-and-write``, the plain I/O floor: every source shard opened with ``safe_open``, read
+     whole, written with ``safetensors.torch.save_file`` and fsynced (the converter fsyncs its
+     shards too), one shard held at a time;
+   * ``quantize convert SRC OUT --recipe wan-fp8.yaml --overwrite`` with the default 5GB shards,
+     with ``--max-shard-size 1GB``, and with ``--workers 1``.
+
+   Runs alternate baseline / converter (A B A C A D, ``--runs`` times over) so both see the same
+   page-cache state; the source is read once beforehand so every run starts from a warm cache.
+   Outputs are measured and deleted after every run.
+3. The table (wall time min / median / max, ratio of medians to read-and-write, peak RSS, GB/s of
+   source bytes, output size) is printed and, with ``--write FILE``, stored in the section of that
+   Markdown file between ``<!-- bench:convert:start -->`` and ``<!-- bench:convert:end -->``.
+
+``--preset small --runs 1`` checks the whole script in seconds. GB means 10^9 bytes throughout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from importlib.metadata import version
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPE = "wan-fp8.yaml"
+SOURCE_SHARD_BYTES = 10**9
+RSS_TARGET_BYTES = 10**9
+BASELINE = "read-and-write"
+START, END = "<!-- bench:convert:start -->", "<!-- bench:convert:end -->"
+DOC_HEADER = """# Benchmarks
+
+Measured numbers for dit-quantize, each section written by the script named in it (re-run it to
+update that section only). Checkpoints are random-weight stand-ins with the real key names, shapes
+and dtypes: the converter's cost depends on those alone.
+"""
+COLUMNS = [
+    "case",
+    "runs",
+    "time min / median / max (s)",
+    "ratio to read-and-write",
+    "peak RSS (GB)",
+    "GB/s",
+    "output (GB)",
+]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measured command and the output it writes (deleted after each run)."""
+
+    name: str
+    argv: list[str]
+    out: Path
+
+
+@dataclass(frozen=True)
+class Sample:
+    wall_s: float
+    peak_rss: int  # bytes
+    output_bytes: int
+    reported_s: float | None  # the converter's own timer, from its "wrote OUT: ..." line
+
+
+@dataclass
+class Result:
+    case: Case
+    samples: list[Sample] = field(default_factory=list)
+
+    @property
+    def times(self) -> list[float]:
+        return [s.wall_s for s in self.samples]
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.times)
+
+    @property
+    def peak_rss(self) -> int:
+        return max(s.peak_rss for s in self.samples)
+
+
+# --- the checkpoint ----------------------------------------------------------------------------
+
+
+def checkpoint_dir(data_dir: Path, preset: str) -> Path:
+    return data_dir / f"wan-{preset}-bf16"
+
+
+def source_shards(src: Path) -> list[Path]:
+    return sorted(src.rglob("*.safetensors"))
+
+
+def source_bytes(src: Path) -> int:
+    return sum(p.stat().st_size for p in source_shards(src))
+
+
+def is_complete(path: Path, preset: str) -> bool:
+    """Every expected tensor is there, bf16, with its shape, and every shard is whole."""
+    from quantize.checkpoint import open_component
+    from quantize.errors import QuantizeError
+    from quantize.synthetic import WAN_PRESETS, wan_tensors
+
+    if not (path / "example.json").is_file():
+        return False
+    try:
+        component = open_component(path)
+    except QuantizeError:
+        return False
+    found = {name: info.shape for name, info in component.tensors.items()}
+    bf16 = all(info.dtype == "BF16" for info in component.tensors.values())
+    return bf16 and found == dict(wan_tensors(WAN_PRESETS[preset]))
+
+
+def ensure_checkpoint(data_dir: Path, preset: str) -> Path:
+    """The benchmark checkpoint, generated unless a complete one is already there."""
+    import torch
+
+    from quantize.synthetic import write_wan_example
+
+    path = checkpoint_dir(data_dir, preset)
+    if path.is_dir() and is_complete(path, preset):
+        log(f"reusing {path}")
+        return path
+    shutil.rmtree(path, ignore_errors=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    log(f"generating {path} (random bf16 weights, {SOURCE_SHARD_BYTES / 1e9:g} GB shards)")
+    t0 = time.perf_counter()
+    write_wan_example(tmp, preset, "t2v", dtype=torch.bfloat16, max_shard_size=SOURCE_SHARD_BYTES)
+    os.rename(tmp, path)
+    log(f"generated {gb(source_bytes(path))} GB in {time.perf_counter() - t0:.0f} s")
+    return path
+
+
+def warm_page_cache(src: Path) -> None:
+    """Read the source once so the first measured run does not pay for a cold cache alone."""
+    buf = bytearray(8 << 20)
+    for shard in source_shards(src):
+        with open(shard, "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
+
+
+# --- the baseline (runs in its own process: --read-and-write SRC OUT) --------------------------
+
+
+def read_and_write(src: Path, out: Path) -> None:
+    """Each shard read whole with safe_open and written with save_file, one shard at a time."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    for shard in source_shards(src):
+        dest = out / shard.relative_to(src)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with safe_open(shard, framework="pt") as f:
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
+            metadata = f.metadata()
+        save_file(tensors, dest, metadata=metadata)
+        del tensors
+        fsync_file(dest)
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# --- measuring ---------------------------------------------------------------------------------
+
+
+def quantize_command() -> list[str]:
+    """The installed console script beside this Python, else the CLI module."""
+    script = Path(sys.executable).with_name("quantize")
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "quantize.cli"]
+
+
+def make_cases(src: Path, scratch: Path) -> tuple[Case, list[Case]]:
+    copy = scratch / BASELINE
+    baseline = Case(BASELINE, [sys.executable, __file__, "--read-and-write", str(src), str(copy)], copy)
+    out = scratch / src.name.replace("-bf16", "-fp8")
+    convert = [*quantize_command(), "convert", str(src), str(out), "--recipe", RECIPE, "--overwrite"]
+    workers = os.cpu_count() or 1
+    cases = [
+        Case(f"convert (default: 5GB shards, {workers} workers)", convert, out),
+        Case("convert --max-shard-size 1GB", [*convert, "--max-shard-size", "1GB"], out),
+        Case("convert --workers 1", [*convert, "--workers", "1"], out),
+    ]
+    return baseline, cases
+
+
+def run_process(argv: list[str], log_path: Path) -> tuple[float, int]:
+    """Wall seconds and peak RSS bytes of one command, which must succeed."""
+    os.sync()  # no dirty pages left by the previous run or its deletion
+    with open(log_path, "wb") as log_file:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: tell Popen
+    if proc.returncode != 0:
+        tail = log_path.read_text(errors="replace")[-3000:]
+        raise SystemExit(f"failed with exit code {proc.returncode}: {shlex.join(argv)}\n{tail}")
+    return wall, usage.ru_maxrss * 1024  # ru_maxrss is KiB on Linux
+
+
+def reported_seconds(log_path: Path) -> float | None:
+    """The time in the converter's 'wrote OUT: ... in 12.3s (...)' line, if any."""
+    found = re.findall(r" in (\d+(?:\.\d+)?)s \(", log_path.read_text(errors="replace"))
+    return float(found[-1]) if found else None
+
+
+def tree_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def measure(case: Case, scratch: Path) -> Sample:
+    shutil.rmtree(case.out, ignore_errors=True)
+    log_path = scratch / "run.log"
+    wall, rss = run_process(case.argv, log_path)
+    sample = Sample(wall, rss, tree_bytes(case.out), reported_seconds(log_path))
+    shutil.rmtree(case.out, ignore_errors=True)
+    return sample
+
+
+def benchmark(baseline: Case, cases: list[Case], runs: int, scratch: Path) -> list[Result]:
+    """`runs` rounds of baseline, case, baseline, case...; the baseline first in the result."""
+    results = {c.name: Result(c) for c in [baseline, *cases]}
+    for round_no in range(1, runs + 1):
+        for case in cases:
+            for c in (baseline, case):
+                sample = measure(c, scratch)
+                results[c.name].samples.append(sample)
+                log(f"run {round_no}/{runs} {c.name}: {sample.wall_s:.2f} s, {gb(sample.peak_rss)} GB RSS")
+    return list(results.values())
+
+
+# --- reporting ---------------------------------------------------------------------------------
+
+
+def gb(n: float) -> str:
+    return f"{n / 1e9:.2f}"
+
+
+def table_rows(results: list[Result], src_bytes: int) -> list[list[str]]:
+    base = results[0].median_s
+    rows = []
+    for r in results:
+        t = r.times
+        rows.append(
+            [
+                r.case.name,
+                str(len(t)),
+                f"{min(t):.2f} / {statistics.median(t):.2f} / {max(t):.2f}",
+                f"{r.median_s / base:.2f}",
+                gb(r.peak_rss),
+                f"{src_bytes / r.median_s / 1e9:.2f}",
+                gb(r.samples[-1].output_bytes),
+            ]
+        )
+    return rows
+
+
+def markdown_table(rows: list[list[str]]) -> str:
+    right = [False, True, True, True, True, True, True]
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---:" if r else "---" for r in right) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def ram_bytes() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def disk_of(path: Path) -> str:
+    """Device, filesystem type, size and free space of `path`, from df."""
+    lines = subprocess.run(["df", "-hT", str(path)], capture_output=True, text=True).stdout.splitlines()
+    if len(lines) < 2:
+        return "unknown"
+    device, fstype, size, _used, avail, *_ = lines[1].split()
+    return f"{device} ({fstype}, {size}, {avail} free)"
+
+
+def machine_lines(data_dir: Path) -> list[str]:
+    cores = os.cpu_count()
+    return [
+        f"CPU: {cpu_model()}, {cores} cores; RAM {ram_bytes() / 2**30:.1f} GiB; Linux {platform.release()}",
+        f"Python {platform.python_version()}, torch {version('torch')}, safetensors {version('safetensors')}",
+        f"Data dir `{display_path(data_dir)}` on {disk_of(data_dir)}",
+    ]
+
+
+def checkpoint_line(src: Path, preset: str) -> str:
+    from quantize.synthetic import WAN_PRESETS, wan_tensors
+
+    s = WAN_PRESETS[preset]
+    shards = len(source_shards(src))
+    return (
+        f"Wan2.1-{preset}-shaped T2V DiT, original key names, random weights: dim {s.dim}, ffn {s.ffn_dim}, "
+        f"{s.num_layers} blocks, {s.num_heads} heads, {len(wan_tensors(s))} tensors, bf16, "
+        f"{SOURCE_SHARD_BYTES / 1e9:g} GB shards ({shards} file{'s' if shards > 1 else ''}), "
+        f"{gb(source_bytes(src))} GB in total"
+    )
+
+
+def rss_verdict(results: list[Result]) -> str:
+    converters = results[1:]
+    worst = max(converters, key=lambda r: r.peak_rss)
+    met = worst.peak_rss <= RSS_TARGET_BYTES
+    return (
+        f"Converter peak RSS target <= {gb(RSS_TARGET_BYTES)} GB whatever the shard size: "
+        f"{'met' if met else '**not met**'} (highest: {gb(worst.peak_rss)} GB, {worst.case.name})."
+    )
+
+
+def startup_note(results: list[Result]) -> str | None:
+    """How much of a converter run its own timer covers, the rest being start-up, planning and exit."""
+    pairs = [(s.wall_s, s.reported_s) for r in results[1:] for s in r.samples if s.reported_s is not None]
+    if not pairs:
+        return None
+    outside = statistics.median(w - rep for w, rep in pairs)
+    return (
+        f"The converter's own timer (its `wrote OUT: ... in N s` line) misses about {outside:.1f} s per run: "
+        f"process start-up, torch import, recipe loading (wall time minus reported, median)."
+    )
+
+
+def display_path(path: Path | str) -> str:
+    text = str(path)
+    return text.removeprefix(str(REPO) + "/") if text.startswith(str(REPO) + "/") else text
+
+
+def display_command(argv: list[str]) -> str:
+    return shlex.join(display_path(a) for a in argv)
+
+
+def report(results: list[Result], src: Path, preset: str, data_dir: Path, command: str) -> str:
+    """The Markdown section, without its markers."""
+    table = markdown_table(table_rows(results, source_bytes(src)))
+    when = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    lines = [
+        "## Convert: `quantize convert` vs. plain read-and-write",
+        "",
+        f"Measured {when} with:",
+        "",
+        "```",
+        command,
+        "```",
+        "",
+        *(f"- {line}" for line in machine_lines(data_dir)),
+        f"- Checkpoint: {checkpoint_line(src, preset)}",
+        f"- Converter: `{display_command(results[1].case.argv)}`, plus the options in the case name",
+        f"- Baseline: `{BASELINE}` (this script's `--read-and-write` mode): each shard opened with "
+        '`safetensors.safe_open(framework="pt")`, every tensor read, written with '
+        "`safetensors.torch.save_file` and fsynced, one shard held at a time",
+        "",
+        table,
+        "",
+        f"- {rss_verdict(results)}",
+        "- Each run is a fresh process (wall time includes Python start-up and the torch import); peak RSS "
+        "is its `ru_maxrss` from `os.wait4`. Ratio = median time / median time of read-and-write. GB/s = "
+        "source bytes / median time. GB = 10^9 bytes.",
+        "- Baseline and converter runs alternate (A B A C A D per round), the source is in the page cache "
+        "(read once before the first run), both write to the same disk and fsync their output files; "
+        "outputs are deleted between runs.",
+    ]
+    note = startup_note(results)
+    if note:
+        lines.append(f"- {note}")
+    return "\n".join(lines)
+
+
+def update_section(doc: Path, body: str) -> None:
+    """Replace the text between the markers (or append a marked section), leaving the rest alone."""
+    text = doc.read_text() if doc.exists() else DOC_HEADER
+    block = f"{START}\n{body.rstrip()}\n{END}"
+    start, end = text.find(START), text.find(END)
+    if 0 <= start < end:
+        text = text[:start] + block + text[end + len(END) :]
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    doc.write_text(text)
+
+
+def log(text: str) -> None:
+    print(f"[bench] {text}", file=sys.stderr, flush=True)
+
+
+# --- entry point -------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", choices=["tiny", "small", "1.3b"], default="1.3b", help="checkpoint shape")
+    p.add_argument("--runs", type=int, default=3, help="rounds of measurements (default: 3)")
+    p.add_argument("--data-dir", type=Path, default=REPO / "bench-data", help="checkpoints and scratch")
+    p.add_argument("--write", type=Path, metavar="MARKDOWN", help="store the results section in this file")
+    p.add_argument("--read-and-write", nargs=2, type=Path, metavar=("SRC", "OUT"), help="internal: baseline")
+    args = p.parse_args(argv)
+    if args.runs < 1:
+        p.error("--runs must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.read_and_write:
+        read_and_write(*args.read_and_write)
+        return
+    command = display_command([sys.executable, *sys.argv])
+    data_dir = args.data_dir.absolute()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    src = ensure_checkpoint(data_dir, args.preset)
+    scratch = data_dir / "scratch"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir()
+    try:
+        warm_page_cache(src)
+        baseline, cases = make_cases(src, scratch)
+        results = benchmark(baseline, cases, args.runs, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    body = report(results, src, args.preset, data_dir, command)
+    print(markdown_table(table_rows(results, source_bytes(src))))
+    print(rss_verdict(results))
+    if args.write:
+        update_section(args.write, body)
+        log(f"wrote the {START} section of {args.write}")
+
+
+if __name__ == "__main__":
+    main()

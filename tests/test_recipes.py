@@ -1,0 +1,144 @@
+"""Recipes: validation errors name the field; matching rules; every pattern must match; bundled lookup."""
+
+from __future__ import annotations
+
+import pytest
+
+from quantize.errors import InputError
+from quantize.plan import make_plan, match_key
+from quantize.recipes import bundled_recipes, dump_recipe, load_recipe, parse_recipe
+
+MINIMAL = "format: fp8_channel\ntargets: ['blocks\\.\\d+\\.ffn\\.0']\n"
+
+
+def test_minimal_recipe_gets_every_default():
+    r = parse_recipe(MINIMAL)
+    assert r.components == ["."] and r.ignore == [] and r.keep_dtype == "source"
+    assert r.copy_other_files is False and r.checks.min_sqnr_db is None and r.name is None
+
+
+def test_dump_round_trips():
+    r = parse_recipe(MINIMAL + "ignore: [x]\nkeep_dtype: bfloat16\nchecks: {min_sqnr_db: 20}\n")
+    assert parse_recipe(dump_recipe(r)) == r
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (MINIMAL + "colour: red\n", "unknown key 'colour'"),
+        (MINIMAL + "checks: {min_snr: 3}\n", "unknown key 'checks.min_snr'"),
+        ("targets: [a]\n", "missing required field 'format'"),
+        ("format: fp8_channel\n", "missing required field 'targets'"),
+        ("format: int3\ntargets: [a]\n", "field 'format': unknown format 'int3' \\(known: fp8_channel"),
+        ("format: fp8_channel\ntargets: []\n", "field 'targets' must list at least one entry"),
+        ("format: fp8_channel\ntargets: ['blocks\\.(']\n", "field 'targets.*': bad regular expression 'blocks\\\\.\\('"),
+        (MINIMAL + "ignore: ['[a-']\n", "field 'ignore.*': bad regular expression"),
+        (MINIMAL + "keep_dtype: float8\n", "field 'keep_dtype'"),
+        (MINIMAL + "components: ['../elsewhere']\n", "component '../elsewhere' must be a subfolder"),
+        (MINIMAL + "components: ['/abs']\n", "must be a subfolder"),
+        ("format: [oops\n", "not valid YAML"),
+        ("- just\n- a list\n", "a recipe is a YAML mapping"),
+    ],
+)
+def test_invalid_recipes_are_one_line_errors_naming_the_field(text, message):
+    with pytest.raises(InputError, match=message) as e:
+        parse_recipe(text, "my.yaml")
+    assert str(e.value).startswith("my.yaml: ") and "\n" not in str(e.value)
+
+
+def test_match_key_strips_only_weight():
+    assert match_key("blocks.0.ffn.0.weight") == "blocks.0.ffn.0"
+    assert match_key("blocks.0.ffn.0.bias") == "blocks.0.ffn.0.bias"
+    assert match_key("scale_shift_table") == "scale_shift_table"
+
+
+def _plan(source, text):
+    return make_plan(source, parse_recipe(text))
+
+
+def _quantized(plan):
+    return {t.name for cp in plan.components for t in cp.tensors if t.quantize}
+
+
+def test_fullmatch_not_search(wan_tiny):
+    # 'ffn\.0' alone would be found by re.search in every block; fullmatch needs the whole name
+    with pytest.raises(InputError, match="pattern 'ffn\\\\.0' matches no module"):
+        _plan(wan_tiny, "format: fp8_channel\ntargets: ['ffn\\.0']\n")
+    plan = _plan(wan_tiny, "format: fp8_channel\ntargets: ['.*ffn\\.0']\n")
+    assert _quantized(plan) == {"blocks.0.ffn.0.weight", "blocks.1.ffn.0.weight"}
+
+
+def test_ignore_wins(wan_tiny):
+    plan = _plan(wan_tiny, "format: fp8_channel\ntargets: ['blocks\\.\\d+\\.ffn\\.(0|2)']\nignore: ['blocks\\.1\\.ffn\\.2']\n")
+    assert _quantized(plan) == {"blocks.0.ffn.0.weight", "blocks.1.ffn.0.weight", "blocks.0.ffn.2.weight"}
+    (cp,) = plan.components
+    assert cp.pattern_hits["blocks\\.1\\.ffn\\.2"] == 1
+    assert "blocks.1.ffn.2" in cp.kept_linears()
+
+
+def test_ignore_pattern_matching_nothing_is_an_error(wan_tiny):
+    with pytest.raises(InputError, match="ignore pattern 'head\\\\.proj' matches no module in component '.'"):
+        _plan(wan_tiny, MINIMAL + "ignore: ['head\\.proj']\n")
+
+
+@pytest.mark.parametrize(
+    "target, tensor",
+    [
+        ("blocks\\.0\\.ffn\\.0\\.bias", "blocks.0.ffn.0.bias"),  # a bias
+        ("blocks\\.0\\.norm3", "blocks.0.norm3.weight"),  # a norm (1-D)
+        ("blocks\\.\\d+\\.modulation", "blocks.0.modulation"),  # a modulation table
+        ("patch_embedding", "patch_embedding.weight"),  # a 5-D convolution
+        ("blocks\\.0\\..*", "blocks.0.cross_attn.k.bias"),  # too broad: the first non-Linear it hits
+    ],
+)
+def test_target_hitting_a_non_linear_tensor_is_named(wan_tiny, target, tensor):
+    with pytest.raises(InputError, match=f"hits tensor '{tensor}'") as e:
+        _plan(wan_tiny, f"format: fp8_channel\ntargets: ['{target}']\n")
+    assert "not a 2-D Linear weight" in str(e.value)
+
+
+def test_broad_target_is_fine_when_ignore_removes_the_non_linears(wan_tiny):
+    plan = _plan(wan_tiny, "format: fp8_channel\ntargets: ['blocks\\.0\\..*']\nignore: ['.*\\.bias', '.*norm.*', '.*modulation']\n")
+    assert "blocks.0.self_attn.q.weight" in _quantized(plan)
+    assert all(n.startswith("blocks.0.") for n in _quantized(plan))
+
+
+def test_plan_reads_headers_only(wan_tiny, monkeypatch):
+    import quantize.checkpoint as ck
+
+    def no_data(*a, **k):
+        raise AssertionError("tensor data read while planning")
+
+    monkeypatch.setattr(ck, "read_rows", no_data)
+    monkeypatch.setattr(ck, "copy_tensor_bytes", no_data)
+    plan = _plan(wan_tiny, MINIMAL)
+    assert plan.output_bytes < plan.source_bytes
+
+
+def test_missing_component_folder(wan_tiny):
+    with pytest.raises(InputError, match="component folder 'transformer' named by the recipe is missing.*point at its parent"):
+        _plan(wan_tiny, MINIMAL + "components: [transformer]\n")
+
+
+def test_local_file_first_then_bundled(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert load_recipe("wan-fp8.yaml").origin == "bundled:wan-fp8.yaml"
+    assert load_recipe("wan-fp8").origin == "bundled:wan-fp8.yaml"
+    (tmp_path / "wan-fp8.yaml").write_text(MINIMAL)
+    assert load_recipe("wan-fp8.yaml").origin == "wan-fp8.yaml"
+
+
+def test_unknown_recipe_lists_the_bundled_ones():
+    with pytest.raises(InputError) as e:
+        load_recipe("wan-fp9.yaml")
+    for name in bundled_recipes():
+        assert name in str(e.value)
+
+
+def test_every_bundled_recipe_is_valid_and_described():
+    names = set(bundled_recipes())
+    assert {"wan-fp8.yaml", "wan-fp8-all.yaml", "wan-diffusers-fp8.yaml", "wan2.2-a14b-fp8.yaml", "lingbot-world-fp8.yaml"} <= names
+    for name in names:
+        r = load_recipe(name).recipe
+        assert r.name == name.removesuffix(".yaml") and r.description
+        assert r.checks.min_sqnr_db is not None
