@@ -84,10 +84,14 @@ def read_header(path: Path) -> SafetensorsHeader:
         with open(path, "rb") as f:
             prefix = f.read(8)
             if len(prefix) < 8:
-                raise InputError(f"{path}: not a safetensors file ({size} bytes, shorter than its 8-byte header length)")
+                raise InputError(
+                    f"{path}: not a safetensors file ({size} bytes, shorter than its 8-byte header length)"
+                )
             (n,) = struct.unpack("<Q", prefix)
             if n > MAX_HEADER_BYTES or 8 + n > size:
-                raise InputError(f"{path}: header length {n} runs past the end of the file ({size} bytes): truncated or not safetensors")
+                raise InputError(
+                    f"{path}: header length {n} runs past the end of the file ({size} bytes): truncated or not safetensors"
+                )
             raw = f.read(n)
     except OSError as e:
         raise InputError(f"{path}: cannot read: {e.strerror or e}") from None
@@ -106,10 +110,14 @@ def read_header(path: Path) -> SafetensorsHeader:
     cursor = data_start
     for t in infos:
         if t.start != cursor:
-            raise InputError(f"{path}: tensor {t.name!r} starts at byte {t.start - data_start} of the data, expected {cursor - data_start} (overlapping or holey offsets)")
+            raise InputError(
+                f"{path}: tensor {t.name!r} starts at byte {t.start - data_start} of the data, expected {cursor - data_start} (overlapping or holey offsets)"
+            )
         cursor = t.end
     if cursor != size:
-        raise InputError(f"{path}: tensor data ends at byte {cursor} but the file has {size} bytes: truncated or padded")
+        raise InputError(
+            f"{path}: tensor data ends at byte {cursor} but the file has {size} bytes: truncated or padded"
+        )
     return SafetensorsHeader(path, data_start, {t.name: t for t in infos}, dict(metadata))
 
 
@@ -126,14 +134,20 @@ def _tensor_info(path: Path, name: str, entry: object, data_start: int) -> Tenso
         raise InputError(f"{path}: tensor {name!r}: {e}") from None
     if not (isinstance(shape, list) and all(isinstance(s, int) and s >= 0 for s in shape)):
         raise InputError(f"{path}: tensor {name!r} has a malformed shape {shape!r}")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) and o >= 0 for o in offsets)):
+    if not (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(isinstance(o, int) and o >= 0 for o in offsets)
+    ):
         raise InputError(f"{path}: tensor {name!r} has malformed data_offsets {offsets!r}")
     numel = 1
     for s in shape:
         numel *= s
     begin, end = offsets
     if end - begin != numel * row.itemsize:
-        raise InputError(f"{path}: tensor {name!r} spans {end - begin} bytes but {dt}{shape} needs {numel * row.itemsize}")
+        raise InputError(
+            f"{path}: tensor {name!r} spans {end - begin} bytes but {dt}{shape} needs {numel * row.itemsize}"
+        )
     return TensorInfo(name, dt, tuple(shape), path, data_start + begin, data_start + end)
 
 
@@ -203,9 +217,13 @@ def open_component(root: Path, rel: str = ".") -> Component:
     for p in shards:
         for name, info in headers[p].tensors.items():
             if name in tensors:
-                raise InputError(f"{comp_dir}: tensor {name!r} is in both {tensors[name].file.name} and {p.name}")
+                raise InputError(
+                    f"{comp_dir}: tensor {name!r} is in both {tensors[name].file.name} and {p.name}"
+                )
             if owner is not None and owner.get(name) != p.name:
-                raise InputError(f"{index_path}: tensor {name!r} is in {p.name} but the index maps it to {owner.get(name)!r}")
+                raise InputError(
+                    f"{index_path}: tensor {name!r} is in {p.name} but the index maps it to {owner.get(name)!r}"
+                )
             tensors[name] = info
     if owner is not None:
         missing = sorted(set(owner) - set(tensors))
@@ -213,7 +231,9 @@ def open_component(root: Path, rel: str = ".") -> Component:
             raise InputError(f"{index_path}: tensor {missing[0]!r} is listed in the index but in no shard")
     if not tensors:
         raise InputError(f"{comp_dir}: the checkpoint holds no tensors")
-    return Component(root, rel, shards, tensors, index_path, stem, _read_config(comp_dir / CONFIG_NAME), headers)
+    return Component(
+        root, rel, shards, tensors, index_path, stem, _read_config(comp_dir / CONFIG_NAME), headers
+    )
 
 
 def _shards_from_index(comp_dir: Path, index_path: Path) -> tuple[list[Path], dict[str, str]]:

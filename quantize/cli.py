@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import statistics
@@ -60,7 +59,9 @@ class _RichProgress:
 
     def start(self, total_bytes: int, total_tensors: int) -> None:
         self._bar.start()
-        self._task = self._bar.add_task(self._label, total=total_bytes, tensors=0, total_tensors=total_tensors)
+        self._task = self._bar.add_task(
+            self._label, total=total_bytes, tensors=0, total_tensors=total_tensors
+        )
 
     def advance(self, nbytes: int, tensors: int = 1) -> None:
         with self._lock:
@@ -151,12 +152,23 @@ def recipes_cmd(name: str | None) -> None:
         table.add_column(col)
     for file, _ in bundled_recipes().items():
         r = load_recipe(file).recipe
-        table.add_row(file, r.format, ", ".join(r.components), r.description.strip().splitlines()[0] if r.description else "")
+        table.add_row(
+            file,
+            r.format,
+            ", ".join(r.components),
+            r.description.strip().splitlines()[0] if r.description else "",
+        )
     out.print(table)
 
 
 def _recipe_option(f):
-    return click.option("--recipe", "-r", "recipe", required=True, help="Recipe: a YAML file, or a bundled recipe name (see `quantize recipes`).")(f)
+    return click.option(
+        "--recipe",
+        "-r",
+        "recipe",
+        required=True,
+        help="Recipe: a YAML file, or a bundled recipe name (see `quantize recipes`).",
+    )(f)
 
 
 @cli.command("plan")
@@ -169,17 +181,34 @@ def plan_cmd(source: Path, recipe: str) -> None:
 
     loaded = load_recipe(recipe)
     plan = make_plan(source, loaded.recipe)
-    labels = {p: f"t{i}" for i, p in enumerate(plan.recipe.targets, 1)} | {p: f"i{i}" for i, p in enumerate(plan.recipe.ignore, 1)}
+    labels = {p: f"t{i}" for i, p in enumerate(plan.recipe.targets, 1)} | {
+        p: f"i{i}" for i, p in enumerate(plan.recipe.ignore, 1)
+    }
     table = Table(title=f"{source} with {loaded.origin}: what each tensor becomes", title_justify="left")
-    for col, just in (("component", "left"), ("tensors (* = every block)", "left"), ("n", "right"), ("dtype", "left"),
-                      ("becomes", "left"), ("by", "left"), ("before", "right"), ("after", "right")):
+    for col, just in (
+        ("component", "left"),
+        ("tensors (* = every block)", "left"),
+        ("n", "right"),
+        ("dtype", "left"),
+        ("becomes", "left"),
+        ("by", "left"),
+        ("before", "right"),
+        ("after", "right"),
+    ):
         table.add_column(col, justify=just)
     for rel, generic, n, dt, becomes, pattern, before, after in _plan_groups(plan):
-        table.add_row(rel, escape(generic), str(n), dt, becomes, labels.get(pattern, ""), _gb(before), _gb(after))
+        table.add_row(
+            rel, escape(generic), str(n), dt, becomes, labels.get(pattern, ""), _gb(before), _gb(after)
+        )
     table.add_section()
-    table.add_row("total", "", str(plan.tensor_count), "", "", "", _gb(plan.source_bytes), _gb(plan.output_bytes))
+    table.add_row(
+        "total", "", str(plan.tensor_count), "", "", "", _gb(plan.source_bytes), _gb(plan.output_bytes)
+    )
     out.print(table)
-    hits = Table(title="Recipe patterns (re.fullmatch on module names) and the tensors each decided", title_justify="left")
+    hits = Table(
+        title="Recipe patterns (re.fullmatch on module names) and the tensors each decided",
+        title_justify="left",
+    )
     hits.add_column("by")
     hits.add_column("pattern")
     for cp in plan.components:
@@ -188,7 +217,9 @@ def plan_cmd(source: Path, recipe: str) -> None:
         hits.add_row(label, escape(p), *(str(cp.pattern_hits[p]) for cp in plan.components))
     out.print(hits)
     ratio = plan.output_bytes / max(1, plan.source_bytes)
-    out.print(f"{_gb(plan.source_bytes)} -> {_gb(plan.output_bytes)} ({ratio:.0%} of the source) as {plan.recipe.format}")
+    out.print(
+        f"{_gb(plan.source_bytes)} -> {_gb(plan.output_bytes)} ({ratio:.0%} of the source) as {plan.recipe.format}"
+    )
 
 
 def _star_blocks(name: str) -> str:
@@ -203,11 +234,28 @@ def _plan_groups(plan) -> list[tuple]:
         for tp in cp.tensors:
             generic = _star_blocks(tp.name)
             kept_as = tp.outputs[0].dtype
-            becomes = plan.recipe.format if tp.quantize else ("keep" if kept_as == tp.info.dtype else f"keep as {kept_as}")
+            becomes = (
+                plan.recipe.format
+                if tp.quantize
+                else ("keep" if kept_as == tp.info.dtype else f"keep as {kept_as}")
+            )
             groups[(cp.rel, generic, tp.info.dtype, becomes, tp.pattern or "")].append(tp)
     rows = []
-    for (rel, generic, dt, becomes, pattern), tps in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1])):
-        rows.append((rel, generic, len(tps), dt, becomes, pattern, sum(t.info.nbytes for t in tps), sum(t.output_bytes for t in tps)))
+    for (rel, generic, dt, becomes, pattern), tps in sorted(
+        groups.items(), key=lambda kv: (kv[0][0], kv[0][1])
+    ):
+        rows.append(
+            (
+                rel,
+                generic,
+                len(tps),
+                dt,
+                becomes,
+                pattern,
+                sum(t.info.nbytes for t in tps),
+                sum(t.output_bytes for t in tps),
+            )
+        )
     return rows
 
 
@@ -215,10 +263,26 @@ def _plan_groups(plan) -> list[tuple]:
 @click.argument("source", type=click.Path(path_type=Path))
 @click.argument("output", type=click.Path(path_type=Path))
 @_recipe_option
-@click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists (the old one stays until the new one is complete).")
-@click.option("--max-shard-size", default="5GB", show_default=True, help="Largest output shard (tensor bytes), e.g. 5GB, 500MB, 2GiB.")
-@click.option("--workers", type=int, default=None, help="Threads converting tensors in parallel [default: all cores]. Output is identical for any value.")
-def convert_cmd(source: Path, output: Path, recipe: str, overwrite: bool, max_shard_size: str, workers: int | None) -> None:
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace OUTPUT if it exists (the old one stays until the new one is complete).",
+)
+@click.option(
+    "--max-shard-size",
+    default="5GB",
+    show_default=True,
+    help="Largest output shard (tensor bytes), e.g. 5GB, 500MB, 2GiB.",
+)
+@click.option(
+    "--workers",
+    type=int,
+    default=None,
+    help="Threads converting tensors in parallel [default: all cores]. Output is identical for any value.",
+)
+def convert_cmd(
+    source: Path, output: Path, recipe: str, overwrite: bool, max_shard_size: str, workers: int | None
+) -> None:
     """Convert the safetensors checkpoint SOURCE into OUTPUT following RECIPE."""
     from .convert import convert, parse_size
     from .recipes import load_recipe
@@ -228,7 +292,15 @@ def convert_cmd(source: Path, output: Path, recipe: str, overwrite: bool, max_sh
     progress = _progress("convert")
     t0 = time.monotonic()
     try:
-        manifest = convert(source, output, loaded, overwrite=overwrite, max_shard_size=size, workers=workers, progress=progress)
+        manifest = convert(
+            source,
+            output,
+            loaded,
+            overwrite=overwrite,
+            max_shard_size=size,
+            workers=workers,
+            progress=progress,
+        )
     finally:
         progress.stop()
     elapsed = time.monotonic() - t0
@@ -237,7 +309,9 @@ def convert_cmd(source: Path, output: Path, recipe: str, overwrite: bool, max_sh
     sqnrs = [t.sqnr_db for t in manifest.tensors.values() if t.sqnr_db is not None]
     quantized = sum(c.quantized for c in manifest.components)
     kept = sum(c.kept for c in manifest.components)
-    out.print(f"wrote {output}: {quantized} tensors quantized to {manifest.format}, {kept} kept; {_gb(src)} -> {_gb(dst)} in {elapsed:.1f}s ({_gb(src / max(elapsed, 1e-9))}/s)")
+    out.print(
+        f"wrote {output}: {quantized} tensors quantized to {manifest.format}, {kept} kept; {_gb(src)} -> {_gb(dst)} in {elapsed:.1f}s ({_gb(src / max(elapsed, 1e-9))}/s)"
+    )
     if sqnrs:
         out.print(f"weight SQNR: min {min(sqnrs):.1f} dB, median {statistics.median(sqnrs):.1f} dB")
 
@@ -266,12 +340,28 @@ def inspect_cmd(checkpoint: Path, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
-    out.print(f"[bold]{escape(str(checkpoint))}[/]: {m.format}, recipe {escape(str(summary['recipe']))}, from {escape(str(summary['source']))}, made with {summary['made_with']}")
+    out.print(
+        f"[bold]{escape(str(checkpoint))}[/]: {m.format}, recipe {escape(str(summary['recipe']))}, from {escape(str(summary['source']))}, made with {summary['made_with']}"
+    )
     table = Table(title_justify="left")
-    for col, just in (("component", "left"), ("quantized", "right"), ("kept", "right"), ("source", "right"), ("output", "right"), ("kept Linears", "left")):
+    for col, just in (
+        ("component", "left"),
+        ("quantized", "right"),
+        ("kept", "right"),
+        ("source", "right"),
+        ("output", "right"),
+        ("kept Linears", "left"),
+    ):
         table.add_column(col, justify=just)
     for c in m.components:
-        table.add_row(c.path, str(c.quantized), str(c.kept), _gb(c.source_bytes), _gb(c.output_bytes), escape(_summarize_names(c.kept_linears)))
+        table.add_row(
+            c.path,
+            str(c.quantized),
+            str(c.kept),
+            _gb(c.source_bytes),
+            _gb(c.output_bytes),
+            escape(_summarize_names(c.kept_linears)),
+        )
     out.print(table)
     out.print(f"{summary['files']} files, {_gb(summary['bytes'])}")
     if sqnrs:
@@ -287,9 +377,23 @@ def _summarize_names(names: list[str]) -> str:
 
 @cli.command("example")
 @click.argument("output", type=click.Path(path_type=Path))
-@click.option("--preset", type=click.Choice(["tiny", "small", "1.3b", "14b"]), default="small", show_default=True, help="Model size.")
-@click.option("--layout", type=click.Choice(["t2v", "i2v", "a14b", "lingbot"]), default="t2v", show_default=True, help="Folder layout and extra layers.")
-@click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default="bfloat16", show_default=True)
+@click.option(
+    "--preset",
+    type=click.Choice(["tiny", "small", "1.3b", "14b"]),
+    default="small",
+    show_default=True,
+    help="Model size.",
+)
+@click.option(
+    "--layout",
+    type=click.Choice(["t2v", "i2v", "a14b", "lingbot"]),
+    default="t2v",
+    show_default=True,
+    help="Folder layout and extra layers.",
+)
+@click.option(
+    "--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default="bfloat16", show_default=True
+)
 @click.option("--max-shard-size", default="1GB", show_default=True)
 def example_cmd(output: Path, preset: str, layout: str, dtype: str, max_shard_size: str) -> None:
     """Write a random-weight checkpoint with the original Wan key names, to try the tool on."""
@@ -301,7 +405,9 @@ def example_cmd(output: Path, preset: str, layout: str, dtype: str, max_shard_si
 
     if output.exists():
         raise OutputExistsError(f"{output}: already exists; remove it or pick another path")
-    write_wan_example(output, preset, layout, dtype=getattr(torch, dtype), max_shard_size=parse_size(max_shard_size))
+    write_wan_example(
+        output, preset, layout, dtype=getattr(torch, dtype), max_shard_size=parse_size(max_shard_size)
+    )
     out.print(f"wrote a {preset} Wan-shaped {layout} checkpoint ({dtype}, random weights) to {output}")
 
 
@@ -333,7 +439,10 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:  # a bug, or an environment problem we did not foresee
         if _state["debug"]:
             raise
-        err.print(f"[red]error:[/] {escape(type(e).__name__)}: {escape(str(e))} (run with --debug for the traceback)", soft_wrap=True)
+        err.print(
+            f"[red]error:[/] {escape(type(e).__name__)}: {escape(str(e))} (run with --debug for the traceback)",
+            soft_wrap=True,
+        )
         sys.exit(1)
 
 

@@ -71,16 +71,29 @@ def parse_size(text: str | int) -> int:
     """'5GB' -> 5_000_000_000, '512MiB' -> 536_870_912, '1000' -> 1000."""
     if isinstance(text, int):
         return text
-    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+    units = {
+        "": 1,
+        "B": 1,
+        "KB": 10**3,
+        "MB": 10**6,
+        "GB": 10**9,
+        "TB": 10**12,
+        "KIB": 2**10,
+        "MIB": 2**20,
+        "GIB": 2**30,
+        "TIB": 2**40,
+    }
     s = text.strip().upper().replace(" ", "")
     num = s.rstrip("KMGTIB")
-    unit = s[len(num):]
+    unit = s[len(num) :]
     try:
         value = float(num)
     except ValueError:
         value = -1.0
     if unit not in units or value <= 0:
-        raise InputError(f"size {text!r}: expected a positive number with an optional unit such as 5GB or 512MiB")
+        raise InputError(
+            f"size {text!r}: expected a positive number with an optional unit such as 5GB or 512MiB"
+        )
     return int(value * units[unit])
 
 
@@ -107,7 +120,9 @@ def convert(
     plan = make_plan(source, loaded.recipe)
     for cp in plan.components:
         if cp.component.config and "quantization_config" in cp.component.config:
-            raise InputError(f"{cp.component.config_path}: already has a quantization_config: the source is already quantized")
+            raise InputError(
+                f"{cp.component.config_path}: already has a quantization_config: the source is already quantized"
+            )
     progress.start(plan.source_bytes, plan.tensor_count)
     with _staging_dir(out) as tmp:
         manifest = _write_checkpoint(plan, loaded, tmp, max_shard_size, workers, progress)
@@ -122,7 +137,9 @@ def _check_output_location(source: Path, out: Path, overwrite: bool) -> None:
         if not out.is_dir():
             raise InputError(f"{out}: exists and is not a directory")
         if not overwrite:
-            raise OutputExistsError(f"{out}: already exists; pass --overwrite to replace it (the old checkpoint stays until the new one is complete)")
+            raise OutputExistsError(
+                f"{out}: already exists; pass --overwrite to replace it (the old checkpoint stays until the new one is complete)"
+            )
     parent = out.parent
     if not parent.is_dir():
         raise InputError(f"{parent}: the output's parent directory does not exist")
@@ -185,9 +202,13 @@ class _Work:
             self.hashes[path] = self.hasher.submit(sha256_file, path)
 
 
-def _write_checkpoint(plan: Plan, loaded: LoadedRecipe, tmp: Path, max_shard_size: int, workers: int, progress: Progress) -> Manifest:
+def _write_checkpoint(
+    plan: Plan, loaded: LoadedRecipe, tmp: Path, max_shard_size: int, workers: int, progress: Progress
+) -> Manifest:
     saved_threads = torch.get_num_threads()
-    pool = ThreadPoolExecutor(workers, thread_name_prefix="quantize", initializer=torch.set_num_threads, initargs=(1,))
+    pool = ThreadPoolExecutor(
+        workers, thread_name_prefix="quantize", initializer=torch.set_num_threads, initargs=(1,)
+    )
     hasher = ThreadPoolExecutor(1, thread_name_prefix="sha256")
     work = _Work(pool, hasher, progress, {})
     try:
@@ -206,7 +227,12 @@ def _write_checkpoint(plan: Plan, loaded: LoadedRecipe, tmp: Path, max_shard_siz
             tool={"name": "dit-quantize", "version": __version__},
             libraries=_library_versions(),
             format=plan.recipe.format,
-            recipe=RecipeEntry(name=plan.recipe.name, origin=_origin(loaded), sha256=recipe_sha256(plan.recipe), text=dump_recipe(plan.recipe)),
+            recipe=RecipeEntry(
+                name=plan.recipe.name,
+                origin=_origin(loaded),
+                sha256=recipe_sha256(plan.recipe),
+                text=dump_recipe(plan.recipe),
+            ),
             source={"name": plan.source.name},
             source_files=_file_entries(plan.source, source_files, work),
             components=components,
@@ -231,10 +257,16 @@ def _origin(loaded: LoadedRecipe) -> str:
 
 
 def _library_versions() -> dict[str, str]:
-    return {"python": platform.python_version(), "torch": torch.__version__, "safetensors": safetensors.__version__}
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "safetensors": safetensors.__version__,
+    }
 
 
-def _write_component(cp: ComponentPlan, plan: Plan, tmp: Path, max_shard_size: int, work: _Work) -> dict[str, TensorEntry]:
+def _write_component(
+    cp: ComponentPlan, plan: Plan, tmp: Path, max_shard_size: int, work: _Work
+) -> dict[str, TensorEntry]:
     comp = cp.component
     out_dir = tmp if cp.rel == "." else tmp / cp.rel
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -242,7 +274,7 @@ def _write_component(cp: ComponentPlan, plan: Plan, tmp: Path, max_shard_size: i
     names = _shard_names(comp.stem, len(groups), with_index=comp.index_path is not None)
     entries: dict[str, TensorEntry] = {}
     weight_map: dict[str, str] = {}
-    for group, name in zip(groups, names):
+    for group, name in zip(groups, names, strict=True):
         path = out_dir / name
         for tp, stats in _write_shard(path, group, plan, work):
             if stats is not None:
@@ -278,27 +310,27 @@ def _shard_names(stem: str, n: int, with_index: bool) -> list[str]:
     return [f"{stem}-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
 
 
-def _write_shard(path: Path, group: list[TensorPlan], plan: Plan, work: _Work) -> list[tuple[TensorPlan, ErrorStats | None]]:
-    fmt = plan.format
+def _write_shard(
+    path: Path, group: list[TensorPlan], plan: Plan, work: _Work
+) -> list[tuple[TensorPlan, ErrorStats | None]]:
     writer = ShardWriter(path, [spec for tp in group for spec in tp.outputs], SHARD_METADATA)
+    futures = [work.pool.submit(_convert_one, tp, plan.format, writer, work.progress) for tp in group]
     try:
-        futures = [work.pool.submit(_convert_one, tp, fmt, writer, work.progress) for tp in group]
-        done, pending = wait(futures, return_when=FIRST_EXCEPTION)
-        for f in pending:
-            f.cancel()
-        wait(futures)
-        for f in futures:
-            if not f.cancelled() and f.exception() is not None:
-                raise f.exception()
-        results = [(tp, f.result()) for tp, f in zip(group, futures)]
+        wait(futures, return_when=FIRST_EXCEPTION)
+        failed = next((f.exception() for f in futures if f.done() and f.exception() is not None), None)
+        if failed is not None:
+            raise failed
     except BaseException:
+        for f in futures:
+            f.cancel()
+        wait(futures)  # tensors already running finish: nothing may write after the file is closed
         writer.abort()
         raise
     try:
         writer.close()
     except OSError as e:
         raise ConversionError(f"{path}: cannot write: {e.strerror or e}") from None
-    return results
+    return [(tp, f.result()) for tp, f in zip(group, futures, strict=True)]
 
 
 def _convert_one(tp: TensorPlan, fmt, writer: ShardWriter, progress: Progress) -> ErrorStats | None:
@@ -376,7 +408,9 @@ def _file_entries(root: Path, files: list[Path], work: _Work) -> list[FileEntry]
     entries = []
     for f in sorted(set(files), key=lambda p: p.relative_to(root).as_posix()):
         work.hash_later(f)
-        entries.append(FileEntry(path=f.relative_to(root).as_posix(), size=f.stat().st_size, sha256=work.hashes[f].result()))
+        entries.append(
+            FileEntry(
+                path=f.relative_to(root).as_posix(), size=f.stat().st_size, sha256=work.hashes[f].result()
+            )
+        )
     return entries
-
-

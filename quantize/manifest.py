@@ -14,7 +14,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import InputError
 
-__all__ = ["MANIFEST_NAME", "RECIPE_NAME", "FileEntry", "TensorEntry", "RecipeEntry", "Manifest", "read_manifest"]
+__all__ = [
+    "MANIFEST_NAME",
+    "RECIPE_NAME",
+    "FileEntry",
+    "TensorEntry",
+    "RecipeEntry",
+    "Manifest",
+    "read_manifest",
+]
 
 MANIFEST_NAME = "quantize_manifest.json"
 RECIPE_NAME = "recipe.yaml"
@@ -80,9 +88,13 @@ def read_manifest(checkpoint: Path) -> Manifest:
     try:
         return Manifest.model_validate_json(path.read_text())
     except FileNotFoundError:
-        raise InputError(f"{path}: not found: is {checkpoint} a checkpoint written by `quantize convert`?") from None
+        raise InputError(
+            f"{path}: not found: is {checkpoint} a checkpoint written by `quantize convert`?"
+        ) from None
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(f"{path}: cannot read: {e}") from None
     except ValidationError as e:
         err = e.errors()[0]
-        raise InputError(f"{path}: invalid manifest at {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+        raise InputError(
+            f"{path}: invalid manifest at {'.'.join(map(str, err['loc']))}: {err['msg']}"
+        ) from None

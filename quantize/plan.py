@@ -155,7 +155,10 @@ def plan_component(component: Component, recipe: Recipe) -> ComponentPlan:
             hits[ignored] += 1
         if target is not None and ignored is None:
             _check_quantizable(info, target, where)
-            outs = tuple(TensorSpec(part_key(key, part), dt, shape) for part, (dt, shape) in fmt.parts(info.shape).items())
+            outs = tuple(
+                TensorSpec(part_key(key, part), dt, shape)
+                for part, (dt, shape) in fmt.parts(info.shape).items()
+            )
             plans.append(TensorPlan(info, True, target, outs))
         else:
             plans.append(TensorPlan(info, False, ignored, (_kept_spec(info, recipe.keep_dtype),)))
@@ -180,7 +183,9 @@ def _check_no_key_collision(component: Component, plans: list[TensorPlan]) -> No
     for t in plans:
         for spec in t.outputs:
             if spec.name in seen and seen[spec.name] != t.name:
-                raise InputError(f"{component.dir}: output key {spec.name!r} of {t.name!r} collides with tensor {seen[spec.name]!r}")
+                raise InputError(
+                    f"{component.dir}: output key {spec.name!r} of {t.name!r} collides with tensor {seen[spec.name]!r}"
+                )
             seen[spec.name] = t.name
 
 
@@ -193,7 +198,11 @@ def make_plan(source: Path, recipe: Recipe) -> Plan:
     for rel in recipe.components:
         comp_dir = source if rel == "." else source / rel
         if rel != "." and not comp_dir.is_dir():
-            hint = " (SOURCE itself holds safetensors: point at its parent folder)" if any(source.glob("*.safetensors")) else ""
+            hint = (
+                " (SOURCE itself holds safetensors: point at its parent folder)"
+                if any(source.glob("*.safetensors"))
+                else ""
+            )
             raise InputError(f"{source}: component folder {rel!r} named by the recipe is missing{hint}")
         components.append(plan_component(open_component(source, rel), recipe))
     return Plan(source, recipe, tuple(components))

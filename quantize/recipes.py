@@ -24,7 +24,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .errors import InputError
 from .formats import FORMATS
 
-__all__ = ["Recipe", "Checks", "LoadedRecipe", "parse_recipe", "load_recipe", "dump_recipe", "bundled_recipes"]
+__all__ = [
+    "Recipe",
+    "Checks",
+    "LoadedRecipe",
+    "parse_recipe",
+    "load_recipe",
+    "dump_recipe",
+    "bundled_recipes",
+]
 
 _BUNDLED_PACKAGE = "quantize.bundled_recipes"
 
@@ -144,7 +152,11 @@ def recipe_sha256(recipe: Recipe) -> str:
 def bundled_recipes() -> dict[str, str]:
     """Bundled recipe file names and their text."""
     root = resources.files(_BUNDLED_PACKAGE)
-    return {p.name: p.read_text() for p in sorted(root.iterdir(), key=lambda p: p.name) if p.name.endswith(".yaml")}
+    return {
+        p.name: p.read_text()
+        for p in sorted(root.iterdir(), key=lambda p: p.name)
+        if p.name.endswith(".yaml")
+    }
 
 
 def load_recipe(ref: str | Path) -> LoadedRecipe:
@@ -160,4 +172,6 @@ def load_recipe(ref: str | Path) -> LoadedRecipe:
     name = path.name if path.name.endswith(".yaml") else f"{path.name}.yaml"
     if str(ref) in (name, name[: -len(".yaml")]) and name in bundled:
         return LoadedRecipe(recipe=parse_recipe(bundled[name], f"bundled:{name}"), origin=f"bundled:{name}")
-    raise InputError(f"recipe {str(ref)!r}: no such file, and no bundled recipe of that name (bundled: {', '.join(bundled)})")
+    raise InputError(
+        f"recipe {str(ref)!r}: no such file, and no bundled recipe of that name (bundled: {', '.join(bundled)})"
+    )

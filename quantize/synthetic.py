@@ -67,7 +67,10 @@ def _linear(name: str, out: int, inp: int, bias: bool = True) -> list[tuple[str,
 def wan_tensors(s: WanShape) -> list[tuple[str, tuple[int, ...]]]:
     """Names and shapes of the original Wan2.1/2.2 DiT (``wan/modules/model.py``), in module order."""
     d = s.dim
-    t: list[tuple[str, tuple[int, ...]]] = [("patch_embedding.weight", (d, s.in_dim, 1, 2, 2)), ("patch_embedding.bias", (d,))]
+    t: list[tuple[str, tuple[int, ...]]] = [
+        ("patch_embedding.weight", (d, s.in_dim, 1, 2, 2)),
+        ("patch_embedding.bias", (d,)),
+    ]
     t += _linear("text_embedding.0", d, s.text_dim) + _linear("text_embedding.2", d, d)
     t += _linear("time_embedding.0", d, s.freq_dim) + _linear("time_embedding.2", d, d)
     t += _linear("time_projection.1", 6 * d, d)
@@ -150,7 +153,9 @@ def write_checkpoint(
     dt = dtypes.by_torch(dtype).name
     files, weight_map = [], {}
     for i, group in enumerate(groups, 1):
-        name = f"{stem}.safetensors" if len(groups) == 1 else f"{stem}-{i:05d}-of-{len(groups):05d}.safetensors"
+        name = (
+            f"{stem}.safetensors" if len(groups) == 1 else f"{stem}-{i:05d}-of-{len(groups):05d}.safetensors"
+        )
         with ShardWriter(out_dir / name, [TensorSpec(n, dt, s) for n, s in group], {"format": "pt"}) as w:
             for tname, shape in group:
                 w.write(tname, _random(tname, shape, dtype, seed))
@@ -181,12 +186,18 @@ def write_wan_example(
     out_dir = Path(out_dir)
     for i, comp in enumerate(spec["components"]):
         write_checkpoint(
-            out_dir / comp, wan_tensors(shape), dtype=dtype, max_shard_size=max_shard_size,
-            config=wan_config(shape), seed=seed + i,
+            out_dir / comp,
+            wan_tensors(shape),
+            dtype=dtype,
+            max_shard_size=max_shard_size,
+            config=wan_config(shape),
+            seed=seed + i,
         )
     # A file of the kind that sits beside the DiT in a release (copied when a recipe asks).
     tokenizer = out_dir / "google" / "umt5-xxl"
     tokenizer.mkdir(parents=True, exist_ok=True)
     (tokenizer / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 512}) + "\n")
-    (out_dir / "example.json").write_text(json.dumps({"preset": preset, "layout": layout, "shape": asdict(shape)}, indent=2) + "\n")
+    (out_dir / "example.json").write_text(
+        json.dumps({"preset": preset, "layout": layout, "shape": asdict(shape)}, indent=2) + "\n"
+    )
     return out_dir

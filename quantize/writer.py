@@ -54,7 +54,11 @@ def header_bytes(layout: list[TensorSpec], metadata: dict[str, str] | None = Non
         header["__metadata__"] = metadata
     offset = 0
     for spec in layout:
-        header[spec.name] = {"dtype": spec.dtype, "shape": list(spec.shape), "data_offsets": [offset, offset + spec.nbytes]}
+        header[spec.name] = {
+            "dtype": spec.dtype,
+            "shape": list(spec.shape),
+            "data_offsets": [offset, offset + spec.nbytes],
+        }
         offset += spec.nbytes
     raw = json.dumps(header, separators=(",", ":"), ensure_ascii=True).encode()
     raw += b" " * (-len(raw) % 8)
@@ -99,8 +103,14 @@ class ShardWriter:
         """Write `tensor` as rows ``[row_start, row_start + len(tensor))`` of the planned tensor `name`."""
         start, spec = self._offsets[name]
         dt = dtypes.by_torch(tensor.dtype).name
-        if dt != spec.dtype or tuple(tensor.shape[1:]) != spec.shape[1:] or row_start + (tensor.shape[0] if tensor.dim() else 1) > (spec.shape[0] if spec.shape else 1):
-            raise ValueError(f"{self.path.name}: rows of {name!r} are {dt}{list(tensor.shape)} at row {row_start}, planned {spec.dtype}{list(spec.shape)}")
+        if (
+            dt != spec.dtype
+            or tuple(tensor.shape[1:]) != spec.shape[1:]
+            or row_start + (tensor.shape[0] if tensor.dim() else 1) > (spec.shape[0] if spec.shape else 1)
+        ):
+            raise ValueError(
+                f"{self.path.name}: rows of {name!r} are {dt}{list(tensor.shape)} at row {row_start}, planned {spec.dtype}{list(spec.shape)}"
+            )
         data = tensor_bytes(tensor.contiguous())
         row_bytes = spec.nbytes // spec.shape[0] if spec.shape and spec.shape[0] else 0
         self.write_bytes(name, data, row_start * row_bytes)
@@ -109,7 +119,9 @@ class ShardWriter:
         """Write raw bytes at `offset` within the planned tensor `name`."""
         start, spec = self._offsets[name]
         if offset + len(data) > spec.nbytes:
-            raise ValueError(f"{self.path.name}: {len(data)} bytes at {offset} overrun tensor {name!r} ({spec.nbytes} bytes)")
+            raise ValueError(
+                f"{self.path.name}: {len(data)} bytes at {offset} overrun tensor {name!r} ({spec.nbytes} bytes)"
+            )
         self._pwrite(data, start + offset)
         with self._lock:
             self._written[name] += len(data)
@@ -119,7 +131,9 @@ class ShardWriter:
         try:
             for name, (_, spec) in self._offsets.items():
                 if self._written[name] != spec.nbytes:
-                    raise ValueError(f"{self.path.name}: tensor {name!r} got {self._written[name]} of {spec.nbytes} bytes")
+                    raise ValueError(
+                        f"{self.path.name}: tensor {name!r} got {self._written[name]} of {spec.nbytes} bytes"
+                    )
             os.fsync(self._fd)
         finally:
             os.close(self._fd)

@@ -28,7 +28,13 @@ def wan_tiny(tmp_path_factory) -> Path:
 def make_wan(tmp_path):
     """Build a Wan-shaped checkpoint: make_wan(layout="t2v", dtype=torch.bfloat16, preset="tiny", ...)."""
 
-    def make(layout: str = "t2v", dtype: torch.dtype = torch.bfloat16, preset: str = "tiny", name: str | None = None, **kw) -> Path:
+    def make(
+        layout: str = "t2v",
+        dtype: torch.dtype = torch.bfloat16,
+        preset: str = "tiny",
+        name: str | None = None,
+        **kw,
+    ) -> Path:
         path = tmp_path / (name or f"wan-{layout}-{str(dtype).removeprefix('torch.')}")
         return write_wan_example(path, preset, layout, dtype=dtype, **kw)
 
@@ -45,7 +51,9 @@ def run_cli(*args: str | Path, check: bool = False, env: dict | None = None) -> 
         env={**os.environ, "COLUMNS": "200", **(env or {})},
     )
     if check and proc.returncode != 0:
-        raise AssertionError(f"quantize {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+        raise AssertionError(
+            f"quantize {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+        )
     return proc
 
 

@@ -25,11 +25,17 @@ def _split(source: Path, recipe: str) -> dict[str, set[str]]:
 
 
 def _linears(directory: Path) -> set[str]:
-    return {k.removesuffix(".weight") for k, v in load_all(directory).items() if k.endswith(".weight") and v.dim() == 2}
+    return {
+        k.removesuffix(".weight")
+        for k, v in load_all(directory).items()
+        if k.endswith(".weight") and v.dim() == 2
+    }
 
 
 WAN_ORIGINAL_QUANTIZED = re.compile(r"blocks\.\d+\.((self_attn|cross_attn)\.(q|k|v|o|k_img|v_img)|ffn\.0)")
-WAN_DIFFUSERS_QUANTIZED = re.compile(r"blocks\.\d+\.(attn[12]\.(to_q|to_k|to_v|to_out\.0|add_k_proj|add_v_proj)|ffn\.net\.0\.proj)")
+WAN_DIFFUSERS_QUANTIZED = re.compile(
+    r"blocks\.\d+\.(attn[12]\.(to_q|to_k|to_v|to_out\.0|add_k_proj|add_v_proj)|ffn\.net\.0\.proj)"
+)
 
 
 @pytest.mark.parametrize("layout", ["t2v", "i2v"])
@@ -40,7 +46,13 @@ def test_wan_fp8_original_names(make_wan, layout):
     assert _split(src, "wan-fp8.yaml") == {".": expected}
     kept = linears - expected
     # what the recipe promises to keep: embeddings, time_projection, head, ffn.2 (and the I2V img_emb)
-    assert {"text_embedding.0", "time_embedding.0", "time_projection.1", "head.head", "blocks.0.ffn.2"} <= kept
+    assert {
+        "text_embedding.0",
+        "time_embedding.0",
+        "time_projection.1",
+        "head.head",
+        "blocks.0.ffn.2",
+    } <= kept
     if layout == "i2v":
         assert {"blocks.0.cross_attn.k_img", "blocks.1.cross_attn.v_img"} <= expected
         assert {"img_emb.proj.1", "img_emb.proj.3"} <= kept
@@ -71,8 +83,17 @@ def _diffusers_wan(path: Path, image_dim: int | None = None, seed: int = 0) -> P
 
     torch.manual_seed(seed)
     model = WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
-        text_dim=24, freq_dim=16, ffn_dim=64, num_layers=2, cross_attn_norm=True, image_dim=image_dim,
+        patch_size=(1, 2, 2),
+        num_attention_heads=2,
+        attention_head_dim=16,
+        in_channels=4,
+        out_channels=4,
+        text_dim=24,
+        freq_dim=16,
+        ffn_dim=64,
+        num_layers=2,
+        cross_attn_norm=True,
+        image_dim=image_dim,
         added_kv_proj_dim=32 if image_dim else None,
         rope_max_seq_len=32,
     ).to(torch.bfloat16)
@@ -88,7 +109,12 @@ def test_wan_diffusers_fp8(tmp_path, image_dim):
     expected = {m for m in linears if WAN_DIFFUSERS_QUANTIZED.fullmatch(m)}
     assert _split(src, "wan-diffusers-fp8.yaml") == {"transformer": expected}
     kept = linears - expected
-    assert {"proj_out", "blocks.0.ffn.net.2", "condition_embedder.time_proj", "condition_embedder.text_embedder.linear_1"} <= kept
+    assert {
+        "proj_out",
+        "blocks.0.ffn.net.2",
+        "condition_embedder.time_proj",
+        "condition_embedder.text_embedder.linear_1",
+    } <= kept
     if image_dim:
         assert {"blocks.0.attn2.add_k_proj", "blocks.1.attn2.add_v_proj"} <= expected
 
@@ -145,5 +171,5 @@ def test_dequantized_diffusers_forward_stays_close_to_bf16(tmp_path):
     sqnr = 10 * torch.log10(ref.pow(2).sum() / (ref - got).pow(2).sum())
     cosine = torch.nn.functional.cosine_similarity(ref.flatten(), got.flatten(), dim=0)
     print(f"forward SQNR {float(sqnr):.1f} dB, cosine {float(cosine):.5f}")
-    assert sqnr > 20 and cosine > 0.99, (float(sqnr), float(cosine))
+    assert sqnr > 30 and cosine > 0.999, (float(sqnr), float(cosine))
     assert not torch.equal(ref, got)  # the weights really were quantized

@@ -49,7 +49,12 @@ def test_corrupt_files_are_named(tmp_path, mutate, message):
 
 def test_offsets_out_of_bounds(tmp_path):
     p = tmp_path / "m.safetensors"
-    header = json.dumps({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "v": {"dtype": "F32", "shape": [2], "data_offsets": [16, 24]}}).encode()
+    header = json.dumps(
+        {
+            "w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+            "v": {"dtype": "F32", "shape": [2], "data_offsets": [16, 24]},
+        }
+    ).encode()
     header += b" " * (-len(header) % 8)
     p.write_bytes(struct.pack("<Q", len(header)) + header + bytes(24))
     with pytest.raises(InputError, match="'v' starts at byte 16"):
@@ -59,11 +64,18 @@ def test_offsets_out_of_bounds(tmp_path):
 def test_component_from_index(tmp_path):
     _write(tmp_path / "m-00001-of-00002.safetensors", {"a": torch.zeros(2)})
     _write(tmp_path / "m-00002-of-00002.safetensors", {"b": torch.zeros(3)})
-    (tmp_path / "m.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "m-00001-of-00002.safetensors", "b": "m-00002-of-00002.safetensors"}}))
+    (tmp_path / "m.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"a": "m-00001-of-00002.safetensors", "b": "m-00002-of-00002.safetensors"}})
+    )
     (tmp_path / "config.json").write_text('{"dim": 2}')
     c = open_component(tmp_path)
     assert list(c.tensors) == ["a", "b"] and c.stem == "m" and c.config == {"dim": 2}
-    assert {p.name for p in c.own_files()} == {"m-00001-of-00002.safetensors", "m-00002-of-00002.safetensors", "m.safetensors.index.json", "config.json"}
+    assert {p.name for p in c.own_files()} == {
+        "m-00001-of-00002.safetensors",
+        "m-00002-of-00002.safetensors",
+        "m.safetensors.index.json",
+        "config.json",
+    }
 
 
 @pytest.mark.parametrize("shard", ["../outside.safetensors", "/etc/passwd"])

@@ -31,7 +31,9 @@ def _quantized_modules(source: Path, recipe: str) -> set[str]:
     return {k.split("/", 1)[1].removesuffix(".weight") for k in manifest["tensors"]}
 
 
-def check_component(src_dir: Path, out_dir: Path, quantized: set[str], keep_cast: torch.dtype | None = None) -> None:
+def check_component(
+    src_dir: Path, out_dir: Path, quantized: set[str], keep_cast: torch.dtype | None = None
+) -> None:
     """Every source tensor is in the output: quantized ones bit-exact to fp8_channel, kept ones bit-exact."""
     src, got = load_all(src_dir), load_all(out_dir)
     expected_keys = set()
@@ -63,14 +65,18 @@ def check_component(src_dir: Path, out_dir: Path, quantized: set[str], keep_cast
     assert {k: v for k, v in config.items() if k != "quantization_config"} == source_config
     qc = config["quantization_config"]
     assert qc["quant_method"] == "compressed-tensors"
-    kept_linears = {n.removesuffix(".weight") for n, w in src.items() if n.endswith(".weight") and w.dim() == 2} - quantized
+    kept_linears = {
+        n.removesuffix(".weight") for n, w in src.items() if n.endswith(".weight") and w.dim() == 2
+    } - quantized
     assert set(qc["ignore"]) == kept_linears
 
 
 def check_manifest(source: Path, out: Path) -> dict:
     m = read_json(out / "quantize_manifest.json")
     listed = {f["path"]: f for f in m["output_files"]}
-    on_disk = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()} - {"quantize_manifest.json"}
+    on_disk = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()} - {
+        "quantize_manifest.json"
+    }
     assert set(listed) == on_disk
     for rel, entry in listed.items():
         assert entry["size"] == (out / rel).stat().st_size and entry["sha256"] == _sha(out / rel), rel
@@ -80,7 +86,10 @@ def check_manifest(source: Path, out: Path) -> dict:
     assert (out / "recipe.yaml").read_text() == m["recipe"]["text"]
     for key, t in m["tensors"].items():
         assert t["sqnr_db"] > 25 and 0.99 < t["cosine"] <= 1.0 and t["max_abs_error"] > 0, key
-    assert "/" not in m["source"]["name"] and str(source.parent) not in (out / "quantize_manifest.json").read_text()
+    assert (
+        "/" not in m["source"]["name"]
+        and str(source.parent) not in (out / "quantize_manifest.json").read_text()
+    )
     return m
 
 
@@ -96,9 +105,13 @@ def test_cli_convert_end_to_end(wan_tiny, tmp_path):
     assert {k.split("/", 1)[1] for k in m["tensors"]} == {q + ".weight" for q in quantized}
     assert m["format"] == "fp8_channel" and m["recipe"]["origin"] == "bundled:wan-fp8.yaml"
     # the files beside the DiT were copied, the source is untouched
-    assert (out / "google/umt5-xxl/tokenizer_config.json").read_text() == (wan_tiny / "google/umt5-xxl/tokenizer_config.json").read_text()
+    assert (out / "google/umt5-xxl/tokenizer_config.json").read_text() == (
+        wan_tiny / "google/umt5-xxl/tokenizer_config.json"
+    ).read_text()
     assert not list(tmp_path.glob(".*tmp*"))
-    assert {p.name for p in out.glob("*.safetensors")} == {p.name for p in out.glob("diffusion_pytorch_model-*-of-*.safetensors")}
+    assert {p.name for p in out.glob("*.safetensors")} == {
+        p.name for p in out.glob("diffusion_pytorch_model-*-of-*.safetensors")
+    }
 
 
 def test_output_is_identical_across_runs_and_worker_counts(wan_tiny, tmp_path):
@@ -117,13 +130,18 @@ def test_max_shard_size_is_respected(wan_tiny, tmp_path):
     assert len(shards) > 3
     for shard in shards:
         with safe_open(shard, framework="pt") as f:
-            data_bytes = sum(f.get_slice(k).get_shape().numel() if hasattr(f.get_slice(k).get_shape(), "numel") else 0 for k in f.keys())
+            data_bytes = sum(
+                f.get_slice(k).get_shape().numel() if hasattr(f.get_slice(k).get_shape(), "numel") else 0
+                for k in f.keys()
+            )
             tensors = [f.get_tensor(k) for k in f.keys()]
         data_bytes = sum(t.numel() * t.element_size() for t in tensors)
         assert data_bytes <= 40_000 or len(tensors) == 1, shard.name
     index = read_json(out / "diffusion_pytorch_model.safetensors.index.json")
     assert set(index["weight_map"].values()) == {s.name for s in shards}
-    assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in load_all(out).values())
+    assert index["metadata"]["total_size"] == sum(
+        t.numel() * t.element_size() for t in load_all(out).values()
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -131,10 +149,15 @@ def test_fp32_and_fp16_sources(make_wan, tmp_path, dtype):
     src = make_wan("t2v", dtype)
     out = tmp_path / "out"
     run_cli("convert", src, out, "-r", "wan-fp8", check=True)
-    quantized = {k.split("/", 1)[1].removesuffix(".weight") for k in read_json(out / "quantize_manifest.json")["tensors"]}
+    quantized = {
+        k.split("/", 1)[1].removesuffix(".weight")
+        for k in read_json(out / "quantize_manifest.json")["tensors"]
+    }
     assert len(quantized) == 18
     check_component(src, out, quantized)
-    assert {t["source_dtype"] for t in read_json(out / "quantize_manifest.json")["tensors"].values()} == {"F32" if dtype == torch.float32 else "F16"}
+    assert {t["source_dtype"] for t in read_json(out / "quantize_manifest.json")["tensors"].values()} == {
+        "F32" if dtype == torch.float32 else "F16"
+    }
 
 
 def test_keep_dtype_casts_kept_tensors(make_wan, tmp_path):
@@ -154,7 +177,9 @@ def test_two_expert_layout_and_other_files(make_wan, tmp_path):
     m = check_manifest(src, out)
     assert [c["path"] for c in m["components"]] == ["high_noise_model", "low_noise_model"]
     for comp in ("high_noise_model", "low_noise_model"):
-        quantized = {k.split("/", 1)[1].removesuffix(".weight") for k in m["tensors"] if k.startswith(comp + "/")}
+        quantized = {
+            k.split("/", 1)[1].removesuffix(".weight") for k in m["tensors"] if k.startswith(comp + "/")
+        }
         assert len(quantized) == 18
         check_component(src / comp, out / comp, quantized)
     assert (out / "example.json").read_bytes() == (src / "example.json").read_bytes()
@@ -228,7 +253,10 @@ def test_bad_recipe_file_through_cli(wan_tiny, tmp_path):
     recipe.write_text("format: fp8_channel\ntarget: ['blocks\\.\\d+\\.ffn\\.0']\n")
     proc = run_cli("plan", wan_tiny, "-r", recipe)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == f"error: {recipe}: unknown key 'target'; did you mean 'targets'? (allowed: format, targets, name, description, components, ignore, keep_dtype, copy_other_files, checks)"
+    assert (
+        proc.stderr.strip()
+        == f"error: {recipe}: unknown key 'target'; did you mean 'targets'? (allowed: format, targets, name, description, components, ignore, keep_dtype, copy_other_files, checks)"
+    )
 
 
 def test_debug_shows_traceback(wan_tiny, tmp_path):

@@ -31,7 +31,10 @@ def test_dump_round_trips():
         ("format: fp8_channel\n", "missing required field 'targets'"),
         ("format: int3\ntargets: [a]\n", "field 'format': unknown format 'int3' \\(known: fp8_channel"),
         ("format: fp8_channel\ntargets: []\n", "field 'targets' must list at least one entry"),
-        ("format: fp8_channel\ntargets: ['blocks\\.(']\n", "field 'targets.*': bad regular expression 'blocks\\\\.\\('"),
+        (
+            "format: fp8_channel\ntargets: ['blocks\\.(']\n",
+            "field 'targets.*': bad regular expression 'blocks\\\\.\\('",
+        ),
         (MINIMAL + "ignore: ['[a-']\n", "field 'ignore.*': bad regular expression"),
         (MINIMAL + "keep_dtype: float8\n", "field 'keep_dtype'"),
         (MINIMAL + "components: ['../elsewhere']\n", "component '../elsewhere' must be a subfolder"),
@@ -69,7 +72,10 @@ def test_fullmatch_not_search(wan_tiny):
 
 
 def test_ignore_wins(wan_tiny):
-    plan = _plan(wan_tiny, "format: fp8_channel\ntargets: ['blocks\\.\\d+\\.ffn\\.(0|2)']\nignore: ['blocks\\.1\\.ffn\\.2']\n")
+    plan = _plan(
+        wan_tiny,
+        "format: fp8_channel\ntargets: ['blocks\\.\\d+\\.ffn\\.(0|2)']\nignore: ['blocks\\.1\\.ffn\\.2']\n",
+    )
     assert _quantized(plan) == {"blocks.0.ffn.0.weight", "blocks.1.ffn.0.weight", "blocks.0.ffn.2.weight"}
     (cp,) = plan.components
     assert cp.pattern_hits["blocks\\.1\\.ffn\\.2"] == 1
@@ -98,7 +104,10 @@ def test_target_hitting_a_non_linear_tensor_is_named(wan_tiny, target, tensor):
 
 
 def test_broad_target_is_fine_when_ignore_removes_the_non_linears(wan_tiny):
-    plan = _plan(wan_tiny, "format: fp8_channel\ntargets: ['blocks\\.0\\..*']\nignore: ['.*\\.bias', '.*norm.*', '.*modulation']\n")
+    plan = _plan(
+        wan_tiny,
+        "format: fp8_channel\ntargets: ['blocks\\.0\\..*']\nignore: ['.*\\.bias', '.*norm.*', '.*modulation']\n",
+    )
     assert "blocks.0.self_attn.q.weight" in _quantized(plan)
     assert all(n.startswith("blocks.0.") for n in _quantized(plan))
 
@@ -116,7 +125,9 @@ def test_plan_reads_headers_only(wan_tiny, monkeypatch):
 
 
 def test_missing_component_folder(wan_tiny):
-    with pytest.raises(InputError, match="component folder 'transformer' named by the recipe is missing.*point at its parent"):
+    with pytest.raises(
+        InputError, match="component folder 'transformer' named by the recipe is missing.*point at its parent"
+    ):
         _plan(wan_tiny, MINIMAL + "components: [transformer]\n")
 
 
@@ -137,7 +148,13 @@ def test_unknown_recipe_lists_the_bundled_ones():
 
 def test_every_bundled_recipe_is_valid_and_described():
     names = set(bundled_recipes())
-    assert {"wan-fp8.yaml", "wan-fp8-all.yaml", "wan-diffusers-fp8.yaml", "wan2.2-a14b-fp8.yaml", "lingbot-world-fp8.yaml"} <= names
+    assert {
+        "wan-fp8.yaml",
+        "wan-fp8-all.yaml",
+        "wan-diffusers-fp8.yaml",
+        "wan2.2-a14b-fp8.yaml",
+        "lingbot-world-fp8.yaml",
+    } <= names
     for name in names:
         r = load_recipe(name).recipe
         assert r.name == name.removesuffix(".yaml") and r.description

@@ -88,5 +88,10 @@ def test_mismatched_tensor_is_refused(tmp_path):
 
 
 def test_layout_orders_by_dtype_rank_then_name():
-    specs = [TensorSpec("b", "BF16", (1,)), TensorSpec("a", "F8_E4M3", (1,)), TensorSpec("c", "F32", (1,)), TensorSpec("a2", "F32", (1,))]
+    specs = [
+        TensorSpec("b", "BF16", (1,)),
+        TensorSpec("a", "F8_E4M3", (1,)),
+        TensorSpec("c", "F32", (1,)),
+        TensorSpec("a2", "F32", (1,)),
+    ]
     assert [s.name for s in shard_layout(specs)] == ["a2", "c", "b", "a"]

@@ -19,7 +19,17 @@ import torch
 
 from .base import NonFiniteWeightError, PartSpec
 
-__all__ = ["NAME", "ROW_SEPARABLE", "WEIGHT", "SCALE", "FP8_MAX", "parts", "encode", "decode", "quantization_config"]
+__all__ = [
+    "NAME",
+    "ROW_SEPARABLE",
+    "WEIGHT",
+    "SCALE",
+    "FP8_MAX",
+    "parts",
+    "encode",
+    "decode",
+    "quantization_config",
+]
 
 NAME = "fp8_channel"
 ROW_SEPARABLE = True

@@ -131,8 +131,20 @@ def test_quantization_config_is_compressed_tensors_fp8_channel():
     (group,) = cfg["config_groups"].values()
     assert group["targets"] == ["Linear"]
     w, a = group["weights"], group["input_activations"]
-    assert (w["type"], w["num_bits"], w["strategy"], w["symmetric"], w["dynamic"]) == ("float", 8, "channel", True, False)
-    assert (a["type"], a["num_bits"], a["strategy"], a["symmetric"], a["dynamic"]) == ("float", 8, "token", True, True)
+    assert (w["type"], w["num_bits"], w["strategy"], w["symmetric"], w["dynamic"]) == (
+        "float",
+        8,
+        "channel",
+        True,
+        False,
+    )
+    assert (a["type"], a["num_bits"], a["strategy"], a["symmetric"], a["dynamic"]) == (
+        "float",
+        8,
+        "token",
+        True,
+        True,
+    )
     assert cfg["ignore"] == ["blocks.0.ffn.2", "head.head"]
 
 
