@@ -1,7 +1,7 @@
 """dit-quantize: offline conversion of video diffusion transformers to pre-quantized checkpoints.
 
->>> from quantize import convert, load_recipe
->>> # convert("Wan2.1-T2V-1.3B", "Wan2.1-T2V-1.3B-fp8", load_recipe("wan-fp8.yaml"))
+>>> from quantize import convert
+>>> # manifest = convert("Wan2.1-T2V-1.3B", "Wan2.1-T2V-1.3B-fp8", "wan-fp8.yaml")
 """
 
 __version__ = "0.1.0"

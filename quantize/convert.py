@@ -42,7 +42,7 @@ from .manifest import (
 )
 from .plan import ComponentPlan, Plan, TensorPlan, make_plan
 from .quantizer import ErrorStats, write_tensor
-from .recipes import LoadedRecipe, dump_recipe, recipe_sha256
+from .recipes import LoadedRecipe, dump_recipe, load_recipe, recipe_sha256
 from .writer import ShardWriter
 
 __all__ = ["convert", "Progress", "parse_size", "DEFAULT_MAX_SHARD_SIZE"]
@@ -100,17 +100,18 @@ def parse_size(text: str | int) -> int:
 def convert(
     source: Path,
     out: Path,
-    loaded: LoadedRecipe,
+    recipe: LoadedRecipe | str | Path,
     *,
     overwrite: bool = False,
     max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
     workers: int | None = None,
     progress: Progress | None = None,
 ) -> Manifest:
-    """Convert `source` into the checkpoint directory `out` following `loaded.recipe`.
+    """Convert `source` into the checkpoint directory `out`; `recipe` is a loaded recipe, a file or a bundled name.
 
-    >>> # convert(Path("Wan2.1-T2V-1.3B"), Path("Wan2.1-T2V-1.3B-fp8"), load_recipe("wan-fp8.yaml"))
+    >>> # manifest = convert("Wan2.1-T2V-1.3B", "Wan2.1-T2V-1.3B-fp8", "wan-fp8.yaml", workers=2)
     """
+    loaded = recipe if isinstance(recipe, LoadedRecipe) else load_recipe(recipe)
     source, out = Path(source).absolute(), Path(out).absolute()
     progress = progress or _NoProgress()
     workers = workers or os.cpu_count() or 1
@@ -131,7 +132,8 @@ def convert(
 
 
 def _check_output_location(source: Path, out: Path, overwrite: bool) -> None:
-    if out == source or source in out.parents or out in source.parents:
+    real_source, real_out = source.resolve(), out.resolve()
+    if real_out == real_source or real_source in real_out.parents or real_out in real_source.parents:
         raise InputError(f"{out}: the output must not be the source, inside it, or contain it")
     if out.exists() or out.is_symlink():
         if not out.is_dir():

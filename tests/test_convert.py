@@ -291,3 +291,11 @@ def test_inspect_cli(wan_tiny, tmp_path):
     assert "blocks.0.ffn.2" in summary["components"][0]["kept_linears"]
     assert math.isfinite(summary["min_sqnr_db"])
     assert run_cli("inspect", wan_tiny).returncode == 2
+
+
+def test_python_api_takes_a_recipe_name(wan_tiny, tmp_path):
+    from quantize import convert
+
+    manifest = convert(wan_tiny, tmp_path / "out", "wan-fp8.yaml", workers=1)
+    assert manifest.format == "fp8_channel" and len(manifest.tensors) == 18
+    assert (tmp_path / "out" / "quantize_manifest.json").read_text() == manifest.to_json()
