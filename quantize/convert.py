@@ -114,7 +114,8 @@ def convert(
     loaded = recipe if isinstance(recipe, LoadedRecipe) else load_recipe(recipe)
     source, out = Path(source).absolute(), Path(out).absolute()
     progress = progress or _NoProgress()
-    workers = workers or os.cpu_count() or 1
+    if workers is None:
+        workers = os.cpu_count() or 1
     if workers < 1:
         raise InputError(f"--workers must be at least 1, got {workers}")
     _check_output_location(source, out, overwrite)

@@ -21,7 +21,8 @@ from .writer import ShardWriter
 
 __all__ = ["ErrorStats", "write_tensor", "row_chunks", "CHUNK_BYTES"]
 
-CHUNK_BYTES = 16 << 20  # float32 bytes of one row chunk
+# float32 bytes of one row chunk: small enough to stay in cache, large enough to amortize per-call costs
+CHUNK_BYTES = 4 << 20
 
 
 @dataclass
@@ -30,19 +31,23 @@ class ErrorStats:
 
     signal: float = 0.0  # sum w^2
     noise: float = 0.0  # sum (w - dq)^2
-    dot: float = 0.0  # sum w * dq
     decoded: float = 0.0  # sum dq^2
     max_abs: float = 0.0
 
     def add(self, w: torch.Tensor, dq: torch.Tensor) -> None:
-        w, dq = w.float(), dq.float()
-        err = w - dq
-        self.signal += float(torch.sum(w * w, dtype=torch.float64))
-        self.noise += float(torch.sum(err * err, dtype=torch.float64))
-        self.dot += float(torch.sum(w * dq, dtype=torch.float64))
-        self.decoded += float(torch.sum(dq * dq, dtype=torch.float64))
-        if err.numel():
-            self.max_abs = max(self.max_abs, float(err.abs().max()))
+        """Accumulate one chunk. `dq` (float32) is overwritten: the sums are taken without temporaries.
+
+        Sums are float32 per chunk, float64 across chunks, in a fixed order: reproducible to the bit.
+        """
+        if not w.numel():
+            return
+        w = w.float()
+        self.signal += float(torch.linalg.vector_norm(w)) ** 2
+        self.decoded += float(torch.linalg.vector_norm(dq)) ** 2
+        err = dq.sub_(w)
+        self.noise += float(torch.linalg.vector_norm(err)) ** 2
+        lo, hi = torch.aminmax(err)
+        self.max_abs = max(self.max_abs, -float(lo), float(hi))
 
     @property
     def sqnr_db(self) -> float | None:
@@ -55,10 +60,11 @@ class ErrorStats:
 
     @property
     def cosine(self) -> float:
+        """<w, dq> / (|w| |dq|), with <w, dq> = (|w|^2 + |dq|^2 - |w - dq|^2) / 2."""
         denom = math.sqrt(self.signal * self.decoded)
         if denom == 0:
             return 1.0 if self.signal == self.decoded else 0.0
-        return self.dot / denom
+        return min(1.0, (self.signal + self.decoded - self.noise) / (2 * denom))
 
 
 def row_chunks(rows: int, row_elems: int, chunk_bytes: int = CHUNK_BYTES) -> list[tuple[int, int]]:
@@ -100,5 +106,5 @@ def _write_quantized(tp: TensorPlan, fmt: Format, writer: ShardWriter) -> ErrorS
         parts = _encode(fmt, tp, w)
         for part, t in parts.items():
             writer.write(part_key(tp.module, part), t, row_start=r0)
-        stats.add(w, fmt.decode(parts))
+        stats.add(w, fmt.decode(parts, torch.float32))
     return stats

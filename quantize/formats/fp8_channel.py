@@ -37,6 +37,7 @@ WEIGHT = "weight"
 SCALE = "weight_scale"
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448.0
+_E4M3_VALUES = torch.arange(256, dtype=torch.uint8).view(FP8_DTYPE).float()  # bit pattern -> value
 
 
 def parts(shape: tuple[int, ...]) -> dict[str, PartSpec]:
@@ -65,7 +66,10 @@ def encode(weight: torch.Tensor) -> dict[str, torch.Tensor]:
 
 def decode(parts: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """weight.float() * weight_scale, cast to `dtype`."""
-    return (parts[WEIGHT].float() * parts[SCALE].float()).to(dtype)
+    q = parts[WEIGHT]
+    # a 256-entry table: exact, and several times faster on the CPU than torch's float8 cast
+    values = _E4M3_VALUES.index_select(0, q.view(torch.uint8).flatten().int()).view(q.shape)
+    return values.mul_(parts[SCALE]).to(dtype)
 
 
 def quantization_config(kept_linears: list[str]) -> dict:

@@ -152,3 +152,11 @@ def test_format_table_lookup_lists_known_names():
     assert get_format("fp8_channel") is fp8
     with pytest.raises(Exception, match="known: " + ", ".join(sorted(FORMATS))):
         get_format("fp4")
+
+
+def test_decode_table_equals_torch_cast_for_every_bit_pattern():
+    q = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).reshape(16, 16)
+    scale = torch.ones(16, 1)
+    got, want = fp8.decode({"weight": q, "weight_scale": scale}), q.float()
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got[~got.isnan()], want[~want.isnan()])
