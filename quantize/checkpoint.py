@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 import os
 import re
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -59,10 +60,7 @@ class TensorInfo:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape)
 
 
 @dataclass(frozen=True)
@@ -140,9 +138,7 @@ def _tensor_info(path: Path, name: str, entry: object, data_start: int) -> Tenso
         and all(isinstance(o, int) and o >= 0 for o in offsets)
     ):
         raise InputError(f"{path}: tensor {name!r} has malformed data_offsets {offsets!r}")
-    numel = 1
-    for s in shape:
-        numel *= s
+    numel = math.prod(shape)
     begin, end = offsets
     if end - begin != numel * row.itemsize:
         raise InputError(
@@ -170,7 +166,6 @@ class Component:
     index_path: Path | None
     stem: str  # shard name stem, e.g. "diffusion_pytorch_model"
     config: dict | None
-    headers: dict[Path, SafetensorsHeader] = field(repr=False, default_factory=dict)
 
     @property
     def dir(self) -> Path:
@@ -205,25 +200,19 @@ def open_component(root: Path, rel: str = ".") -> Component:
         stem = index_path.name[: -len(INDEX_SUFFIX)]
         shards, owner = _shards_from_index(comp_dir, index_path)
     else:
-        index_path = None
-        shards = sorted(comp_dir.glob("*.safetensors"))
-        if not shards:
-            raise InputError(f"{comp_dir}: no *.safetensors files and no {INDEX_SUFFIX} here")
-        owner = None
-        m = _SHARD_RE.match(shards[0].name)
-        stem = m["stem"] if m else shards[0].name[: -len(".safetensors")]
-    headers = {p: read_header(p) for p in shards}
+        index_path, owner = None, None
+        shards, stem = _shards_without_index(comp_dir)
     tensors: dict[str, TensorInfo] = {}
     for p in shards:
-        for name, info in headers[p].tensors.items():
+        shard_name = p.relative_to(comp_dir).as_posix()
+        for name, info in read_header(p).tensors.items():
             if name in tensors:
                 raise InputError(
                     f"{comp_dir}: tensor {name!r} is in both {tensors[name].file.name} and {p.name}"
                 )
-            if owner is not None and owner.get(name) != p.name:
-                raise InputError(
-                    f"{index_path}: tensor {name!r} is in {p.name} but the index maps it to {owner.get(name)!r}"
-                )
+            if owner is not None and owner.get(name) != shard_name:
+                where = f"maps it to {owner[name]!r}" if name in owner else "does not list it"
+                raise InputError(f"{index_path}: tensor {name!r} is in {shard_name} but the index {where}")
             tensors[name] = info
     if owner is not None:
         missing = sorted(set(owner) - set(tensors))
@@ -231,9 +220,30 @@ def open_component(root: Path, rel: str = ".") -> Component:
             raise InputError(f"{index_path}: tensor {missing[0]!r} is listed in the index but in no shard")
     if not tensors:
         raise InputError(f"{comp_dir}: the checkpoint holds no tensors")
-    return Component(
-        root, rel, shards, tensors, index_path, stem, _read_config(comp_dir / CONFIG_NAME), headers
+    return Component(root, rel, shards, tensors, index_path, stem, _read_config(comp_dir / CONFIG_NAME))
+
+
+def _shards_without_index(comp_dir: Path) -> tuple[list[Path], str]:
+    """One ``*.safetensors`` file, or one complete ``STEM-0000i-of-0000n`` set; anything else is ambiguous."""
+    files = sorted(comp_dir.glob("*.safetensors"))
+    if not files:
+        raise InputError(f"{comp_dir}: no *.safetensors files and no {INDEX_SUFFIX} here")
+    if len(files) == 1:
+        m = _SHARD_RE.match(files[0].name)
+        return files, m["stem"] if m else files[0].name[: -len(".safetensors")]
+    m = _SHARD_RE.match(files[0].name)
+    expected = (
+        [f"{m['stem']}-{i:05d}-of-{len(files):05d}.safetensors" for i in range(1, len(files) + 1)]
+        if m
+        else []
     )
+    if [f.name for f in files] != expected:
+        names = ", ".join(f.name for f in files)
+        raise InputError(
+            f"{comp_dir}: several safetensors files and no {INDEX_SUFFIX} to say which form the model ({names}): "
+            "add the index, or move the other files away"
+        )
+    return files, m["stem"]
 
 
 def _shards_from_index(comp_dir: Path, index_path: Path) -> tuple[list[Path], dict[str, str]]:
@@ -288,26 +298,22 @@ def _pread_into(fd: int, buf: memoryview, offset: int, path: Path) -> None:
 
 
 def read_rows(info: TensorInfo, row_start: int, row_end: int) -> torch.Tensor:
-    """Rows ``[row_start, row_end)`` of a tensor (along dim 0), read from disk into fresh memory."""
+    """Rows ``[row_start, row_end)`` of a tensor (along dim 0; a 0-d tensor is one row), read into fresh memory."""
     row = dtypes.by_name(info.dtype)
     rows = info.shape[0] if info.shape else 1
-    inner = info.numel // rows if rows else 0
+    row_bytes = info.nbytes // rows if rows else 0
     out = torch.empty((row_end - row_start, *info.shape[1:]), dtype=row.torch)
-    buf = tensor_bytes(out)
     fd = os.open(info.file, os.O_RDONLY)
     try:
-        _pread_into(fd, buf, info.start + row_start * inner * row.itemsize, info.file)
+        _pread_into(fd, tensor_bytes(out), info.start + row_start * row_bytes, info.file)
     finally:
         os.close(fd)
-    return out
+    return out if info.shape else out.reshape(())
 
 
 def read_tensor(info: TensorInfo) -> torch.Tensor:
     """The whole tensor, read from disk into fresh memory (no memory map kept)."""
-    if not info.shape:
-        out = read_rows(TensorInfo(info.name, info.dtype, (1,), info.file, info.start, info.end), 0, 1)
-        return out.reshape(())
-    return read_rows(info, 0, info.shape[0])
+    return read_rows(info, 0, info.shape[0] if info.shape else 1)
 
 
 def copy_tensor_bytes(info: TensorInfo, write, chunk_bytes: int = 8 << 20) -> None:

@@ -9,6 +9,7 @@ import statistics
 import sys
 import threading
 import time
+import traceback
 from collections import defaultdict
 from pathlib import Path
 
@@ -139,25 +140,18 @@ def cli(debug: bool) -> None:
 @click.argument("name", required=False)
 def recipes_cmd(name: str | None) -> None:
     """List the bundled recipes, or print the YAML of one (to copy and edit)."""
-    from .recipes import bundled_recipes, load_recipe
+    from .recipes import bundled_recipe, bundled_recipes
 
     if name:
-        loaded = load_recipe(name)
-        if not loaded.origin.startswith("bundled:"):
-            raise click.UsageError(f"{name!r} is a local file, not a bundled recipe")
+        loaded = bundled_recipe(name)
         click.echo(bundled_recipes()[loaded.origin.removeprefix("bundled:")], nl=False)
         return
     table = Table(title="Bundled recipes (quantize recipes NAME prints one)", title_justify="left")
     for col in ("recipe", "format", "components", "what it is for"):
         table.add_column(col)
-    for file, _ in bundled_recipes().items():
-        r = load_recipe(file).recipe
-        table.add_row(
-            file,
-            r.format,
-            ", ".join(r.components),
-            r.description.strip().splitlines()[0] if r.description else "",
-        )
+    for file in bundled_recipes():
+        r = bundled_recipe(file).recipe
+        table.add_row(file, r.format, ", ".join(r.components), r.description.strip().splitlines()[0])
     out.print(table)
 
 
@@ -214,7 +208,7 @@ def plan_cmd(source: Path, recipe: str) -> None:
     for cp in plan.components:
         hits.add_column(f"in {cp.rel}", justify="right")
     for p, label in labels.items():
-        hits.add_row(label, escape(p), *(str(cp.pattern_hits[p]) for cp in plan.components))
+        hits.add_row(label, escape(p), *(str(cp.pattern_matches[p]) for cp in plan.components))
     out.print(hits)
     ratio = plan.output_bytes / max(1, plan.source_bytes)
     out.print(
@@ -422,28 +416,28 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point: one-line errors, DESIGN.md's exit codes, tracebacks only with --debug."""
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        cli.main(args=argv, prog_name="quantize", standalone_mode=False)
+        code = cli.main(args=argv, prog_name="quantize", standalone_mode=False)
     except QuantizeError as e:
-        if _state["debug"]:
-            raise
-        err.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
-        sys.exit(e.exit_code)
-    except click.exceptions.Exit as e:
-        sys.exit(e.exit_code)
-    except click.ClickException as e:
-        e.show()
-        sys.exit(2 if isinstance(e, click.UsageError) else e.exit_code)
+        _fail(e, f"{e}", e.exit_code)
+    except click.ClickException as e:  # bad usage: missing argument, bad option value
+        _fail(
+            e,
+            f"{e.format_message()} (see quantize --help)",
+            2 if isinstance(e, click.UsageError) else e.exit_code,
+        )
     except (KeyboardInterrupt, click.Abort):
-        err.print("interrupted: nothing was written to the output")
+        err.print("interrupted: no partial output was left behind")
         sys.exit(130)
     except Exception as e:  # a bug, or an environment problem we did not foresee
-        if _state["debug"]:
-            raise
-        err.print(
-            f"[red]error:[/] {escape(type(e).__name__)}: {escape(str(e))} (run with --debug for the traceback)",
-            soft_wrap=True,
-        )
-        sys.exit(1)
+        _fail(e, f"{type(e).__name__}: {e} (run with --debug for the traceback)", 1)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _fail(e: BaseException, message: str, code: int) -> None:
+    if _state["debug"]:
+        traceback.print_exception(e)
+    err.print(f"[red]error:[/] {escape(message)}", soft_wrap=True)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

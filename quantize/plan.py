@@ -9,22 +9,32 @@ pattern must match at least one key in every component.
 
 from __future__ import annotations
 
+import difflib
+import json
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from . import dtypes
-from .checkpoint import Component, TensorInfo, open_component
+from .checkpoint import CONFIG_NAME, Component, TensorInfo, open_component
 from .errors import InputError
 from .formats import Format, get_format, part_key
+from .manifest import MANIFEST_NAME, RECIPE_NAME
 from .recipes import Recipe
 from .writer import TensorSpec
 
-__all__ = ["TensorPlan", "ComponentPlan", "Plan", "make_plan", "match_key", "KEEP_DTYPES"]
+__all__ = ["TensorPlan", "ComponentPlan", "Plan", "make_plan", "match_key", "other_files", "KEEP_DTYPES"]
 
 WEIGHT_SUFFIX = ".weight"
-KEEP_DTYPES = {"bfloat16": "BF16", "float32": "F32"}
+SKIP_DIRS = frozenset({".git", ".cache", ".huggingface"})
+#: Files the output writes at its root; the source's own are not copied over them.
+OUTPUT_ROOT_FILES = frozenset({"README.md", MANIFEST_NAME, RECIPE_NAME})
+#: recipe `keep_dtype` -> safetensors dtype name
+KEEP_DTYPES = {name: dtypes.by_torch(getattr(torch, name)).name for name in ("bfloat16", "float32")}
 
 
 def match_key(tensor_name: str) -> str:
@@ -62,7 +72,7 @@ class TensorPlan:
 class ComponentPlan:
     component: Component
     tensors: tuple[TensorPlan, ...]  # source order
-    pattern_hits: dict[str, int]  # pattern -> number of tensors it decided
+    pattern_matches: dict[str, int]  # pattern -> number of tensors whose match key it matches
 
     @property
     def rel(self) -> str:
@@ -89,6 +99,7 @@ class Plan:
     source: Path
     recipe: Recipe
     components: tuple[ComponentPlan, ...]
+    copied: tuple[Path, ...]  # other source files copied as they are (`copy_other_files`)
 
     @property
     def format(self) -> Format:
@@ -142,17 +153,17 @@ def plan_component(component: Component, recipe: Recipe) -> ComponentPlan:
     fmt = get_format(recipe.format)
     targets = [re.compile(p) for p in recipe.targets]
     ignores = [re.compile(p) for p in recipe.ignore]
-    hits = {p: 0 for p in [*recipe.targets, *recipe.ignore]}
+    matches = dict.fromkeys([*recipe.targets, *recipe.ignore], 0)
+    compiled = [re.compile(p) for p in matches]
     where = f"{component.dir}"
     plans = []
     for info in component.tensors.values():
         key = match_key(info.name)
+        for p in compiled:
+            if p.fullmatch(key):
+                matches[p.pattern] += 1
         target = _first_match(targets, key)
         ignored = _first_match(ignores, key)
-        if target is not None:
-            hits[target] += 1
-        if ignored is not None:
-            hits[ignored] += 1
         if target is not None and ignored is None:
             _check_quantizable(info, target, where)
             outs = tuple(
@@ -162,19 +173,24 @@ def plan_component(component: Component, recipe: Recipe) -> ComponentPlan:
             plans.append(TensorPlan(info, True, target, outs))
         else:
             plans.append(TensorPlan(info, False, ignored, (_kept_spec(info, recipe.keep_dtype),)))
-    _check_every_pattern_matches(component, recipe, hits)
+    _check_every_pattern_matches(component, recipe, matches)
+    if not any(t.quantize for t in plans):
+        raise InputError(
+            f"{where}: the recipe's ignore patterns keep every tensor its targets match: nothing would be quantized"
+        )
     _check_no_key_collision(component, plans)
-    return ComponentPlan(component, tuple(plans), hits)
+    return ComponentPlan(component, tuple(plans), matches)
 
 
-def _check_every_pattern_matches(component: Component, recipe: Recipe, hits: dict[str, int]) -> None:
+def _check_every_pattern_matches(component: Component, recipe: Recipe, matches: dict[str, int]) -> None:
+    keys = [match_key(n) for n in component.tensors]
     for field, patterns in (("targets", recipe.targets), ("ignore", recipe.ignore)):
         for p in patterns:
-            if hits[p] == 0:
-                example = next(iter(component.tensors))
+            if matches[p] == 0:
+                close = difflib.get_close_matches(p.replace("\\", ""), keys, n=1, cutoff=0.0)
                 raise InputError(
-                    f"recipe {field} pattern '{p}' matches no module in component {component.rel!r} "
-                    f"({component.dir}; its keys look like {example!r}): fix the pattern or pick the recipe for these key names"
+                    f"recipe {field} pattern '{p}' matches no module in component {component.rel!r} ({component.dir}; "
+                    f"closest module name: {close[0]!r}): fix the pattern or pick the recipe for these key names"
                 )
 
 
@@ -187,6 +203,38 @@ def _check_no_key_collision(component: Component, plans: list[TensorPlan]) -> No
                     f"{component.dir}: output key {spec.name!r} of {t.name!r} collides with tensor {seen[spec.name]!r}"
                 )
             seen[spec.name] = t.name
+
+
+def other_files(source: Path, components: list[Component]) -> list[Path]:
+    """Files of the source tree that no converted component owns, minus the output's own root files."""
+    owned = {f for c in components for f in c.own_files()}
+    files = []
+    for dirpath, dirnames, filenames in os.walk(source):
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
+        for name in sorted(filenames):
+            path = Path(dirpath) / name
+            if path in owned or (Path(dirpath) == source and name in OUTPUT_ROOT_FILES):
+                continue
+            files.append(path)
+    return sorted(files, key=lambda p: p.relative_to(source).as_posix())
+
+
+def _check_no_unconverted_twin(source: Path, components: list[Component], files: list[Path]) -> None:
+    """Refuse to copy, unconverted, another model of the class being converted (the second expert, say)."""
+    classes = {c.config.get("_class_name") for c in components if c.config} - {None}
+    for f in files:
+        if f.name != CONFIG_NAME or not any(f.parent.glob("*.safetensors")):
+            continue
+        try:
+            cls = json.loads(f.read_text()).get("_class_name")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if cls in classes:
+            rel = f.parent.relative_to(source).as_posix()
+            raise InputError(
+                f"{f.parent}: holds another {cls} that the recipe does not convert and would copy unquantized: "
+                f"add {rel!r} to the recipe's components (for two experts, use a two-expert recipe)"
+            )
 
 
 def make_plan(source: Path, recipe: Recipe) -> Plan:
@@ -205,4 +253,8 @@ def make_plan(source: Path, recipe: Recipe) -> Plan:
             )
             raise InputError(f"{source}: component folder {rel!r} named by the recipe is missing{hint}")
         components.append(plan_component(open_component(source, rel), recipe))
-    return Plan(source, recipe, tuple(components))
+    copied: list[Path] = []
+    if recipe.copy_other_files:
+        copied = other_files(source, [cp.component for cp in components])
+        _check_no_unconverted_twin(source, [cp.component for cp in components], copied)
+    return Plan(source, recipe, tuple(components), tuple(copied))

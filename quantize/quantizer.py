@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from . import dtypes
-from .checkpoint import copy_tensor_bytes, read_rows, read_tensor
+from .checkpoint import copy_tensor_bytes, read_rows
 from .errors import InputError
 from .formats import Format, NonFiniteWeightError, part_key
 from .plan import TensorPlan
@@ -67,9 +67,9 @@ class ErrorStats:
         return min(1.0, (self.signal + self.decoded - self.noise) / (2 * denom))
 
 
-def row_chunks(rows: int, row_elems: int, chunk_bytes: int = CHUNK_BYTES) -> list[tuple[int, int]]:
-    """Row ranges of about `chunk_bytes` of float32 each."""
-    step = max(1, chunk_bytes // max(1, 4 * row_elems))
+def row_chunks(rows: int, row_elems: int, chunk_bytes: int | None = None) -> list[tuple[int, int]]:
+    """Row ranges of about `chunk_bytes` (default `CHUNK_BYTES`) of float32 each."""
+    step = max(1, (chunk_bytes or CHUNK_BYTES) // max(1, 4 * row_elems))
     return [(r, min(rows, r + step)) for r in range(0, rows, step)]
 
 
@@ -82,10 +82,8 @@ def write_tensor(tp: TensorPlan, fmt: Format, writer: ShardWriter) -> ErrorStats
         copy_tensor_bytes(tp.info, lambda data, offset: writer.write_bytes(spec.name, data, offset))
         return None
     target = dtypes.by_name(spec.dtype).torch
-    if not tp.info.shape:
-        writer.write(spec.name, read_tensor(tp.info).to(target))
-        return None
-    for r0, r1 in row_chunks(tp.info.shape[0], tp.info.numel // max(1, tp.info.shape[0])):
+    rows = tp.info.shape[0] if tp.info.shape else 1
+    for r0, r1 in row_chunks(rows, tp.info.numel // max(1, rows)):
         writer.write(spec.name, read_rows(tp.info, r0, r1).to(target), row_start=r0)
     return None
 

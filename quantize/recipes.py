@@ -12,14 +12,13 @@ Defaults are filled in one visible step (the field defaults below), so that
 from __future__ import annotations
 
 import difflib
-import hashlib
 import re
 from importlib import resources
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import InputError
 from .formats import FORMATS
@@ -66,6 +65,11 @@ class Recipe(_Strict):
             raise ValueError(f"unknown format {v!r} (known: {', '.join(sorted(FORMATS))})")
         return v
 
+    @field_validator("ignore", mode="before")
+    @classmethod
+    def _empty_ignore(cls, v: object) -> object:
+        return [] if v is None else v  # `ignore:` left empty in YAML
+
     @field_validator("targets", "ignore")
     @classmethod
     def _valid_patterns(cls, v: list[str]) -> list[str]:
@@ -83,13 +87,26 @@ class Recipe(_Strict):
     @field_validator("components")
     @classmethod
     def _relative_components(cls, v: list[str]) -> list[str]:
+        normalized = []
         for c in v:
             p = PurePosixPath(c)
-            if c != "." and (not c or p.is_absolute() or ".." in p.parts or "\\" in c):
+            if not c or p.is_absolute() or ".." in p.parts or "\\" in c:
                 raise ValueError(f"component {c!r} must be a subfolder of the source, or '.'")
-        if len(set(v)) != len(v):
+            normalized.append(p.as_posix())  # "a/", "./a" -> "a"; "./" -> "."
+        if len(set(normalized)) != len(normalized):
             raise ValueError("a component is listed twice")
-        return v
+        for a in normalized:
+            for b in normalized:
+                if a != b and (a == "." or PurePosixPath(b).is_relative_to(a)):
+                    raise ValueError(f"component {b!r} lies inside component {a!r}")
+        return normalized
+
+    @model_validator(mode="after")
+    def _target_not_ignored(self) -> Recipe:
+        both = sorted(set(self.targets) & set(self.ignore))
+        if both:
+            raise ValueError(f"pattern '{both[0]}' is in both targets and ignore")
+        return self
 
 
 class LoadedRecipe(BaseModel):
@@ -131,7 +148,8 @@ def parse_recipe(text: str, origin: str = "recipe") -> Recipe:
         elif err["type"] == "missing":
             msg = f"missing required field {field!r}"
         else:
-            msg = f"field {field!r}: {err['msg'].removeprefix('Value error, ')}"
+            text = err["msg"].removeprefix("Value error, ")
+            msg = f"field {field!r}: {text}" if err["loc"] else text
         raise InputError(f"{origin}: {msg}") from None
 
 
@@ -145,10 +163,6 @@ def dump_recipe(recipe: Recipe) -> str:
     return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
 
 
-def recipe_sha256(recipe: Recipe) -> str:
-    return hashlib.sha256(dump_recipe(recipe).encode()).hexdigest()
-
-
 def bundled_recipes() -> dict[str, str]:
     """Bundled recipe file names and their text."""
     root = resources.files(_BUNDLED_PACKAGE)
@@ -157,6 +171,15 @@ def bundled_recipes() -> dict[str, str]:
         for p in sorted(root.iterdir(), key=lambda p: p.name)
         if p.name.endswith(".yaml")
     }
+
+
+def bundled_recipe(name: str) -> LoadedRecipe:
+    """The bundled recipe `name` (``.yaml`` optional), never a local file; the error lists the bundled ones."""
+    bundled = bundled_recipes()
+    file = name if name.endswith(".yaml") else f"{name}.yaml"
+    if file not in bundled:
+        raise InputError(f"no bundled recipe {name!r} (bundled: {', '.join(bundled)})")
+    return LoadedRecipe(recipe=parse_recipe(bundled[file], f"bundled:{file}"), origin=f"bundled:{file}")
 
 
 def load_recipe(ref: str | Path) -> LoadedRecipe:

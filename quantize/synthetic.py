@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from . import dtypes
-from .checkpoint import INDEX_SUFFIX
+from .layout import SHARD_METADATA, group_by_size, index_json, index_name, shard_names
 from .writer import ShardWriter, TensorSpec
 
 __all__ = ["WanShape", "WAN_PRESETS", "LAYOUTS", "wan_tensors", "write_checkpoint", "write_wan_example"]
@@ -140,34 +140,21 @@ def write_checkpoint(
     """Write random tensors as safetensors shards (+ index when more than one, + config.json)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    itemsize = dtypes.by_torch(dtype).itemsize
-    groups: list[list[tuple[str, tuple[int, ...]]]] = [[]]
-    size = 0
-    for name, shape in tensors:
-        n = itemsize * int(torch.Size(shape).numel())
-        if groups[-1] and size + n > max_shard_size:
-            groups.append([])
-            size = 0
-        groups[-1].append((name, shape))
-        size += n
     dt = dtypes.by_torch(dtype).name
-    files, weight_map = [], {}
-    for i, group in enumerate(groups, 1):
-        name = (
-            f"{stem}.safetensors" if len(groups) == 1 else f"{stem}-{i:05d}-of-{len(groups):05d}.safetensors"
-        )
-        with ShardWriter(out_dir / name, [TensorSpec(n, dt, s) for n, s in group], {"format": "pt"}) as w:
-            for tname, shape in group:
-                w.write(tname, _random(tname, shape, dtype, seed))
-                weight_map[tname] = name
-        files.append(out_dir / name)
+    specs = [TensorSpec(name, dt, shape) for name, shape in tensors]
+    groups = group_by_size(specs, lambda s: s.nbytes, max_shard_size)
+    names = shard_names(stem, len(groups), with_index=False)
+    weight_map = {}
+    for group, name in zip(groups, names, strict=True):
+        with ShardWriter(out_dir / name, group, SHARD_METADATA) as w:
+            for spec in group:
+                w.write(spec.name, _random(spec.name, spec.shape, dtype, seed))
+        weight_map.update(dict.fromkeys((s.name for s in group), name))
     if len(groups) > 1:
-        total = sum(itemsize * int(torch.Size(s).numel()) for _, s in tensors)
-        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-        (out_dir / f"{stem}{INDEX_SUFFIX}").write_text(json.dumps(index, indent=2) + "\n")
+        (out_dir / index_name(stem)).write_text(index_json(weight_map, sum(s.nbytes for s in specs)))
     if config is not None:
         (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return files
+    return [out_dir / n for n in names]
 
 
 def write_wan_example(

@@ -11,6 +11,7 @@ from the same tensors, and every tensor is aligned to its item size.
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 import threading
@@ -36,10 +37,7 @@ class TensorSpec:
 
     @property
     def nbytes(self) -> int:
-        n = dtypes.by_name(self.dtype).itemsize
-        for s in self.shape:
-            n *= s
-        return n
+        return dtypes.by_name(self.dtype).itemsize * math.prod(self.shape)
 
 
 def shard_layout(specs: Iterable[TensorSpec]) -> list[TensorSpec]:
@@ -101,19 +99,18 @@ class ShardWriter:
 
     def write(self, name: str, tensor: torch.Tensor, row_start: int = 0) -> None:
         """Write `tensor` as rows ``[row_start, row_start + len(tensor))`` of the planned tensor `name`."""
-        start, spec = self._offsets[name]
+        _, spec = self._offsets[name]
         dt = dtypes.by_torch(tensor.dtype).name
-        if (
-            dt != spec.dtype
-            or tuple(tensor.shape[1:]) != spec.shape[1:]
-            or row_start + (tensor.shape[0] if tensor.dim() else 1) > (spec.shape[0] if spec.shape else 1)
-        ):
+        rows, planned_rows = (tensor.shape[0] if tensor.dim() else 1), (spec.shape[0] if spec.shape else 1)
+        if dt != spec.dtype or tuple(tensor.shape[1:]) != spec.shape[1:] or row_start + rows > planned_rows:
             raise ValueError(
-                f"{self.path.name}: rows of {name!r} are {dt}{list(tensor.shape)} at row {row_start}, planned {spec.dtype}{list(spec.shape)}"
+                f"{self.path.name}: rows of {name!r} are {dt}{list(tensor.shape)} at row {row_start}, "
+                f"planned {spec.dtype}{list(spec.shape)}"
             )
-        data = tensor_bytes(tensor.contiguous())
-        row_bytes = spec.nbytes // spec.shape[0] if spec.shape and spec.shape[0] else 0
-        self.write_bytes(name, data, row_start * row_bytes)
+        contiguous = tensor.contiguous()  # kept alive here: the byte view below does not own it
+        row_bytes = spec.nbytes // planned_rows if planned_rows else 0
+        self.write_bytes(name, tensor_bytes(contiguous), row_start * row_bytes)
+        del contiguous
 
     def write_bytes(self, name: str, data: memoryview, offset: int = 0) -> None:
         """Write raw bytes at `offset` within the planned tensor `name`."""

@@ -16,8 +16,6 @@ from quantize.plan import make_plan
 from quantize.recipes import load_recipe
 from tests.conftest import load_all, run_cli
 
-pytest.importorskip("diffusers")
-
 
 def _split(source: Path, recipe: str) -> dict[str, set[str]]:
     plan = make_plan(source, load_recipe(recipe).recipe)
@@ -79,7 +77,8 @@ def test_two_expert_recipes(make_wan, recipe):
 
 
 def _diffusers_wan(path: Path, image_dim: int | None = None, seed: int = 0) -> Path:
-    from diffusers import WanTransformer3DModel
+    diffusers = pytest.importorskip("diffusers")
+    WanTransformer3DModel = diffusers.WanTransformer3DModel
 
     torch.manual_seed(seed)
     model = WanTransformer3DModel(

@@ -93,9 +93,41 @@ def test_index_naming_missing_shard(tmp_path):
 
 
 def test_key_in_two_shards(tmp_path):
-    _write(tmp_path / "a.safetensors", {"x": torch.zeros(2)})
-    _write(tmp_path / "b.safetensors", {"x": torch.zeros(2)})
-    with pytest.raises(InputError, match="'x' is in both a.safetensors and b.safetensors"):
+    _write(tmp_path / "m-00001-of-00002.safetensors", {"x": torch.zeros(2)})
+    _write(tmp_path / "m-00002-of-00002.safetensors", {"x": torch.zeros(2)})
+    with pytest.raises(
+        InputError, match="'x' is in both m-00001-of-00002.safetensors and m-00002-of-00002.safetensors"
+    ):
+        open_component(tmp_path)
+
+
+def test_complete_shard_set_without_index(tmp_path):
+    _write(tmp_path / "m-00001-of-00002.safetensors", {"x": torch.zeros(2)})
+    _write(tmp_path / "m-00002-of-00002.safetensors", {"y": torch.zeros(2)})
+    c = open_component(tmp_path)
+    assert c.stem == "m" and list(c.tensors) == ["x", "y"] and c.index_path is None
+
+
+def test_stray_files_without_index_are_ambiguous(tmp_path):
+    _write(tmp_path / "diffusion_pytorch_model.safetensors", {"x": torch.zeros(2)})
+    _write(tmp_path / "my_lora.safetensors", {"lora": torch.zeros(2)})
+    with pytest.raises(
+        InputError, match="several safetensors files and no .*index.json.*my_lora.safetensors"
+    ):
+        open_component(tmp_path)
+
+
+def test_index_with_shards_in_a_subfolder(tmp_path):
+    (tmp_path / "sub").mkdir()
+    _write(tmp_path / "sub" / "x.safetensors", {"x": torch.zeros(2)})
+    (tmp_path / "m.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "sub/x.safetensors"}}))
+    assert list(open_component(tmp_path).tensors) == ["x"]
+
+
+def test_tensor_missing_from_index(tmp_path):
+    _write(tmp_path / "a.safetensors", {"x": torch.zeros(2), "y": torch.zeros(1)})
+    (tmp_path / "m.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "a.safetensors"}}))
+    with pytest.raises(InputError, match="tensor 'y' is in a.safetensors but the index does not list it"):
         open_component(tmp_path)
 
 

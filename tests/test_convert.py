@@ -26,11 +26,6 @@ def _tree(root: Path) -> dict[str, str]:
     return {p.relative_to(root).as_posix(): _sha(p) for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def _quantized_modules(source: Path, recipe: str) -> set[str]:
-    manifest = read_json(source / "quantize_manifest.json")
-    return {k.split("/", 1)[1].removesuffix(".weight") for k in manifest["tensors"]}
-
-
 def check_component(
     src_dir: Path, out_dir: Path, quantized: set[str], keep_cast: torch.dtype | None = None
 ) -> None:
@@ -128,12 +123,11 @@ def test_max_shard_size_is_respected(wan_tiny, tmp_path):
     run_cli("convert", wan_tiny, out, "-r", "wan-fp8", "--max-shard-size", "40KB", check=True)
     shards = sorted(out.glob("*.safetensors"))
     assert len(shards) > 3
+    assert [s.name for s in shards] == [
+        f"diffusion_pytorch_model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)
+    ]
     for shard in shards:
         with safe_open(shard, framework="pt") as f:
-            data_bytes = sum(
-                f.get_slice(k).get_shape().numel() if hasattr(f.get_slice(k).get_shape(), "numel") else 0
-                for k in f.keys()
-            )
             tensors = [f.get_tensor(k) for k in f.keys()]
         data_bytes = sum(t.numel() * t.element_size() for t in tensors)
         assert data_bytes <= 40_000 or len(tensors) == 1, shard.name
@@ -190,15 +184,42 @@ def test_two_expert_layout_and_other_files(make_wan, tmp_path):
 
 def test_existing_output_is_refused_without_overwrite(wan_tiny, tmp_path):
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "precious.txt").write_text("keep me")
+    run_cli("convert", wan_tiny, out, "-r", "wan-fp8-all", check=True)
+    before = _tree(out)
     proc = run_cli("convert", wan_tiny, out, "-r", "wan-fp8")
     assert proc.returncode == 2
     assert f"{out}: already exists; pass --overwrite" in proc.stderr and "Traceback" not in proc.stderr
-    assert _tree(out) == {"precious.txt": _sha(out / "precious.txt")}
+    assert _tree(out) == before
     run_cli("convert", wan_tiny, out, "-r", "wan-fp8", "--overwrite", check=True)
-    assert not (out / "precious.txt").exists() and (out / "quantize_manifest.json").is_file()
+    assert _tree(out) != before and read_json(out / "quantize_manifest.json")["recipe"]["name"] == "wan-fp8"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_overwrite_replaces_only_checkpoints_or_empty_directories(wan_tiny, tmp_path):
+    out = tmp_path / "thesis"
+    out.mkdir()
+    (out / "thesis.tex").write_text("years of work")
+    proc = run_cli("convert", wan_tiny, out, "-r", "wan-fp8", "--overwrite")
+    assert proc.returncode == 2 and "is not a checkpoint written by `quantize convert`" in proc.stderr
+    assert (out / "thesis.tex").read_text() == "years of work"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    run_cli("convert", wan_tiny, empty, "-r", "wan-fp8", "--overwrite", check=True)
+    link = tmp_path / "link"
+    link.symlink_to(empty)
+    proc = run_cli("convert", wan_tiny, link, "-r", "wan-fp8", "--overwrite")
+    assert proc.returncode == 2 and "is a symbolic link" in proc.stderr
+
+
+def test_copied_file_never_replaces_a_converted_one(wan_tiny, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(wan_tiny, src)
+    # a stray single-file checkpoint that is not in the index, named like the output's only shard
+    (src / "diffusion_pytorch_model-00001-of-00001.safetensors").write_bytes(b"stale junk")
+    proc = run_cli("convert", src, tmp_path / "out", "-r", "wan-fp8", "--max-shard-size", "1GB")
+    assert proc.returncode == 2, proc.stderr
+    assert "would overwrite the converted diffusion_pytorch_model-00001-of-00001.safetensors" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
 
 
 def test_failed_conversion_leaves_old_output_intact(wan_tiny, tmp_path):
@@ -238,7 +259,10 @@ def test_output_inside_source_is_refused(wan_tiny):
     [
         (["-r", "no-such-recipe.yaml"], "no such file, and no bundled recipe of that name (bundled: "),
         (["-r", "wan-diffusers-fp8.yaml"], "component folder 'transformer' named by the recipe is missing"),
-        (["-r", "wan-fp8", "--max-shard-size", "lots"], "expected a positive number with an optional unit"),
+        (["-r", "wan-fp8", "--max-shard-size", "lots"], "expected a positive number of bytes"),
+        (["-r", "wan-fp8", "--max-shard-size", "inf"], "expected a positive number of bytes"),
+        (["-r", "wan-fp8", "--max-shard-size", "0.1"], "expected a positive number of bytes"),
+        (["-r", "wan-fp8", "--workers", "0"], "--workers must be at least 1"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(wan_tiny, tmp_path, args, message):
@@ -259,9 +283,23 @@ def test_bad_recipe_file_through_cli(wan_tiny, tmp_path):
     )
 
 
-def test_debug_shows_traceback(wan_tiny, tmp_path):
+def test_debug_shows_traceback_and_keeps_the_exit_code(wan_tiny, tmp_path):
     proc = run_cli("--debug", "convert", wan_tiny, tmp_path / "o", "-r", "nope.yaml")
-    assert proc.returncode != 0 and "Traceback" in proc.stderr
+    assert proc.returncode == 2 and "Traceback" in proc.stderr and "InputError" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["convert", "a", "b"], "Missing option '--recipe'"),
+        (["convert", "a", "b", "-r", "wan-fp8", "--workers", "many"], "'many' is not a valid integer"),
+        (["frobnicate"], "No such command 'frobnicate'"),
+    ],
+)
+def test_usage_errors_are_one_line_exit_2(args, message):
+    proc = run_cli(*args)
+    assert proc.returncode == 2
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_plan_cli_shows_groups_patterns_and_totals(wan_tiny):
@@ -299,3 +337,56 @@ def test_python_api_takes_a_recipe_name(wan_tiny, tmp_path):
     manifest = convert(wan_tiny, tmp_path / "out", "wan-fp8.yaml", workers=1)
     assert manifest.format == "fp8_channel" and len(manifest.tensors) == 18
     assert (tmp_path / "out" / "quantize_manifest.json").read_text() == manifest.to_json()
+
+
+def test_weights_larger_than_a_chunk_are_streamed_in_rows_bit_exactly(wan_tiny, tmp_path, monkeypatch):
+    """Force many row chunks per weight: the output and the error figures must not change."""
+    import quantize.quantizer as quantizer
+    from quantize import convert
+
+    whole = convert(wan_tiny, tmp_path / "whole", "wan-fp8", workers=1)
+    monkeypatch.setattr(quantizer, "CHUNK_BYTES", 3 * 64 * 4)  # three rows of the tiny model's weights
+    chunked = convert(wan_tiny, tmp_path / "chunked", "wan-fp8", workers=2)
+    quantized = {k.split("/", 1)[1].removesuffix(".weight") for k in whole.tensors}
+    check_component(wan_tiny, tmp_path / "chunked", quantized)
+    for key, entry in whole.tensors.items():
+        other = chunked.tensors[key]
+        assert other.max_abs_error == entry.max_abs_error
+        assert other.sqnr_db == pytest.approx(entry.sqnr_db, abs=1e-3) and other.cosine == pytest.approx(
+            entry.cosine, abs=1e-7
+        )
+
+
+def test_keep_dtype_cast_of_chunked_and_scalar_tensors(tmp_path, monkeypatch):
+    import quantize.quantizer as quantizer
+    from quantize import convert
+
+    src = tmp_path / "src"
+    src.mkdir()
+    tensors = {
+        "proj.weight": torch.randn(40, 16),
+        "table": torch.randn(30, 8),
+        "step": torch.tensor(0.1234567),
+    }
+    save_file(tensors, src / "model.safetensors")
+    (tmp_path / "r.yaml").write_text("format: fp8_channel\ntargets: [proj]\nkeep_dtype: bfloat16\n")
+    monkeypatch.setattr(quantizer, "CHUNK_BYTES", 4 * 8 * 7)  # seven rows of `table` a chunk
+    convert(src, tmp_path / "out", tmp_path / "r.yaml")
+    got = load_all(tmp_path / "out")
+    assert torch.equal(got["table"], tensors["table"].to(torch.bfloat16))
+    assert got["step"].shape == () and torch.equal(got["step"], tensors["step"].to(torch.bfloat16))
+
+
+def test_copy_other_files_refuses_to_copy_an_unconverted_twin(tmp_path):
+    """A two-expert diffusers repo with the one-expert recipe would ship transformer_2 in bf16: refused."""
+    from quantize.synthetic import WAN_PRESETS, wan_config, wan_tensors, write_checkpoint
+
+    src = tmp_path / "src"
+    for comp in ("transformer", "transformer_2"):
+        write_checkpoint(src / comp, wan_tensors(WAN_PRESETS["tiny"]), config=wan_config(WAN_PRESETS["tiny"]))
+    (tmp_path / "r.yaml").write_text(
+        "format: fp8_channel\ncomponents: [transformer]\ntargets: ['blocks\\.\\d+\\.ffn\\.0']\ncopy_other_files: true\n"
+    )
+    proc = run_cli("plan", src, "-r", tmp_path / "r.yaml")
+    assert proc.returncode == 2
+    assert "transformer_2: holds another WanModel that the recipe does not convert" in proc.stderr

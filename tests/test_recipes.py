@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from quantize.errors import InputError
@@ -78,7 +80,7 @@ def test_ignore_wins(wan_tiny):
     )
     assert _quantized(plan) == {"blocks.0.ffn.0.weight", "blocks.1.ffn.0.weight", "blocks.0.ffn.2.weight"}
     (cp,) = plan.components
-    assert cp.pattern_hits["blocks\\.1\\.ffn\\.2"] == 1
+    assert cp.pattern_matches["blocks\\.1\\.ffn\\.2"] == 1
     assert "blocks.1.ffn.2" in cp.kept_linears()
 
 
@@ -112,16 +114,21 @@ def test_broad_target_is_fine_when_ignore_removes_the_non_linears(wan_tiny):
     assert all(n.startswith("blocks.0.") for n in _quantized(plan))
 
 
-def test_plan_reads_headers_only(wan_tiny, monkeypatch):
-    import quantize.checkpoint as ck
+def test_plan_reads_headers_only(wan_tiny):
+    """Bytes read while planning (from /proc/self/io) stay far below the tensor data of the checkpoint."""
+    io = Path("/proc/self/io")
+    if not io.exists():
+        pytest.skip("needs /proc/self/io")
 
-    def no_data(*a, **k):
-        raise AssertionError("tensor data read while planning")
+    def rchar() -> int:
+        return int(next(line for line in io.read_text().splitlines() if line.startswith("rchar:")).split()[1])
 
-    monkeypatch.setattr(ck, "read_rows", no_data)
-    monkeypatch.setattr(ck, "copy_tensor_bytes", no_data)
+    data = sum(p.stat().st_size for p in wan_tiny.glob("*.safetensors"))
+    before = rchar()
     plan = _plan(wan_tiny, MINIMAL)
+    read = rchar() - before
     assert plan.output_bytes < plan.source_bytes
+    assert read < data / 10, f"planning read {read} bytes of a {data}-byte checkpoint"
 
 
 def test_missing_component_folder(wan_tiny):
@@ -159,3 +166,70 @@ def test_every_bundled_recipe_is_valid_and_described():
         r = load_recipe(name).recipe
         assert r.name == name.removesuffix(".yaml") and r.description
         assert r.checks.min_sqnr_db is not None
+
+
+def test_overlapping_patterns_each_count_their_matches(wan_tiny):
+    plan = _plan(
+        wan_tiny, "format: fp8_channel\ntargets: ['blocks\\.\\d+\\.ffn\\.0', 'blocks\\.0\\.ffn\\.0']\n"
+    )
+    (cp,) = plan.components
+    assert cp.pattern_matches == {"blocks\\.\\d+\\.ffn\\.0": 2, "blocks\\.0\\.ffn\\.0": 1}
+    assert {t.pattern for t in cp.quantized()} == {"blocks\\.\\d+\\.ffn\\.0"}  # the first match decides
+
+
+def test_a_recipe_that_quantizes_nothing_is_refused(wan_tiny):
+    with pytest.raises(InputError, match="nothing would be quantized"):
+        _plan(wan_tiny, MINIMAL + "ignore: ['blocks\\..*']\n")
+
+
+def test_same_pattern_in_targets_and_ignore(wan_tiny):
+    with pytest.raises(InputError, match="pattern 'blocks.*ffn.*0' is in both targets and ignore"):
+        parse_recipe(MINIMAL + "ignore: ['blocks\\.\\d+\\.ffn\\.0']\n")
+
+
+@pytest.mark.parametrize(
+    "components, normalized",
+    [(["a/", "./b"], ["a", "b"]), (["./"], ["."])],
+)
+def test_component_spellings_are_normalized(components, normalized):
+    r = parse_recipe(MINIMAL + f"components: {components}\n")
+    assert r.components == normalized
+
+
+@pytest.mark.parametrize(
+    "components, message",
+    [
+        (["high", "high/"], "listed twice"),
+        (["a", "a/b"], "'a/b' lies inside component 'a'"),
+        ([".", "x"], "inside component '.'"),
+    ],
+)
+def test_duplicate_or_nested_components_are_refused(components, message):
+    with pytest.raises(InputError, match=message):
+        parse_recipe(MINIMAL + f"components: {components}\n")
+
+
+def test_empty_ignore_is_an_empty_list():
+    assert parse_recipe(MINIMAL + "ignore:\n").ignore == []
+
+
+def test_unmatched_pattern_suggests_the_closest_module(wan_tiny):
+    with pytest.raises(InputError, match="closest module name: 'blocks.[01].ffn.0'"):
+        _plan(wan_tiny, "format: fp8_channel\ntargets: ['blocks\\.\\d+\\.fnn\\.0']\n")
+
+
+def test_recipes_command_never_reads_local_files(tmp_path):
+    from tests.conftest import run_cli
+
+    (tmp_path / "wan-fp8.yaml").write_text("")  # as `quantize recipes wan-fp8.yaml > wan-fp8.yaml` leaves it
+    import os
+
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        shown = run_cli("recipes", "wan-fp8.yaml")
+        listing = run_cli("recipes")
+    finally:
+        os.chdir(cwd)
+    assert shown.returncode == 0 and "format: fp8_channel" in shown.stdout
+    assert listing.returncode == 0 and "wan-fp8.yaml" in listing.stdout

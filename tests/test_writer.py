@@ -95,3 +95,14 @@ def test_layout_orders_by_dtype_rank_then_name():
         TensorSpec("a2", "F32", (1,)),
     ]
     assert [s.name for s in shard_layout(specs)] == ["a2", "c", "b", "a"]
+
+
+def test_non_contiguous_tensors_are_written_correctly(tmp_path):
+    # a transposed view: the writer makes it contiguous and must keep that copy alive while writing
+    big = torch.randn(1024, 2048).t()
+    small = torch.randn(64, 32).t()
+    with ShardWriter(tmp_path / "x.safetensors", _specs({"big": big, "small": small})) as w:
+        w.write("big", big)
+        w.write("small", small)
+    back = load_file(tmp_path / "x.safetensors")
+    assert torch.equal(back["big"], big) and torch.equal(back["small"], small)
