@@ -211,11 +211,18 @@ def _write_component(
     out_dir = tmp if cp.rel == "." else tmp / cp.rel
     out_dir.mkdir(parents=True, exist_ok=True)
     groups = group_by_size(cp.tensors, lambda tp: tp.output_bytes, max_bytes)
+    # the whole component's format metadata goes into every shard (diffusers merges the shards' metadata)
+    metadata = {
+        **SHARD_METADATA,
+        **plan.format.checkpoint_metadata(
+            [(t.name, t.info.shape if t.quantize else None) for t in cp.tensors]
+        ),
+    }
     names = shard_names(comp.stem, len(groups), with_index=comp.index_path is not None)
     entries: dict[str, TensorEntry] = {}
     weight_map: dict[str, str] = {}
     for group, name in zip(groups, names, strict=True):
-        for tp, stats in _write_shard(out_dir / name, group, plan, work):
+        for tp, stats in _write_shard(out_dir / name, group, plan, metadata, work):
             if stats is not None:
                 entries[f"{cp.rel}/{tp.name}"] = _tensor_entry(tp, plan, stats)
         weight_map.update({spec.name: name for tp in group for spec in tp.outputs})
@@ -233,9 +240,9 @@ def _json(data: dict) -> str:
 
 
 def _write_shard(
-    path: Path, group: list[TensorPlan], plan: Plan, work: _Work
+    path: Path, group: list[TensorPlan], plan: Plan, metadata: dict[str, str], work: _Work
 ) -> list[tuple[TensorPlan, ErrorStats | None]]:
-    writer = ShardWriter(path, [spec for tp in group for spec in tp.outputs], SHARD_METADATA)
+    writer = ShardWriter(path, [spec for tp in group for spec in tp.outputs], metadata)
     futures = [work.pool.submit(_convert_one, tp, plan.format, writer, work.progress) for tp in group]
     try:
         wait(futures, return_when=FIRST_EXCEPTION)

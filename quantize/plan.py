@@ -22,7 +22,7 @@ import torch
 from . import dtypes
 from .checkpoint import CONFIG_NAME, Component, TensorInfo, open_component
 from .errors import InputError
-from .formats import Format, get_format, part_key
+from .formats import Format, UnsupportedShapeError, get_format, part_key
 from .manifest import MANIFEST_NAME, RECIPE_NAME
 from .recipes import Recipe
 from .writer import TensorSpec
@@ -166,10 +166,13 @@ def plan_component(component: Component, recipe: Recipe) -> ComponentPlan:
         ignored = _first_match(ignores, key)
         if target is not None and ignored is None:
             _check_quantizable(info, target, where)
-            outs = tuple(
-                TensorSpec(part_key(key, part), dt, shape)
-                for part, (dt, shape) in fmt.parts(info.shape).items()
-            )
+            try:
+                specs = fmt.parts(info.shape)
+            except UnsupportedShapeError as e:
+                raise InputError(
+                    f"{where}: tensor {info.name!r} {e}: add it to the recipe's ignore"
+                ) from None
+            outs = tuple(TensorSpec(part_key(key, part), dt, shape) for part, (dt, shape) in specs.items())
             plans.append(TensorPlan(info, True, target, outs))
         else:
             plans.append(TensorPlan(info, False, ignored, (_kept_spec(info, recipe.keep_dtype),)))

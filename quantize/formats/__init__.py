@@ -9,13 +9,22 @@ from __future__ import annotations
 from types import ModuleType
 
 from ..errors import InputError
-from . import fp8_channel
-from .base import Format, NonFiniteWeightError, PartSpec, part_key
+from . import fp8_channel, torchao_fp8
+from .base import Format, NonFiniteWeightError, PartSpec, UnsupportedShapeError, part_key
 
-__all__ = ["FORMATS", "get_format", "Format", "PartSpec", "NonFiniteWeightError", "part_key"]
+__all__ = [
+    "FORMATS",
+    "get_format",
+    "Format",
+    "PartSpec",
+    "NonFiniteWeightError",
+    "UnsupportedShapeError",
+    "part_key",
+]
 
 FORMATS: dict[str, ModuleType] = {
     fp8_channel.NAME: fp8_channel,
+    torchao_fp8.NAME: torchao_fp8,
 }
 
 

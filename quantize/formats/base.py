@@ -10,7 +10,7 @@ from typing import Protocol
 
 import torch
 
-__all__ = ["Format", "PartSpec", "NonFiniteWeightError", "part_key"]
+__all__ = ["Format", "PartSpec", "NonFiniteWeightError", "UnsupportedShapeError", "part_key"]
 
 #: A part of an encoded weight: (safetensors dtype name, shape).
 PartSpec = tuple[str, tuple[int, ...]]
@@ -18,6 +18,10 @@ PartSpec = tuple[str, tuple[int, ...]]
 
 class NonFiniteWeightError(ValueError):
     """The weight holds NaN or Inf, which no scale can represent."""
+
+
+class UnsupportedShapeError(ValueError):
+    """The format cannot hold a weight of this shape; the message says why."""
 
 
 def part_key(module: str, part: str) -> str:
@@ -32,7 +36,7 @@ class Format(Protocol):
     ROW_SEPARABLE: bool
 
     def parts(self, shape: tuple[int, ...]) -> dict[str, PartSpec]:
-        """The tensors a weight of `shape` becomes, by local part name."""
+        """The tensors a weight of `shape` becomes, by local part name; `UnsupportedShapeError` if it cannot."""
         ...
 
     def encode(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -45,4 +49,8 @@ class Format(Protocol):
 
     def quantization_config(self, kept_linears: list[str]) -> dict:
         """The `quantization_config` entry of config.json; `kept_linears` are the Linears left unquantized."""
+        ...
+
+    def checkpoint_metadata(self, tensors: list[tuple[str, tuple[int, ...] | None]]) -> dict[str, str]:
+        """Entries every shard's ``__metadata__`` carries, from (source tensor name, shape if quantized else None)."""
         ...

@@ -106,3 +106,8 @@ def quantization_config(kept_linears: list[str]) -> dict:
         "kv_cache_scheme": None,
         "global_compression_ratio": None,
     }
+
+
+def checkpoint_metadata(tensors: list[tuple[str, tuple[int, ...] | None]]) -> dict[str, str]:
+    """fp8_channel needs nothing in the shards' ``__metadata__``: config.json says it all."""
+    return {}

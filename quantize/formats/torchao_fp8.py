@@ -1,0 +1,135 @@
+"""`torchao_fp8`: TorchAO's own `Float8Tensor` (PerRow weight, dynamic PerRow activations), as diffusers saves it.
+
+On disk, per quantized Linear ``<m>`` (torchao's safetensors layout):
+  ``<m>._weight_qdata``  float8_e4m3fn [out, in]
+  ``<m>._weight_scale``  float32 [out, 1]
+and in every shard's ``__metadata__``: ``tensor_names`` (every tensor of the model) and, per tensor,
+torchao's JSON (``{"_type": "Float8Tensor", ...}`` for quantized weights, ``{"_type": "Tensor"}``
+otherwise). The whole model's metadata goes into every shard, as diffusers' `save_pretrained` does,
+because its loader merges the shards' metadata.
+
+Numerics: those of ``Float8Tensor.from_hp(w, granularity=PerRow(), ...)`` on the CPU, which
+`Float8DynamicActivationFloat8WeightConfig` applies to a bf16 weight: w is first rounded to bf16
+(fp32 and fp16 sources included, as a model loaded in bf16 would be); scale = rowmax|w| / 448
+computed in bf16, then widened to float32; q = e4m3(clamp(float32(w) / scale, ±448)). One deliberate
+difference: where torchao's scale is 0 (an all-zero row) it divides 0 by 0 and stores NaN; we store
+scale 1 and exact zeros, as `fp8_channel` does.
+
+Both dims must be multiples of 16 (`torch._scaled_mm`); torchao itself would silently leave such a
+weight in bf16, we refuse it at planning time so the recipe says what happens.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import torch
+
+from ._torchao import torchao
+from .base import NonFiniteWeightError, PartSpec, UnsupportedShapeError
+
+__all__ = [
+    "NAME",
+    "ROW_SEPARABLE",
+    "QDATA",
+    "SCALE",
+    "parts",
+    "encode",
+    "decode",
+    "quantization_config",
+    "checkpoint_metadata",
+]
+
+NAME = "torchao_fp8"
+ROW_SEPARABLE = True
+QDATA = "_weight_qdata"
+SCALE = "_weight_scale"
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8_DTYPE).max)
+HP_DTYPE = torch.bfloat16  # the precision torchao's PerRow config quantizes from
+_E4M3_VALUES = torch.arange(256, dtype=torch.uint8).view(FP8_DTYPE).float()
+
+
+def parts(shape: tuple[int, ...]) -> dict[str, PartSpec]:
+    out, inp = shape
+    if out % 16 or inp % 16:
+        raise UnsupportedShapeError(
+            f"is [{out}, {inp}]; torchao_fp8 needs both dims to be multiples of 16 (torch._scaled_mm)"
+        )
+    return {QDATA: ("F8_E4M3", (out, inp)), SCALE: ("F32", (out, 1))}
+
+
+def encode(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Quantize a 2-D weight as `Float8Tensor.from_hp` does on the CPU (see the module docstring)."""
+    if weight.dim() != 2:
+        raise ValueError(f"torchao_fp8 quantizes 2-D weights, got shape {list(weight.shape)}")
+    w = weight.to(HP_DTYPE)
+    amax = w.abs().amax(dim=1, keepdim=True)
+    if not bool(torch.isfinite(amax).all()):
+        raise NonFiniteWeightError("holds NaN or Inf values")
+    scale = (amax / FP8_MAX).float()  # the division in bf16, as torchao's _choose_scale_float8 does
+    scale = torch.where(scale == 0, 1.0, scale)
+    q = torch.div(w.float(), scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return {QDATA: q, SCALE: scale}
+
+
+def decode(parts: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """qdata.float() * scale, cast to `dtype` (what `Float8Tensor.dequantize` computes)."""
+    q = parts[QDATA]
+    values = _E4M3_VALUES.index_select(0, q.view(torch.uint8).flatten().int()).view(q.shape)
+    return values.mul_(parts[SCALE]).to(dtype)
+
+
+@functools.cache
+def _config():
+    ao = torchao()
+    return ao.Float8DynamicActivationFloat8WeightConfig(granularity=ao.PerRow())
+
+
+def quantization_config(kept_linears: list[str]) -> dict:
+    """diffusers' ``TorchAoConfig(Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())).to_dict()``."""
+    return {
+        "quant_method": "torchao",
+        "quant_type": {"default": torchao().config_to_dict(_config())},
+        "modules_to_not_convert": sorted(kept_linears) or None,
+    }
+
+
+def to_float8_tensor(parts: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The stored parts as torchao's `Float8Tensor`, with the config's mm_config and activation quantization."""
+    ao, cfg = torchao(), _config()
+    act_granularity, _ = cfg.granularity
+    act_quant_kwargs = ao.QuantizeTensorToFloat8Kwargs(
+        cfg.activation_dtype,
+        act_granularity,
+        hp_value_lb=cfg.activation_value_lb,
+        hp_value_ub=cfg.activation_value_ub,
+        kernel_preference=cfg.kernel_preference,
+    )
+    qdata = parts[QDATA]
+    return ao.Float8Tensor(
+        qdata,
+        parts[SCALE],
+        block_size=[1, qdata.shape[1]],
+        mm_config=cfg.mm_config,
+        act_quant_kwargs=act_quant_kwargs,
+        kernel_preference=cfg.kernel_preference,
+        dtype=HP_DTYPE,
+    )
+
+
+@functools.cache
+def _weight_json(in_features: int) -> str:
+    # torchao's own encoder on a one-row Float8Tensor of this width: the JSON does not depend on the data
+    probe = to_float8_tensor({QDATA: torch.zeros(1, in_features, dtype=FP8_DTYPE), SCALE: torch.ones(1, 1)})
+    return json.dumps(probe, cls=torchao().JSONEncoder)
+
+
+def checkpoint_metadata(tensors: list[tuple[str, tuple[int, ...] | None]]) -> dict[str, str]:
+    """Every shard's torchao metadata: `tensors` lists (checkpoint name, weight shape if quantized else None)."""
+    metadata = {}
+    for name, shape in tensors:
+        metadata[name] = _weight_json(shape[1]) if shape is not None else json.dumps({"_type": "Tensor"})
+    metadata["tensor_names"] = json.dumps([name for name, _ in tensors])
+    return metadata

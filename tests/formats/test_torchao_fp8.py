@@ -1,0 +1,107 @@
+"""torchao_fp8: bit-exact to torchao's own Float8Tensor.from_hp; metadata and config as torchao/diffusers write them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from quantize.formats import torchao_fp8 as ao_fmt
+from quantize.formats._torchao import torchao
+from quantize.formats.base import NonFiniteWeightError, UnsupportedShapeError
+
+
+def reference(w: torch.Tensor):
+    """What Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()) makes of a weight loaded in bf16."""
+    ao = torchao()
+    cfg = ao.Float8DynamicActivationFloat8WeightConfig(granularity=ao.PerRow())
+    act, weight = cfg.granularity
+    kwargs = ao.QuantizeTensorToFloat8Kwargs(
+        cfg.activation_dtype, act, kernel_preference=cfg.kernel_preference
+    )
+    return ao.Float8Tensor.from_hp(
+        w.to(torch.bfloat16),
+        float8_dtype=cfg.weight_dtype,
+        granularity=weight,
+        mm_config=cfg.mm_config,
+        kernel_preference=cfg.kernel_preference,
+        act_quant_kwargs=kwargs,
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
+def test_encode_is_bit_exact_to_float8_tensor_from_hp(dtype):
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(96, 160, generator=g) * 0.03).to(dtype)
+    w[5, 7] = 3.0  # an outlier
+    w[9] = 1e-3 * torch.randn(160, generator=g).to(dtype)  # a row of small values
+    ref = reference(w)
+    parts = ao_fmt.encode(w)
+    assert torch.equal(parts["_weight_qdata"].view(torch.uint8), ref.qdata.view(torch.uint8))
+    assert torch.equal(parts["_weight_scale"], ref.scale)
+    assert torch.equal(ao_fmt.decode(parts, torch.bfloat16), ref.dequantize())
+
+
+def test_zero_row_is_finite_where_torchao_gives_nan():
+    w = torch.randn(32, 32).to(torch.bfloat16)
+    w[4] = 0
+    ref = reference(w)
+    assert ref.qdata[4].float().isnan().all()  # torchao divides 0 by 0
+    parts = ao_fmt.encode(w)
+    assert parts["_weight_scale"][4].item() == 1.0 and torch.equal(ao_fmt.decode(parts)[4], torch.zeros(32))
+    others = torch.arange(32) != 4
+    assert torch.equal(parts["_weight_qdata"].view(torch.uint8)[others], ref.qdata.view(torch.uint8)[others])
+
+
+def test_stored_parts_rebuild_a_float8_tensor_that_matches_torchao():
+    w = torch.randn(48, 64).to(torch.bfloat16)
+    ours = ao_fmt.to_float8_tensor(ao_fmt.encode(w))
+    ref = reference(w)
+    x = torch.randn(5, 64).to(torch.bfloat16)
+    assert type(ours) is type(ref)
+    assert torch.equal(torch.nn.functional.linear(x, ours), torch.nn.functional.linear(x, ref))
+
+
+def test_shapes_scaled_mm_cannot_take_are_refused():
+    with pytest.raises(UnsupportedShapeError, match="multiples of 16"):
+        ao_fmt.parts((24, 64))
+    assert ao_fmt.parts((32, 64)) == {
+        "_weight_qdata": ("F8_E4M3", (32, 64)),
+        "_weight_scale": ("F32", (32, 1)),
+    }
+
+
+def test_non_finite_refused():
+    w = torch.ones(16, 16)
+    w[0, 0] = float("inf")
+    with pytest.raises(NonFiniteWeightError):
+        ao_fmt.encode(w)
+
+
+def test_metadata_is_what_torchao_flatten_writes():
+    from torchao.prototype.safetensors.safetensors_support import flatten_tensor_state_dict
+
+    w = torch.randn(32, 64).to(torch.bfloat16)
+    state = {
+        "blocks.0.q.weight": reference(w),
+        "blocks.0.q.bias": torch.zeros(32),
+        "scale_shift_table": torch.zeros(1, 2, 3),
+    }
+    data, metadata = flatten_tensor_state_dict(state)
+    ours = ao_fmt.checkpoint_metadata(
+        [("blocks.0.q.weight", (32, 64)), ("blocks.0.q.bias", None), ("scale_shift_table", None)]
+    )
+    assert {k: json.loads(v) for k, v in ours.items()} == {k: json.loads(v) for k, v in metadata.items()}
+    assert {"blocks.0.q._weight_qdata", "blocks.0.q._weight_scale"} <= set(data)
+
+
+def test_quantization_config_is_diffusers_torchao_config():
+    diffusers = pytest.importorskip("diffusers")
+    ao = torchao()
+    cfg = ao.Float8DynamicActivationFloat8WeightConfig(granularity=ao.PerRow())
+    kept = ["proj_out", "blocks.0.ffn.net.2"]
+    assert (
+        ao_fmt.quantization_config(kept)
+        == diffusers.TorchAoConfig(cfg, modules_to_not_convert=sorted(kept)).to_dict()
+    )
