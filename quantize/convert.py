@@ -18,10 +18,10 @@ import platform
 import shutil
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Protocol
 
-import safetensors
 import torch
 
 from . import __version__
@@ -165,19 +165,18 @@ def _write_checkpoint(
         for f in source_files:
             work.hash_later(f)  # hashed while the tensors are converted
         tensors: dict[str, TensorEntry] = {}
+        components = []
         for cp in plan.components:
-            tensors.update(_write_component(cp, plan, tmp, max_bytes, work))
+            entries, output_bytes = _write_component(cp, plan, tmp, max_bytes, work)
+            tensors.update(entries)
+            components.append(_component_entry(cp, output_bytes))
         _copy_files(plan, tmp, work)
         recipe_text = dump_recipe(plan.recipe)
         write_file(tmp / RECIPE_NAME, recipe_text)
         progress.note(f"hashing {len(source_files)} source files and the output")
         manifest = Manifest(
             tool={"name": "dit-quantize", "version": __version__},
-            libraries={
-                "python": platform.python_version(),
-                "torch": torch.__version__,
-                "safetensors": safetensors.__version__,
-            },
+            libraries=_library_versions(plan),
             format=plan.recipe.format,
             recipe=RecipeEntry(
                 name=plan.recipe.name,
@@ -187,7 +186,7 @@ def _write_checkpoint(
             ),
             source={"name": plan.source.name},
             source_files=work.file_entries(plan.source, source_files),
-            components=[_component_entry(cp) for cp in plan.components],
+            components=components,
             tensors=dict(sorted(tensors.items())),
             output_files=work.file_entries(tmp, [p for p in tmp.rglob("*") if p.is_file()]),
         )
@@ -199,6 +198,11 @@ def _write_checkpoint(
         torch.set_num_threads(saved_threads)
 
 
+def _library_versions(plan: Plan) -> dict[str, str]:
+    names = ["torch", "safetensors", *plan.format.LIBRARIES]
+    return {"python": platform.python_version(), **{name: metadata.version(name) for name in names}}
+
+
 def _origin(loaded: LoadedRecipe) -> str:
     # A local recipe path is reduced to its file name: no local paths in a published manifest.
     return loaded.origin if loaded.origin.startswith("bundled:") else Path(loaded.origin).name
@@ -206,7 +210,8 @@ def _origin(loaded: LoadedRecipe) -> str:
 
 def _write_component(
     cp: ComponentPlan, plan: Plan, tmp: Path, max_bytes: int, work: _Work
-) -> dict[str, TensorEntry]:
+) -> tuple[dict[str, TensorEntry], int]:
+    """Shards, index and config.json of one component; returns its tensor entries and its tensor bytes."""
     comp = cp.component
     out_dir = tmp if cp.rel == "." else tmp / cp.rel
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -221,18 +226,21 @@ def _write_component(
     names = shard_names(comp.stem, len(groups), with_index=comp.index_path is not None)
     entries: dict[str, TensorEntry] = {}
     weight_map: dict[str, str] = {}
+    total = 0
     for group, name in zip(groups, names, strict=True):
-        for tp, stats in _write_shard(out_dir / name, group, plan, metadata, work):
+        results, data_bytes = _write_shard(out_dir / name, group, plan, metadata, work)
+        total += data_bytes
+        for tp, stats in results:
             if stats is not None:
                 entries[f"{cp.rel}/{tp.name}"] = _tensor_entry(tp, plan, stats)
         weight_map.update({spec.name: name for tp in group for spec in tp.outputs})
         work.hash_later(out_dir / name)
     if len(groups) > 1 or comp.index_path is not None:
-        write_file(out_dir / index_name(comp.stem), index_json(weight_map, cp.output_bytes))
+        write_file(out_dir / index_name(comp.stem), index_json(weight_map, total))
     config = dict(comp.config or {})
     config["quantization_config"] = plan.format.quantization_config(cp.kept_linears())
     write_file(out_dir / CONFIG_NAME, _json(config))
-    return entries
+    return entries, total
 
 
 def _json(data: dict) -> str:
@@ -241,7 +249,8 @@ def _json(data: dict) -> str:
 
 def _write_shard(
     path: Path, group: list[TensorPlan], plan: Plan, metadata: dict[str, str], work: _Work
-) -> list[tuple[TensorPlan, ErrorStats | None]]:
+) -> tuple[list[tuple[TensorPlan, ErrorStats | None]], int]:
+    """Convert a group of tensors into one shard; returns each one's error figures and the shard's tensor bytes."""
     writer = ShardWriter(path, [spec for tp in group for spec in tp.outputs], metadata)
     futures = [work.pool.submit(_convert_one, tp, plan.format, writer, work.progress) for tp in group]
     try:
@@ -255,8 +264,8 @@ def _write_shard(
         wait(futures)  # tensors already running finish: nothing may write after the file is closed
         writer.abort()
         raise
-    writer.close()
-    return [(tp, f.result()) for tp, f in zip(group, futures, strict=True)]
+    data_bytes = writer.close()
+    return [(tp, f.result()) for tp, f in zip(group, futures, strict=True)], data_bytes
 
 
 def _convert_one(tp: TensorPlan, fmt, writer: ShardWriter, progress: Progress) -> ErrorStats | None:
@@ -283,7 +292,7 @@ def _tensor_entry(tp: TensorPlan, plan: Plan, stats: ErrorStats) -> TensorEntry:
     )
 
 
-def _component_entry(cp: ComponentPlan) -> ComponentEntry:
+def _component_entry(cp: ComponentPlan, output_bytes: int) -> ComponentEntry:
     quantized = sum(1 for _ in cp.quantized())
     return ComponentEntry(
         path=cp.rel,
@@ -291,7 +300,7 @@ def _component_entry(cp: ComponentPlan) -> ComponentEntry:
         kept=len(cp.tensors) - quantized,
         kept_linears=sorted(cp.kept_linears()),
         source_bytes=cp.source_bytes,
-        output_bytes=cp.output_bytes,
+        output_bytes=output_bytes,
     )
 
 

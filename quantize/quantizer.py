@@ -97,13 +97,26 @@ def _encode(fmt: Format, tp: TensorPlan, w: torch.Tensor) -> dict[str, torch.Ten
 
 
 def _write_quantized(tp: TensorPlan, fmt: Format, writer: ShardWriter) -> ErrorStats:
+    """Row-separable formats: read, encode and write chunk by chunk. Others: encode the whole weight, then
+    measure the error chunk by chunk, so that no float32 copy of the whole weight is ever made."""
     stats = ErrorStats()
     rows, cols = tp.info.shape
-    ranges = row_chunks(rows, cols) if fmt.ROW_SEPARABLE else [(0, rows)]
+    ranges = row_chunks(rows, cols)
+    if fmt.ROW_SEPARABLE:
+        for r0, r1 in ranges:
+            w = read_rows(tp.info, r0, r1)
+            parts = _encode(fmt, tp, w)
+            _write_parts(tp, parts, writer, r0)
+            stats.add(w, fmt.decode(parts, torch.float32))
+        return stats
+    w = read_rows(tp.info, 0, rows)
+    parts = _encode(fmt, tp, w)
+    _write_parts(tp, parts, writer, 0)
     for r0, r1 in ranges:
-        w = read_rows(tp.info, r0, r1)
-        parts = _encode(fmt, tp, w)
-        for part, t in parts.items():
-            writer.write(part_key(tp.module, part), t, row_start=r0)
-        stats.add(w, fmt.decode(parts, torch.float32))
+        stats.add(w[r0:r1], fmt.decode(parts, torch.float32, rows=(r0, r1)))
     return stats
+
+
+def _write_parts(tp: TensorPlan, parts: dict[str, torch.Tensor], writer: ShardWriter, row_start: int) -> None:
+    for part, t in parts.items():
+        writer.write(part_key(tp.module, part), t, row_start=row_start)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from ..errors import InputError
-from . import fp8_channel, torchao_fp8
+from . import fp8_channel, nf4, torchao_fp8
 from .base import Format, NonFiniteWeightError, PartSpec, UnsupportedShapeError, part_key
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
 FORMATS: dict[str, ModuleType] = {
     fp8_channel.NAME: fp8_channel,
     torchao_fp8.NAME: torchao_fp8,
+    nf4.NAME: nf4,
 }
 
 

@@ -31,6 +31,7 @@ def part_key(module: str, part: str) -> str:
 
 class Format(Protocol):
     NAME: str
+    LIBRARIES: tuple[str, ...]  # the packages whose numerics the format follows
     #: True when encoding any slice of rows gives those rows of the whole encoding, and every part
     #: has the weight's rows as its dim 0: the converter then streams a weight in row chunks.
     ROW_SEPARABLE: bool
@@ -43,8 +44,13 @@ class Format(Protocol):
         """Quantize a 2-D weight (fp32, fp16 or bf16, as stored) into its parts."""
         ...
 
-    def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The dequantized weight."""
+    def decode(
+        self,
+        parts: dict[str, torch.Tensor],
+        dtype: torch.dtype = torch.float32,
+        rows: tuple[int, int] | None = None,
+    ) -> torch.Tensor:
+        """The dequantized weight, or only its rows [r0, r1)."""
         ...
 
     def quantization_config(self, kept_linears: list[str]) -> dict:

@@ -32,6 +32,7 @@ __all__ = [
 ]
 
 NAME = "fp8_channel"
+LIBRARIES: tuple[str, ...] = ()  # recorded with their versions in the manifest
 ROW_SEPARABLE = True
 WEIGHT = "weight"
 SCALE = "weight_scale"
@@ -64,12 +65,16 @@ def encode(weight: torch.Tensor) -> dict[str, torch.Tensor]:
     return {WEIGHT: q, SCALE: scale}
 
 
-def decode(parts: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """weight.float() * weight_scale, cast to `dtype`."""
-    q = parts[WEIGHT]
+def decode(
+    parts: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32, rows: tuple[int, int] | None = None
+) -> torch.Tensor:
+    """weight.float() * weight_scale, cast to `dtype`; only `rows` [r0, r1) of it if given."""
+    q, scale = parts[WEIGHT], parts[SCALE]
+    if rows is not None:
+        q, scale = q[rows[0] : rows[1]], scale[rows[0] : rows[1]]
     # a 256-entry table: exact, and several times faster on the CPU than torch's float8 cast
-    values = _E4M3_VALUES.index_select(0, q.view(torch.uint8).flatten().int()).view(q.shape)
-    return values.mul_(parts[SCALE]).to(dtype)
+    values = _E4M3_VALUES.index_select(0, q.reshape(-1).view(torch.uint8).int()).view(q.shape)
+    return values.mul_(scale).to(dtype)
 
 
 def quantization_config(kept_linears: list[str]) -> dict:

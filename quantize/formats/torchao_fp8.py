@@ -42,6 +42,7 @@ __all__ = [
 ]
 
 NAME = "torchao_fp8"
+LIBRARIES: tuple[str, ...] = ("torchao",)  # recorded with their versions in the manifest
 ROW_SEPARABLE = True
 QDATA = "_weight_qdata"
 SCALE = "_weight_scale"
@@ -74,11 +75,16 @@ def encode(weight: torch.Tensor) -> dict[str, torch.Tensor]:
     return {QDATA: q, SCALE: scale}
 
 
-def decode(parts: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """qdata.float() * scale, cast to `dtype` (what `Float8Tensor.dequantize` computes)."""
-    q = parts[QDATA]
-    values = _E4M3_VALUES.index_select(0, q.view(torch.uint8).flatten().int()).view(q.shape)
-    return values.mul_(parts[SCALE]).to(dtype)
+def decode(
+    parts: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32, rows: tuple[int, int] | None = None
+) -> torch.Tensor:
+    """qdata.float() * scale, cast to `dtype`; only `rows` [r0, r1) of it if given."""
+    q, scale = parts[QDATA], parts[SCALE]
+    if rows is not None:
+        q, scale = q[rows[0] : rows[1]], scale[rows[0] : rows[1]]
+    # a 256-entry table: exact, and several times faster on the CPU than torch's float8 cast
+    values = _E4M3_VALUES.index_select(0, q.reshape(-1).view(torch.uint8).int()).view(q.shape)
+    return values.mul_(scale).to(dtype)
 
 
 @functools.cache

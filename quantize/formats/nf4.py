@@ -1,0 +1,200 @@
+"""`nf4`: bitsandbytes' 4-bit NormalFloat layout (blocksize 64, double quantization), as diffusers saves it.
+
+On disk, per quantized Linear ``<m>`` (what `Linear4bit` puts in a state dict):
+  ``<m>.weight``                                 uint8 [ceil(n/2), 1]   two 4-bit codes a byte, high nibble first
+  ``<m>.weight.absmax``                          uint8 [ceil(n/64)]     block absmax, 8-bit quantized (double quant)
+  ``<m>.weight.quant_map``                       float32 [16]           the NF4 code book
+  ``<m>.weight.nested_absmax``                   float32 [ceil(n/64/256)]
+  ``<m>.weight.nested_quant_map``                float32 [256]
+  ``<m>.weight.quant_state.bitsandbytes__nf4``   uint8 [~170]           packed JSON: shape, dtype, nested_offset...
+The last one is a *late* tensor: its length depends on the printed nested offset (see `writer`).
+
+Numerics: those of ``bitsandbytes.functional.quantize_4bit(w, blocksize=64, compress_statistics=True,
+quant_type="nf4")`` on the CPU, applied to the weight in bf16 (as a model loaded with
+``torch_dtype=bfloat16`` and `BitsAndBytesConfig(..., bnb_4bit_compute_dtype=bfloat16)` is): per 64
+values, absmax = max|w|, scaled = clamp(w · (1 / absmax), ±1), code = the NF4 bucket of scaled; then
+the absmaxes, less their mean, are quantized blockwise (256) by bitsandbytes itself. The first
+stage, which is nearly all the work, is ours: the same float32 operations, the bucket found through
+a 64K-entry table on the top 16 bits of the float (exact comparison for the few cells that straddle
+a bucket edge); it is bit-exact and several times faster than bitsandbytes' CPU path. The mean is
+taken on one thread; bitsandbytes' own result can differ in the last bit with more threads.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from .base import NonFiniteWeightError, PartSpec, UnsupportedShapeError
+
+__all__ = [
+    "NAME",
+    "ROW_SEPARABLE",
+    "WEIGHT",
+    "parts",
+    "encode",
+    "decode",
+    "quantization_config",
+    "checkpoint_metadata",
+]
+
+NAME = "nf4"
+LIBRARIES: tuple[str, ...] = ("bitsandbytes",)  # recorded with their versions in the manifest
+ROW_SEPARABLE = False
+BLOCKSIZE = 64
+NESTED_BLOCKSIZE = 256
+HP_DTYPE = torch.bfloat16
+WEIGHT = "weight"
+_STATE_PARTS = ("absmax", "quant_map", "nested_absmax", "nested_quant_map", "quant_state.bitsandbytes__nf4")
+QUANT_STATE = "weight.quant_state.bitsandbytes__nf4"
+_CHUNK_ELEMS = BLOCKSIZE * 16384  # one million values a step: stays in cache, amortizes calls
+
+
+@functools.cache
+def _bnb():
+    import bitsandbytes.functional as F
+
+    return F
+
+
+def parts(shape: tuple[int, ...]) -> dict[str, PartSpec]:
+    if shape[-1] % BLOCKSIZE:
+        raise UnsupportedShapeError(
+            f"is {list(shape)}; nf4 needs in_features to be a multiple of {BLOCKSIZE} "
+            "(bitsandbytes 0.50's CPU kernel decodes other widths wrongly)"
+        )
+    n = math.prod(shape)
+    blocks = -(-n // BLOCKSIZE)
+    return {
+        WEIGHT: ("U8", ((n + 1) // 2, 1)),
+        "weight.absmax": ("U8", (blocks,)),
+        "weight.quant_map": ("F32", (16,)),
+        "weight.nested_absmax": ("F32", (-(-blocks // NESTED_BLOCKSIZE),)),
+        "weight.nested_quant_map": ("F32", (256,)),
+        QUANT_STATE: ("U8", None),
+    }
+
+
+@functools.cache
+def _bucket_table() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """NF4 bucket edges (bitsandbytes' midpoints), and per top-16-bit float pattern: its bucket, and whether it straddles an edge."""
+    code = _bnb().get_4bit_type("nf4", device="cpu")
+    edges = (code[:-1] + code[1:]) / 2  # NF4's code is sorted: these are bitsandbytes' bucket bounds
+    patterns = torch.arange(1 << 16, dtype=torch.int32) << 16
+    lo, hi = patterns.view(torch.float32), (patterns | 0xFFFF).view(torch.float32)
+    b_lo, b_hi = torch.bucketize(lo, edges), torch.bucketize(hi, edges)
+    straddles = (b_lo != b_hi) | lo.isnan() | hi.isnan()
+    return edges, b_lo.to(torch.uint8), straddles
+
+
+def _codes(scaled: torch.Tensor) -> torch.Tensor:
+    """`torch.bucketize(scaled, edges)` as uint8, through the table."""
+    edges, table, straddles = _bucket_table()
+    top = (scaled.view(torch.int32) >> 16) & 0xFFFF
+    q = table.index_select(0, top)
+    exact = straddles.index_select(0, top).nonzero().squeeze(1)
+    if exact.numel():
+        q.index_put_((exact,), torch.bucketize(scaled.index_select(0, exact), edges).to(torch.uint8))
+    return q
+
+
+def _first_stage(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed codes and float32 absmax of a flat weight, as bitsandbytes' CPU `quantize_4bit` computes them."""
+    n = flat.numel()
+    codes = torch.empty(n + (n % 2), dtype=torch.uint8)
+    codes[n:] = _codes(torch.zeros(1))  # an odd count is padded with a scaled 0, as bitsandbytes does
+    absmax = torch.empty(-(-n // BLOCKSIZE), dtype=torch.float32)
+    full = n - n % BLOCKSIZE
+    for start in range(0, full, _CHUNK_ELEMS):
+        end = min(full, start + _CHUNK_ELEMS)
+        x = flat[start:end].float().view(-1, BLOCKSIZE)
+        am = x.abs().amax(dim=1)
+        scaled = x.mul_((1.0 / am.clamp(min=1e-38)).view(-1, 1)).clamp_(-1, 1)
+        absmax[start // BLOCKSIZE : end // BLOCKSIZE] = am
+        codes[start:end] = _codes(scaled.view(-1))
+    if full < n:  # a last, short block: bitsandbytes divides there instead of multiplying by the reciprocal
+        x = flat[full:].float()
+        am = x.abs().max().clamp(min=1e-38)
+        absmax[-1] = am
+        codes[full:n] = _codes(torch.clamp(x / am, -1, 1))
+    if not bool(torch.isfinite(absmax).all()):
+        raise NonFiniteWeightError("holds NaN or Inf values")
+    packed = (codes[0::2] << 4) | codes[1::2]
+    return packed.unsqueeze(1), absmax
+
+
+def encode(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Quantize a weight to NF4 with double quantization, bit-exact to bitsandbytes (see the module docstring)."""
+    F = _bnb()
+    w = weight.to(HP_DTYPE).contiguous()
+    packed, absmax = _first_stage(w.view(-1))
+    offset = absmax.mean()
+    qabsmax, state2 = F.quantize_blockwise(absmax - offset, blocksize=NESTED_BLOCKSIZE)
+    state = F.QuantState(
+        absmax=qabsmax,
+        shape=w.shape,
+        dtype=w.dtype,
+        blocksize=BLOCKSIZE,
+        code=F.get_4bit_type("nf4", device="cpu"),
+        quant_type="nf4",
+        offset=offset,
+        state2=state2,
+    )
+    stored = state.as_dict(packed=True)
+    return {WEIGHT: packed, **{f"weight.{k}": stored[k] for k in _STATE_PARTS}}
+
+
+def quant_state(parts: dict[str, torch.Tensor]):
+    """bitsandbytes' `QuantState` rebuilt from the stored parts, as `Linear4bit` does when loading."""
+    return _bnb().QuantState.from_dict(
+        {k: parts[f"weight.{k}"] for k in _STATE_PARTS}, device=torch.device("cpu")
+    )
+
+
+def decode(
+    parts: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32, rows: tuple[int, int] | None = None
+) -> torch.Tensor:
+    """The dequantized weight (or rows of it): code[q] · absmax of its block, in float32, then cast to `dtype`."""
+    F = _bnb()
+    state = quant_state(parts)
+    out_features, in_features = state.shape
+    r0, r1 = rows or (0, out_features)
+    start, end = r0 * in_features, r1 * in_features
+    b0, b1 = start // BLOCKSIZE, -(-end // BLOCKSIZE)
+    absmax = (
+        F.dequantize_blockwise(state.absmax[b0:b1], state.state2, blocksize=NESTED_BLOCKSIZE) + state.offset
+    )
+    packed = parts[WEIGHT].view(-1)[b0 * BLOCKSIZE // 2 : -(-b1 * BLOCKSIZE // 2)]
+    codes = torch.stack([packed >> 4, packed & 0xF], dim=1).view(-1).int()
+    values = state.code.index_select(0, codes)
+    first = b0 * BLOCKSIZE
+    scale = absmax.repeat_interleave(BLOCKSIZE)[: values.numel()]
+    values = values[: scale.numel()].mul_(scale)[start - first : end - first]
+    return values.view(r1 - r0, in_features).to(dtype)
+
+
+def quantization_config(kept_linears: list[str]) -> dict:
+    """diffusers' ``BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+    bnb_4bit_compute_dtype=torch.bfloat16, llm_int8_skip_modules=kept).to_dict()``."""
+    return {
+        "quant_method": "bitsandbytes",
+        "_load_in_8bit": False,
+        "_load_in_4bit": True,
+        "llm_int8_threshold": 6.0,
+        "llm_int8_skip_modules": sorted(kept_linears) or None,
+        "llm_int8_enable_fp32_cpu_offload": False,
+        "llm_int8_has_fp16_weight": False,
+        "bnb_4bit_quant_type": "nf4",
+        "bnb_4bit_use_double_quant": True,
+        "bnb_4bit_compute_dtype": "bfloat16",
+        "bnb_4bit_quant_storage": "uint8",
+        "load_in_4bit": True,
+        "load_in_8bit": False,
+    }
+
+
+def checkpoint_metadata(tensors: list[tuple[str, tuple[int, ...] | None]]) -> dict[str, str]:
+    """nf4 needs nothing in the shards' ``__metadata__``: the quant state travels with each weight."""
+    return {}
