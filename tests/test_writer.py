@@ -106,3 +106,33 @@ def test_non_contiguous_tensors_are_written_correctly(tmp_path):
         w.write("small", small)
     back = load_file(tmp_path / "x.safetensors")
     assert torch.equal(back["big"], big) and torch.equal(back["small"], small)
+
+
+def test_late_tensors_go_last_and_the_header_is_finished_at_close(tmp_path):
+    a = torch.randn(4, 4)
+    blob = torch.tensor(list(b'{"nested_offset": 0.5}'), dtype=torch.uint8)
+    specs = [
+        TensorSpec("a", "F32", (4, 4)),
+        TensorSpec("z.state", "U8", None),
+        TensorSpec("b.state", "U8", None),
+    ]
+    w = ShardWriter(tmp_path / "x.safetensors", specs)
+    w.write("z.state", blob)
+    w.write("a", a)
+    w.write("b.state", blob[:5])
+    assert w.close() == 64 + len(blob) + 5
+    back = load_file(tmp_path / "x.safetensors")
+    assert (
+        torch.equal(back["a"], a)
+        and torch.equal(back["z.state"], blob)
+        and torch.equal(back["b.state"], blob[:5])
+    )
+    raw = (tmp_path / "x.safetensors").read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    assert n % 8 == 0 and len(raw) == 8 + n + 64 + len(blob) + 5
+
+
+def test_a_late_tensor_never_written_fails_at_close(tmp_path):
+    w = ShardWriter(tmp_path / "x.safetensors", [TensorSpec("s", "U8", None)])
+    with pytest.raises(ValueError, match="'s' was never written"):
+        w.close()

@@ -163,9 +163,9 @@ def decode(
     r0, r1 = rows or (0, out_features)
     start, end = r0 * in_features, r1 * in_features
     b0, b1 = start // BLOCKSIZE, -(-end // BLOCKSIZE)
-    absmax = (
-        F.dequantize_blockwise(state.absmax[b0:b1], state.state2, blocksize=NESTED_BLOCKSIZE) + state.offset
-    )
+    # nested blocks run over the whole absmax vector (1/64 of the weight): decode it all, then slice
+    absmax = F.dequantize_blockwise(state.absmax, state.state2, blocksize=NESTED_BLOCKSIZE) + state.offset
+    absmax = absmax[b0:b1]
     packed = parts[WEIGHT].view(-1)[b0 * BLOCKSIZE // 2 : -(-b1 * BLOCKSIZE // 2)]
     codes = torch.stack([packed >> 4, packed & 0xF], dim=1).view(-1).int()
     values = state.code.index_select(0, codes)

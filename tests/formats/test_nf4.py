@@ -1,0 +1,104 @@
+"""nf4: bit-exact to bitsandbytes' quantize_4bit (blocksize 64, double quantization), in its stored layout."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantize.formats import nf4
+from quantize.formats.base import NonFiniteWeightError, UnsupportedShapeError
+
+F = pytest.importorskip("bitsandbytes.functional")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    saved = torch.get_num_threads()
+    torch.set_num_threads(
+        1
+    )  # the nested offset is a mean: bitsandbytes' last bit depends on the thread count
+    yield
+    torch.set_num_threads(saved)
+
+
+def reference(w: torch.Tensor) -> dict[str, torch.Tensor]:
+    """bitsandbytes' own result for the weight loaded in bf16, keyed as Linear4bit stores it."""
+    packed, state = F.quantize_4bit(
+        w.to(torch.bfloat16), blocksize=64, compress_statistics=True, quant_type="nf4"
+    )
+    return {"weight": packed, **{f"weight.{k}": v for k, v in state.as_dict(packed=True).items()}}
+
+
+def _weight(shape, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(*shape, generator=g) * 0.02
+    if w.numel() >= 256:
+        w.view(-1)[:64] = 0  # an all-zero block
+        w.view(-1)[64:128] *= 1e-30  # a block of tiny values
+        w.view(-1)[200] = 1.5  # an outlier
+    return w.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
+@pytest.mark.parametrize("shape", [(64, 128), (256, 192), (130, 64), (33, 7), (5, 13)])
+def test_encode_is_bit_exact_to_bitsandbytes(shape, dtype):
+    w = _weight(shape, dtype)
+    ours, theirs = nf4.encode(w), reference(w)
+    assert set(ours) == set(theirs)
+    for key in theirs:
+        assert ours[key].dtype == theirs[key].dtype and torch.equal(ours[key], theirs[key]), key
+
+
+def test_large_weight_crosses_many_chunks_bit_exactly():
+    w = _weight((2048, 1536), torch.bfloat16, seed=1)  # three 1M-value chunks
+    ours, theirs = nf4.encode(w), reference(w)
+    for key in theirs:
+        assert torch.equal(ours[key], theirs[key]), key
+
+
+def test_decode_matches_bitsandbytes_and_row_ranges_agree():
+    w = _weight((96, 256), torch.bfloat16)
+    parts = nf4.encode(w)
+    state = nf4.quant_state(parts)
+    assert torch.equal(nf4.decode(parts, torch.bfloat16), F.dequantize_4bit(parts["weight"], state))
+    whole = nf4.decode(parts)
+    for rows in [(0, 1), (3, 17), (95, 96)]:
+        assert torch.equal(nf4.decode(parts, rows=rows), whole[rows[0] : rows[1]])
+    err = (whole - w.float()).norm() / w.float().norm()
+    assert 0.05 < err < 0.12  # NF4 on Gaussian weights: about 0.09
+
+
+def test_parts_match_the_encoded_tensors():
+    specs = nf4.parts((64, 128))
+    parts = nf4.encode(torch.randn(64, 128))
+    assert set(specs) == set(parts)
+    for key, (dtype, shape) in specs.items():
+        if shape is None:  # the packed quant-state JSON: its length depends on the printed offset
+            assert parts[key].dtype == torch.uint8 and parts[key].dim() == 1
+        else:
+            assert tuple(parts[key].shape) == shape, key
+
+
+def test_widths_bitsandbytes_cannot_decode_on_cpu_are_refused():
+    with pytest.raises(UnsupportedShapeError, match="multiple of 64"):
+        nf4.parts((64, 160))
+
+
+def test_non_finite_refused():
+    w = torch.randn(4, 64)
+    w[2, 3] = float("nan")
+    with pytest.raises(NonFiniteWeightError):
+        nf4.encode(w)
+
+
+def test_quantization_config_is_diffusers_bitsandbytes_config():
+    diffusers = pytest.importorskip("diffusers")
+    kept = ["proj_out", "condition_embedder.time_proj"]
+    theirs = diffusers.BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.bfloat16,
+        llm_int8_skip_modules=sorted(kept),
+    )
+    assert nf4.quantization_config(kept) == theirs.to_dict()

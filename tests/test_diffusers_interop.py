@@ -1,0 +1,230 @@
+"""Our torchao_fp8 and nf4 checkpoints load unchanged in diffusers and compute exactly what diffusers/torchao/bitsandbytes
+compute for the same model quantized in memory.
+
+Known here: torchao's `quantize_` refuses Float8 without an SM89 GPU, so the in-memory reference applies
+`Float8Tensor.from_hp` with the config's arguments to each targeted Linear, as `quantize_` would; diffusers'
+bitsandbytes quantizer refuses to start without a GPU, so its `validate_environment` is lifted (and only that).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from quantize.formats import torchao_fp8
+from quantize.recipes import load_recipe
+from tests.conftest import load_all, read_json, run_cli
+from tests.formats.test_torchao_fp8 import reference as float8_reference
+
+diffusers = pytest.importorskip("diffusers")
+
+
+def _save(model: torch.nn.Module, path: Path) -> Path:
+    model.to(torch.bfloat16).save_pretrained(path)
+    return path
+
+
+def _wan(path: Path) -> Path:
+    torch.manual_seed(0)
+    model = diffusers.WanTransformer3DModel(
+        patch_size=(1, 2, 2),
+        num_attention_heads=2,
+        attention_head_dim=32,
+        in_channels=16,
+        out_channels=16,
+        text_dim=64,
+        freq_dim=64,
+        ffn_dim=128,
+        num_layers=2,
+        cross_attn_norm=True,
+        rope_max_seq_len=32,
+    )
+    return _save(model, path)
+
+
+def _kandinsky(path: Path) -> Path:
+    torch.manual_seed(0)
+    model = diffusers.Kandinsky5Transformer3DModel(
+        in_visual_dim=16,
+        in_text_dim=64,
+        in_text_dim2=64,
+        time_dim=64,
+        out_visual_dim=16,
+        patch_size=(1, 2, 2),
+        model_dim=64,
+        ff_dim=128,
+        num_text_blocks=1,
+        num_visual_blocks=2,
+        axes_dims=(8, 12, 12),
+    )
+    return _save(model, path)
+
+
+def _wan_inputs() -> dict:
+    g = torch.Generator().manual_seed(0)
+    return dict(
+        hidden_states=torch.randn(1, 16, 2, 8, 8, generator=g).to(torch.bfloat16),
+        timestep=torch.tensor([500]),
+        encoder_hidden_states=torch.randn(1, 8, 64, generator=g).to(torch.bfloat16),
+        return_dict=False,
+    )
+
+
+def _kandinsky_inputs() -> dict:
+    g = torch.Generator().manual_seed(0)
+    return dict(
+        hidden_states=torch.randn(1, 2, 8, 8, 16, generator=g).to(torch.bfloat16),
+        encoder_hidden_states=torch.randn(1, 6, 64, generator=g).to(torch.bfloat16),
+        timestep=torch.tensor([500.0]),
+        pooled_projections=torch.randn(1, 64, generator=g).to(torch.bfloat16),
+        visual_rope_pos=(torch.arange(2), torch.arange(4), torch.arange(4)),
+        text_rope_pos=torch.arange(6),
+        return_dict=False,
+    )
+
+
+def _targets(recipe: str) -> list[re.Pattern]:
+    return [re.compile(p) for p in load_recipe(recipe).recipe.targets]
+
+
+def _quantize_in_memory_with_torchao(model: torch.nn.Module, recipe: str) -> set[str]:
+    """What `quantize_(model, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))` does to the targets."""
+    done = set()
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and any(p.fullmatch(name) for p in _targets(recipe)):
+            module.weight = torch.nn.Parameter(float8_reference(module.weight.data), requires_grad=False)
+            done.add(name)
+    return done
+
+
+def _float8_modules(model: torch.nn.Module) -> set[str]:
+    Float8Tensor = type(torchao_fp8.to_float8_tensor(torchao_fp8.encode(torch.ones(16, 16))))
+    return {n for n, m in model.named_modules() if isinstance(getattr(m, "weight", None), Float8Tensor)}
+
+
+@pytest.mark.parametrize(
+    "build, cls, recipe, inputs",
+    [
+        (_wan, "WanTransformer3DModel", "wan-diffusers-torchao-fp8.yaml", _wan_inputs),
+        (_kandinsky, "Kandinsky5Transformer3DModel", "kandinsky5-torchao-fp8.yaml", _kandinsky_inputs),
+    ],
+)
+def test_torchao_checkpoint_loads_in_diffusers_and_matches_torchao(tmp_path, build, cls, recipe, inputs):
+    model_cls = getattr(diffusers, cls)
+    src = tmp_path / "src"
+    build(src / "transformer")
+    out = tmp_path / "out"
+    run_cli("convert", src, out, "--recipe", recipe, check=True)
+
+    ours = model_cls.from_pretrained(out / "transformer", torch_dtype=torch.bfloat16).eval()
+    reference = model_cls.from_pretrained(src / "transformer", torch_dtype=torch.bfloat16).eval()
+    expected = _quantize_in_memory_with_torchao(reference, recipe)
+    assert _float8_modules(ours) == expected and expected
+    for name in expected:
+        mine, theirs = ours.get_submodule(name).weight, reference.get_submodule(name).weight
+        assert torch.equal(mine.qdata.view(torch.uint8), theirs.qdata.view(torch.uint8)) and torch.equal(
+            mine.scale, theirs.scale
+        )
+    with torch.no_grad():
+        got, want = ours(**inputs())[0], reference(**inputs())[0]
+    assert torch.equal(got, want)
+    assert read_json(out / "transformer" / "config.json")["quantization_config"]["quant_method"] == "torchao"
+
+
+KANDINSKY_KEPT = re.compile(
+    r"(time_embeddings|text_embeddings|pooled_text_embeddings|visual_embeddings)\..*"  # embeddings
+    r"|.*modulation.*"  # every modulation layer
+    r"|out_layer\.out_layer"  # the final output layer
+    r"|(text|visual)_transformer_blocks\.\d+\.feed_forward\.out_layer"
+)
+
+
+def test_kandinsky5_recipe_quantizes_exactly_the_layers_of_the_kandinsky5_fp8_work(tmp_path):
+    from quantize.plan import make_plan
+
+    src = tmp_path / "src"
+    _kandinsky(src / "transformer")
+    (cp,) = make_plan(src, load_recipe("kandinsky5-torchao-fp8.yaml").recipe).components
+    linears = {
+        k.removesuffix(".weight")
+        for k, v in load_all(src / "transformer").items()
+        if k.endswith(".weight") and v.dim() == 2
+    }
+    expected = {m for m in linears if not KANDINSKY_KEPT.fullmatch(m)}
+    assert {t.module for t in cp.quantized()} == expected
+    assert (
+        len(expected) == 5 * 1 + 9 * 2
+    )  # text blocks: q, k, v, out, ffn-in; visual blocks: two attentions + ffn-in
+    assert {
+        "visual_transformer_blocks.0.feed_forward.out_layer",
+        "out_layer.out_layer",
+        "visual_embeddings.in_layer",
+    } <= set(cp.kept_linears())
+
+
+@pytest.fixture
+def bnb_on_cpu(monkeypatch):
+    """Lift diffusers' GPU gate of its bitsandbytes quantizer (and nothing else)."""
+    pytest.importorskip("bitsandbytes")
+    from diffusers.quantizers.bitsandbytes.bnb_quantizer import BnB4BitDiffusersQuantizer
+
+    monkeypatch.setattr(BnB4BitDiffusersQuantizer, "validate_environment", lambda self, *a, **k: None)
+
+
+@pytest.fixture
+def one_thread():
+    """bitsandbytes' nested offset is a mean whose last bit depends on torch's thread count; we take it on one."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
+def test_nf4_equals_what_diffusers_writes_and_loads_back(tmp_path, bnb_on_cpu, one_thread):
+    src = tmp_path / "src"
+    _wan(src / "transformer")
+    out = tmp_path / "out"
+    run_cli("convert", src, out, "--recipe", "wan-diffusers-nf4.yaml", check=True)
+    config = read_json(out / "transformer" / "config.json")["quantization_config"]
+    kept = config["llm_int8_skip_modules"]
+
+    bnb_config = diffusers.BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.bfloat16,
+        llm_int8_skip_modules=kept,
+    )
+    assert config == bnb_config.to_dict()
+    reference = diffusers.WanTransformer3DModel.from_pretrained(
+        src / "transformer",
+        quantization_config=bnb_config,
+        torch_dtype=torch.bfloat16,
+        device_map={"": "cpu"},
+    ).eval()
+    reference.save_pretrained(tmp_path / "diffusers-nf4")
+
+    theirs, ours = load_all(tmp_path / "diffusers-nf4"), load_all(out / "transformer")
+    quantized_keys = {
+        k for k in theirs if ".weight." in k or (k.endswith(".weight") and theirs[k].dtype == torch.uint8)
+    }
+    assert len(quantized_keys) == 2 * 10 * 6  # 2 blocks x 10 Linears x 6 stored parts
+    for key in quantized_keys:
+        assert ours[key].dtype == theirs[key].dtype and torch.equal(ours[key], theirs[key]), key
+    for key in (
+        set(theirs) - quantized_keys
+    ):  # kept tensors: the same values (diffusers keeps some modules in fp32)
+        assert torch.equal(ours[key].to(theirs[key].dtype), theirs[key]), key
+    assert set(ours) == set(theirs)
+
+    loaded = diffusers.WanTransformer3DModel.from_pretrained(
+        out / "transformer", torch_dtype=torch.bfloat16, device_map={"": "cpu"}
+    ).eval()
+    import bitsandbytes as bnb
+
+    assert isinstance(loaded.blocks[0].ffn.net[2].weight, bnb.nn.Params4bit)
+    with torch.no_grad():
+        assert torch.equal(loaded(**_wan_inputs())[0], reference(**_wan_inputs())[0])
