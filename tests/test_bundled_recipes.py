@@ -76,7 +76,8 @@ def test_two_expert_recipes(make_wan, recipe):
             assert len(camera) == 2 * 4 + 3 and not camera & quantized
 
 
-def _diffusers_wan(path: Path, image_dim: int | None = None, seed: int = 0) -> Path:
+def _diffusers_wan(path: Path, image_dim: int | None = None, seed: int = 0, width: int = 32) -> Path:
+    """A tiny diffusers Wan; `width` (model dim, = text dim and ffn/2) 64 suits every format's shape rules."""
     diffusers = pytest.importorskip("diffusers")
     WanTransformer3DModel = diffusers.WanTransformer3DModel
 
@@ -84,16 +85,16 @@ def _diffusers_wan(path: Path, image_dim: int | None = None, seed: int = 0) -> P
     model = WanTransformer3DModel(
         patch_size=(1, 2, 2),
         num_attention_heads=2,
-        attention_head_dim=16,
+        attention_head_dim=width // 2,
         in_channels=4,
         out_channels=4,
-        text_dim=24,
+        text_dim=24 if width == 32 else width,
         freq_dim=16,
-        ffn_dim=64,
+        ffn_dim=2 * width,
         num_layers=2,
         cross_attn_norm=True,
         image_dim=image_dim,
-        added_kv_proj_dim=32 if image_dim else None,
+        added_kv_proj_dim=width if image_dim else None,
         rope_max_seq_len=32,
     ).to(torch.bfloat16)
     model.save_pretrained(path)
@@ -172,3 +173,43 @@ def test_dequantized_diffusers_forward_stays_close_to_bf16(tmp_path):
     print(f"forward SQNR {float(sqnr):.1f} dB, cosine {float(cosine):.5f}")
     assert sqnr > 30 and cosine > 0.999, (float(sqnr), float(cosine))
     assert not torch.equal(ref, got)  # the weights really were quantized
+
+
+WAN_ORIGINAL_ALL_BLOCK_LINEARS = re.compile(
+    r"blocks\.\d+\.((self_attn|cross_attn)\.(q|k|v|o|k_img|v_img)|ffn\.(0|2))"
+)
+WAN_DIFFUSERS_ALL_BLOCK_LINEARS = re.compile(
+    r"blocks\.\d+\.(attn[12]\.(to_q|to_k|to_v|to_out\.0|add_k_proj|add_v_proj)|ffn\.net\.(0\.proj|2))"
+)
+
+
+@pytest.mark.parametrize(
+    "recipe, layout, expected",
+    [
+        ("wan-torchao-fp8.yaml", "t2v", WAN_ORIGINAL_QUANTIZED),
+        ("wan-torchao-fp8.yaml", "i2v", WAN_ORIGINAL_QUANTIZED),
+        ("wan-nf4.yaml", "t2v", WAN_ORIGINAL_ALL_BLOCK_LINEARS),
+        ("wan-nf4.yaml", "i2v", WAN_ORIGINAL_ALL_BLOCK_LINEARS),
+        ("lingbot-world-nf4.yaml", "lingbot", WAN_ORIGINAL_ALL_BLOCK_LINEARS),
+    ],
+)
+def test_torchao_and_nf4_recipes_on_original_names(make_wan, recipe, layout, expected):
+    src = make_wan(layout)
+    for comp, quantized in _split(src, recipe).items():
+        linears = _linears(src / comp)
+        assert quantized == {m for m in linears if expected.fullmatch(m)}
+        assert not {m for m in quantized if "cam_" in m or "wancamctrl" in m or "c2ws" in m}
+
+
+@pytest.mark.parametrize(
+    "recipe, expected",
+    [
+        ("wan-diffusers-torchao-fp8.yaml", WAN_DIFFUSERS_QUANTIZED),
+        ("wan-diffusers-nf4.yaml", WAN_DIFFUSERS_ALL_BLOCK_LINEARS),
+    ],
+)
+def test_torchao_and_nf4_recipes_on_diffusers_names(tmp_path, recipe, expected):
+    src = tmp_path / "Wan-Diffusers"
+    _diffusers_wan(src / "transformer", image_dim=64, width=64)
+    linears = _linears(src / "transformer")
+    assert _split(src, recipe) == {"transformer": {m for m in linears if expected.fullmatch(m)}}

@@ -72,7 +72,7 @@ def test_parts_match_the_encoded_tensors():
     specs = nf4.parts((64, 128))
     parts = nf4.encode(torch.randn(64, 128))
     assert set(specs) == set(parts)
-    for key, (dtype, shape) in specs.items():
+    for key, (_, shape) in specs.items():
         if shape is None:  # the packed quant-state JSON: its length depends on the printed offset
             assert parts[key].dtype == torch.uint8 and parts[key].dim() == 1
         else:
