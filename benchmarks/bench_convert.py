@@ -14,7 +14,12 @@
      whole, written with ``safetensors.torch.save_file`` and fsynced (the converter fsyncs its
      shards too), one shard held at a time;
    * ``quantize convert SRC OUT --recipe wan-fp8.yaml --overwrite`` with the default 5GB shards,
-     with ``--max-shard-size 1GB``, and with ``--workers 1``.
+     with ``--max-shard-size 1GB``, and with ``--workers 1``;
+   * the other formats: ``--recipe wan-torchao-fp8.yaml`` and ``--recipe wan-nf4.yaml``;
+   * ``bitsandbytes quantize_4bit``, the peer for nf4 (this script's ``--bnb-nf4`` mode): each shard
+     read whole, every tensor wan-nf4.yaml quantizes passed through bitsandbytes' own
+     ``quantize_4bit(blocksize=64, compress_statistics=True, quant_type="nf4")`` in bf16, the shard
+     written with ``save_file`` and fsynced.
 
    Runs alternate baseline / converter (A B A C A D, ``--runs`` times over) so both see the same
    page-cache state; the source is read once beforehand so every run starts from a warm cache.
@@ -45,6 +50,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = "wan-fp8.yaml"
+TORCHAO_RECIPE = "wan-torchao-fp8.yaml"
+NF4_RECIPE = "wan-nf4.yaml"
+BNB_PEER = "bitsandbytes quantize_4bit (nf4 peer)"
 SOURCE_SHARD_BYTES = 10**9
 RSS_TARGET_BYTES = 10**9
 BASELINE = "read-and-write"
@@ -182,6 +190,38 @@ def read_and_write(src: Path, out: Path) -> None:
         fsync_file(dest)
 
 
+def bnb_nf4(src: Path, out: Path) -> None:
+    """The peer for nf4: bitsandbytes' own quantizer over the tensors wan-nf4.yaml quantizes, shard by shard."""
+    import bitsandbytes.functional as F
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from quantize.plan import make_plan
+    from quantize.recipes import load_recipe
+
+    (component,) = make_plan(src, load_recipe(NF4_RECIPE).recipe).components
+    targets = {t.name for t in component.quantized()}
+    for shard in source_shards(src):
+        dest = out / shard.relative_to(src)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tensors = {}
+        with safe_open(shard, framework="pt") as f:
+            for name in f.keys():
+                t = f.get_tensor(name)
+                if name not in targets:
+                    tensors[name] = t
+                    continue
+                packed, state = F.quantize_4bit(
+                    t.to(torch.bfloat16), blocksize=64, compress_statistics=True, quant_type="nf4"
+                )
+                tensors[name] = packed
+                tensors.update({f"{name}.{k}": v for k, v in state.as_dict(packed=True).items()})
+        save_file(tensors, dest)
+        del tensors
+        fsync_file(dest)
+
+
 def fsync_file(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -199,7 +239,7 @@ def quantize_command() -> list[str]:
     return [str(script)] if script.is_file() else [sys.executable, "-m", "quantize.cli"]
 
 
-def make_cases(src: Path, scratch: Path) -> tuple[Case, list[Case]]:
+def make_cases(src: Path, scratch: Path, formats: bool = True) -> tuple[Case, list[Case]]:
     copy = scratch / BASELINE
     baseline = Case(BASELINE, [sys.executable, __file__, "--read-and-write", str(src), str(copy)], copy)
     out = scratch / src.name.replace("-bf16", "-fp8")
@@ -210,6 +250,12 @@ def make_cases(src: Path, scratch: Path) -> tuple[Case, list[Case]]:
         Case("convert --max-shard-size 1GB", [*convert, "--max-shard-size", "1GB"], out),
         Case("convert --workers 1", [*convert, "--workers", "1"], out),
     ]
+    if formats:
+        for recipe in (TORCHAO_RECIPE, NF4_RECIPE):
+            argv = [*quantize_command(), "convert", str(src), str(out), "--recipe", recipe, "--overwrite"]
+            cases.append(Case(f"convert --recipe {recipe}", argv, out))
+        peer = scratch / "bnb-nf4"
+        cases.append(Case(BNB_PEER, [sys.executable, __file__, "--bnb-nf4", str(src), str(peer)], peer))
     return baseline, cases
 
 
@@ -338,12 +384,26 @@ def checkpoint_line(src: Path, preset: str) -> str:
 
 
 def rss_verdict(results: list[Result]) -> str:
-    converters = results[1:]
+    converters = [r for r in results if r.case.name.startswith("convert")]
     worst = max(converters, key=lambda r: r.peak_rss)
     met = worst.peak_rss <= RSS_TARGET_BYTES
     return (
         f"Converter peak RSS target <= {gb(RSS_TARGET_BYTES)} GB whatever the shard size: "
         f"{'met' if met else '**not met**'} (highest: {gb(worst.peak_rss)} GB, {worst.case.name})."
+    )
+
+
+def peer_note(results: list[Result]) -> str | None:
+    """nf4: our converter against bitsandbytes' own quantizer, medians of the same run."""
+    by_name = {r.case.name: r for r in results}
+    ours, peer = by_name.get(f"convert --recipe {NF4_RECIPE}"), by_name.get(BNB_PEER)
+    if not ours or not peer:
+        return None
+    return (
+        f"nf4: `quantize convert --recipe {NF4_RECIPE}` takes {ours.median_s:.1f} s against {peer.median_s:.1f} s "
+        f"for bitsandbytes' own quantizer on the same tensors ({peer.median_s / ours.median_s:.1f}x faster), "
+        "with bit-identical quantized tensors (tests/formats/test_nf4.py), and also hashes, verifies its layout "
+        "and measures the error of every tensor."
     )
 
 
@@ -373,7 +433,7 @@ def report(results: list[Result], src: Path, preset: str, data_dir: Path, comman
     table = markdown_table(table_rows(results, source_bytes(src)))
     when = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     lines = [
-        "## Convert: `quantize convert` vs. plain read-and-write",
+        "## Convert: every format vs. plain read-and-write (and bitsandbytes for nf4)",
         "",
         f"Measured {when} with:",
         "",
@@ -398,9 +458,9 @@ def report(results: list[Result], src: Path, preset: str, data_dir: Path, comman
         "(read once before the first run), both write to the same disk and fsync their output files; "
         "outputs are deleted between runs.",
     ]
-    note = startup_note(results)
-    if note:
-        lines.append(f"- {note}")
+    for note in (peer_note(results), startup_note(results)):
+        if note:
+            lines.append(f"- {note}")
     return "\n".join(lines)
 
 
@@ -431,6 +491,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data-dir", type=Path, default=REPO / "bench-data", help="checkpoints and scratch")
     p.add_argument("--write", type=Path, metavar="MARKDOWN", help="store the results section in this file")
     p.add_argument("--read-and-write", nargs=2, type=Path, metavar=("SRC", "OUT"), help="internal: baseline")
+    p.add_argument("--bnb-nf4", nargs=2, type=Path, metavar=("SRC", "OUT"), help="internal: the nf4 peer")
+    p.add_argument("--fp8-only", action="store_true", help="skip the torchao_fp8, nf4 and bitsandbytes cases")
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error("--runs must be at least 1")
@@ -442,6 +504,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.read_and_write:
         read_and_write(*args.read_and_write)
         return
+    if args.bnb_nf4:
+        bnb_nf4(*args.bnb_nf4)
+        return
     command = display_command([sys.executable, *sys.argv])
     data_dir = args.data_dir.absolute()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -451,7 +516,7 @@ def main(argv: list[str] | None = None) -> None:
     scratch.mkdir()
     try:
         warm_page_cache(src)
-        baseline, cases = make_cases(src, scratch)
+        baseline, cases = make_cases(src, scratch, formats=not args.fp8_only)
         results = benchmark(baseline, cases, args.runs, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -163,9 +163,17 @@ def decode(
     r0, r1 = rows or (0, out_features)
     start, end = r0 * in_features, r1 * in_features
     b0, b1 = start // BLOCKSIZE, -(-end // BLOCKSIZE)
-    # nested blocks run over the whole absmax vector (1/64 of the weight): decode it all, then slice
-    absmax = F.dequantize_blockwise(state.absmax, state.state2, blocksize=NESTED_BLOCKSIZE) + state.offset
-    absmax = absmax[b0:b1]
+    # the block absmaxes are themselves quantized in nested blocks of 256: decode the nested blocks covering [b0, b1)
+    n0, n1 = b0 // NESTED_BLOCKSIZE, -(-b1 // NESTED_BLOCKSIZE)
+    nested = F.QuantState(
+        absmax=state.state2.absmax[n0:n1],
+        code=state.state2.code,
+        blocksize=NESTED_BLOCKSIZE,
+        dtype=torch.float32,
+    )
+    coded = state.absmax[n0 * NESTED_BLOCKSIZE : n1 * NESTED_BLOCKSIZE]
+    absmax = F.dequantize_blockwise(coded, nested) + state.offset
+    absmax = absmax[b0 - n0 * NESTED_BLOCKSIZE : b1 - n0 * NESTED_BLOCKSIZE]
     packed = parts[WEIGHT].view(-1)[b0 * BLOCKSIZE // 2 : -(-b1 * BLOCKSIZE // 2)]
     codes = torch.stack([packed >> 4, packed & 0xF], dim=1).view(-1).int()
     values = state.code.index_select(0, codes)
