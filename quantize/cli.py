@@ -310,6 +310,66 @@ def convert_cmd(
         out.print(f"weight SQNR: min {min(sqnrs):.1f} dB, median {statistics.median(sqnrs):.1f} dB")
 
 
+@cli.command("verify")
+@click.argument("checkpoint", type=click.Path(path_type=Path))
+@click.option(
+    "--source",
+    type=click.Path(path_type=Path),
+    help="The source checkpoint: adds provenance and parity checks.",
+)
+@click.option(
+    "--forward", is_flag=True, help="Also compare one forward pass of the source and the quantized model."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--workers", type=int, default=None, help="Threads hashing and comparing [default: all cores].")
+def verify_cmd(
+    checkpoint: Path, source: Path | None, forward: bool, as_json: bool, workers: int | None
+) -> int:
+    """Prove CHECKPOINT: hashes and layout; with --source, provenance and per-tensor parity. Exit 1 if a check fails."""
+    from .verify import verify
+
+    progress = _progress("verify") if not as_json else None
+    try:
+        report = verify(checkpoint, source, forward=forward, workers=workers, progress=progress)
+    finally:
+        if progress is not None:
+            progress.stop()
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+        return 0 if report.ok else 1
+    table = Table(title=f"verify {escape(str(checkpoint))}", title_justify="left")
+    for col, just in (
+        ("category", "left"),
+        ("check", "left"),
+        ("passed", "right"),
+        ("failed", "right"),
+        ("", "left"),
+    ):
+        table.add_column(col, justify=just)
+    for row in report.to_dict()["checks"]:
+        mark = "[green]ok[/]" if row["ok"] else "[red]FAILED[/]"
+        table.add_row(row["category"], row["check"], str(row["passed"]), str(len(row["failures"])), mark)
+    out.print(table)
+    failures = [f for c in report.checks.values() for f in c.failures]
+    for failure in failures[:20]:
+        out.print(f"[red]x[/] {escape(failure)}", soft_wrap=True)
+    if len(failures) > 20:
+        out.print(f"... and {len(failures) - 20} more (--json lists them all)")
+    hashing = f"hashed {_gb(report.hashed_bytes)} at {_gb(report.hash_gbps * 1e9)}/s"
+    if report.ok:
+        scope = (
+            "integrity"
+            if source is None
+            else "integrity, provenance and parity" + (", forward" if forward else "")
+        )
+        out.print(f"[green]verified[/] {escape(str(checkpoint))}: {scope} checks passed ({hashing})")
+        return 0
+    out.print(
+        f"[red]verification failed[/]: {len(failures)} problem(s) in {escape(str(checkpoint))} ({hashing})"
+    )
+    return 1
+
+
 @cli.command("inspect")
 @click.argument("checkpoint", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
