@@ -1,0 +1,271 @@
+"""`quantize verify`: a good checkpoint passes; every fault is caught with the right message and exit code."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from tests.conftest import read_json, run_cli
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory, wan_tiny) -> Path:
+    out = tmp_path_factory.mktemp("verify") / "fp8"
+    run_cli("convert", wan_tiny, out, "--recipe", "wan-fp8.yaml", "--max-shard-size", "100KB", check=True)
+    return out
+
+
+@pytest.fixture
+def ckpt(converted, tmp_path) -> Path:
+    """A fresh copy of the converted checkpoint, to damage."""
+    copy = tmp_path / "ckpt"
+    shutil.copytree(converted, copy)
+    return copy
+
+
+def _verify(ckpt: Path, *args) -> tuple[int, dict, str]:
+    proc = run_cli("verify", ckpt, *args, "--json")
+    report = json.loads(proc.stdout) if proc.stdout.strip() else {}
+    return proc.returncode, report, proc.stderr
+
+
+def _failures(report: dict) -> dict[str, list[str]]:
+    return {c["check"]: c["failures"] for c in report["checks"] if not c["ok"]}
+
+
+def _shards(ckpt: Path) -> list[Path]:
+    return sorted(ckpt.glob("*.safetensors"))
+
+
+def _rehash(ckpt: Path, *paths: Path) -> None:
+    """Make the manifest agree with changed files, so that only the structural checks can object."""
+    manifest = read_json(ckpt / "quantize_manifest.json")
+    for entry in manifest["output_files"]:
+        p = ckpt / entry["path"]
+        if p in paths:
+            entry["size"] = p.stat().st_size
+            entry["sha256"] = hashlib.sha256(p.read_bytes()).hexdigest()
+    (ckpt / "quantize_manifest.json").write_text(json.dumps(manifest, indent=2))
+
+
+def _rewrite(shard: Path, mutate) -> None:
+    with safe_open(shard, framework="pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+        metadata = f.metadata()
+    mutate(tensors)
+    save_file(tensors, shard, metadata=metadata)
+
+
+def test_a_good_checkpoint_passes(converted, wan_tiny):
+    code, report, _ = _verify(converted)
+    assert code == 0 and report["ok"]
+    assert {c["category"] for c in report["checks"]} == {"integrity"}
+    code, report, _ = _verify(converted, "--source", wan_tiny)
+    assert code == 0 and report["ok"], _failures(report)
+    checks = {c["check"]: c["passed"] for c in report["checks"]}
+    assert checks["requantize"] == checks["weight SQNR"] == 18 and checks["kept tensors"] == 51
+    assert report["hashing"]["bytes"] == sum(
+        p.stat().st_size for p in converted.rglob("*") if p.is_file() and p.name != "quantize_manifest.json"
+    )
+
+
+def test_table_output_and_exit_code(converted, wan_tiny):
+    proc = run_cli("verify", converted, "--source", wan_tiny)
+    assert proc.returncode == 0 and "verified" in proc.stdout and "requantize" in proc.stdout
+
+
+def test_one_flipped_byte_in_any_shard_is_caught_and_named(ckpt):
+    for shard in _shards(ckpt):
+        raw = bytearray(shard.read_bytes())
+        raw[len(raw) * 2 // 3] ^= 0x01
+        shard.write_bytes(bytes(raw))
+        code, report, _ = _verify(ckpt)
+        assert code == 1
+        assert any(f.startswith(f"{shard.name}: SHA-256") for f in _failures(report)["file sha256"])
+        raw[len(raw) * 2 // 3] ^= 0x01
+        shard.write_bytes(bytes(raw))
+    assert _verify(ckpt)[0] == 0
+
+
+def test_flipped_byte_in_the_table_output(ckpt):
+    shard = _shards(ckpt)[0]
+    raw = bytearray(shard.read_bytes())
+    raw[-5] ^= 0x80
+    shard.write_bytes(bytes(raw))
+    proc = run_cli("verify", ckpt)
+    assert (
+        proc.returncode == 1
+        and f"{shard.name}: SHA-256" in proc.stdout
+        and "verification failed" in proc.stdout
+    )
+
+
+def test_truncated_shard(ckpt):
+    shard = _shards(ckpt)[1]
+    shard.write_bytes(shard.read_bytes()[:-100])
+    code, report, _ = _verify(ckpt)
+    failures = _failures(report)
+    assert code == 1
+    assert any(f.startswith(f"{shard.name}:") and "truncated" in f for f in failures["file size"])
+    assert any(shard.name in f and "truncated" in f for f in failures["headers and index"])
+
+
+def test_missing_shard(ckpt):
+    shard = _shards(ckpt)[0]
+    shard.unlink()
+    code, report, _ = _verify(ckpt)
+    failures = _failures(report)
+    assert code == 1
+    assert failures["file size"] == [f"{shard.name}: listed in the manifest but missing"]
+    assert any(
+        f"names shard '{shard.name}', which does not exist" in f for f in failures["headers and index"]
+    )
+
+
+def test_unlisted_shard(ckpt):
+    shutil.copy(_shards(ckpt)[0], ckpt / "extra.safetensors")
+    code, report, _ = _verify(ckpt)
+    assert code == 1 and _failures(report)["unlisted files"] == [
+        "extra.safetensors: not in the manifest (a stray or substituted file)"
+    ]
+
+
+def test_extra_key(ckpt, wan_tiny):
+    shard = _shards(ckpt)[0]
+    _rewrite(shard, lambda t: t.update({"blocks.0.smuggled": torch.zeros(3)}))
+    index = ckpt / "diffusion_pytorch_model.safetensors.index.json"
+    data = read_json(index)
+    data["weight_map"]["blocks.0.smuggled"] = shard.name
+    index.write_text(json.dumps(data))
+    _rehash(ckpt, shard, index)
+    code, report, _ = _verify(ckpt)
+    assert code == 1 and "tensor count" in _failures(report)
+    code, report, _ = _verify(ckpt, "--source", wan_tiny)
+    assert any("'blocks.0.smuggled' is not in the recipe's plan" in f for f in _failures(report)["keys"])
+
+
+def test_missing_key(ckpt, wan_tiny):
+    shard = _shards(ckpt)[-1]
+    with safe_open(shard, framework="pt") as f:
+        victim = next(k for k in f.keys() if k.endswith(".bias"))
+    _rewrite(shard, lambda t: t.pop(victim))
+    index = ckpt / "diffusion_pytorch_model.safetensors.index.json"
+    data = read_json(index)
+    del data["weight_map"][victim]
+    index.write_text(json.dumps(data))
+    _rehash(ckpt, shard, index)
+    code, report, _ = _verify(ckpt)
+    assert code == 1 and "tensor count" in _failures(report)
+    code, report, _ = _verify(ckpt, "--source", wan_tiny)
+    assert any(f"tensor {victim!r} is missing" in f for f in _failures(report)["keys"])
+
+
+def test_wrong_dtype(ckpt):
+    for shard in _shards(ckpt):
+        with safe_open(shard, framework="pt") as f:
+            scale = next((k for k in f.keys() if k.endswith(".weight_scale")), None)
+        if scale:
+            break
+    _rewrite(shard, lambda t: t.update({scale: t[scale].to(torch.bfloat16)}))
+    _rehash(ckpt, shard)
+    code, report, _ = _verify(ckpt)
+    assert code == 1
+    assert any(
+        f"tensor '{scale}' is BF16" in f and "fp8_channel requires F32" in f
+        for f in _failures(report)["tensor layout"]
+    )
+
+
+def test_index_pointing_at_a_missing_file(ckpt):
+    index = ckpt / "diffusion_pytorch_model.safetensors.index.json"
+    data = read_json(index)
+    key = next(iter(data["weight_map"]))
+    data["weight_map"][key] = "diffusion_pytorch_model-00009-of-00009.safetensors"
+    index.write_text(json.dumps(data))
+    _rehash(ckpt, index)
+    code, report, _ = _verify(ckpt)
+    assert code == 1
+    assert any(
+        "names shard 'diffusion_pytorch_model-00009-of-00009.safetensors', which does not exist" in f
+        for f in _failures(report)["headers and index"]
+    )
+
+
+def test_edited_manifest(ckpt, wan_tiny):
+    manifest = read_json(ckpt / "quantize_manifest.json")
+    key = next(iter(manifest["tensors"]))
+    manifest["tensors"][key]["sqnr_db"] = 99.0  # a prettier figure than measured
+    manifest["recipe"]["text"] = manifest["recipe"]["text"].replace("min_sqnr_db: 25", "min_sqnr_db: 5")
+    (ckpt / "quantize_manifest.json").write_text(json.dumps(manifest))
+    code, report, _ = _verify(ckpt, "--source", wan_tiny)
+    failures = _failures(report)
+    assert code == 1
+    assert failures["recipe"] == [
+        "quantize_manifest.json: the recipe text does not match its SHA-256 (edited manifest)"
+    ]
+    assert any(key.split("/", 1)[1] in f for f in failures["recorded error"])
+    manifest["output_files"][0]["sha256"] = "0" * 64
+    (ckpt / "quantize_manifest.json").write_text(json.dumps(manifest))
+    assert _failures(_verify(ckpt)[1])["file sha256"]
+
+
+def test_changed_source(converted, wan_tiny, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(wan_tiny, src)
+    shard = sorted(src.glob("*.safetensors"))[0]
+    _rewrite(shard, lambda t: t.update({k: t[k] + 1 for k in list(t)[:1]}))
+    code, report, _ = _verify(converted, "--source", src)
+    failures = _failures(report)
+    assert code == 1
+    assert any(
+        f.startswith(str(shard)) and "not the source the checkpoint was made from" in f
+        for f in failures["source sha256"]
+    )
+
+
+def test_threshold_exceeded(wan_tiny, tmp_path):
+    recipe = tmp_path / "strict.yaml"
+    recipe.write_text(
+        "format: fp8_channel\ntargets: ['blocks\\.\\d+\\.ffn\\.0']\nchecks: {min_sqnr_db: 60, min_cosine: 0.999999}\n"
+    )
+    out = tmp_path / "out"
+    run_cli("convert", wan_tiny, out, "-r", recipe, check=True)
+    code, report, _ = _verify(out, "--source", wan_tiny)
+    failures = _failures(report)
+    assert code == 1 and len(failures["weight SQNR"]) == 2 and len(failures["weight cosine"]) == 2
+    assert "below the recipe's min_sqnr_db 60" in failures["weight SQNR"][0]
+
+
+def test_nf4_and_torchao_checkpoints_verify(make_wan, tmp_path):
+    src = make_wan("t2v")
+    for recipe in ("wan-nf4.yaml", "wan-torchao-fp8.yaml"):
+        out = tmp_path / recipe
+        run_cli("convert", src, out, "-r", recipe, check=True)
+        code, report, _ = _verify(out, "--source", src)
+        assert code == 0 and report["ok"], _failures(report)
+
+
+@pytest.mark.parametrize(
+    "setup, message",
+    [
+        (lambda c: shutil.rmtree(c), "checkpoint directory not found"),
+        (lambda c: (c / "quantize_manifest.json").unlink(), "quantize_manifest.json: not found"),
+        (lambda c: (c / "quantize_manifest.json").write_text("{"), "invalid manifest"),
+    ],
+)
+def test_unusable_input_exits_2(ckpt, setup, message):
+    setup(ckpt)
+    proc = run_cli("verify", ckpt)
+    assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_forward_needs_a_source(converted):
+    proc = run_cli("verify", converted, "--forward")
+    assert proc.returncode == 2 and "give --source too" in proc.stderr
