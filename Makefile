@@ -24,6 +24,7 @@ demo: setup
 	$(BIN)/quantize recipes
 	$(BIN)/quantize plan $(DEMO)/Wan2.1-T2V-small --recipe wan-fp8.yaml
 	$(BIN)/quantize convert $(DEMO)/Wan2.1-T2V-small $(DEMO)/Wan2.1-T2V-small-fp8 --recipe wan-fp8.yaml
+	$(BIN)/quantize verify $(DEMO)/Wan2.1-T2V-small-fp8 --source $(DEMO)/Wan2.1-T2V-small
 	$(BIN)/quantize inspect $(DEMO)/Wan2.1-T2V-small-fp8
 
 test: setup

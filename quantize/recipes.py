@@ -45,6 +45,7 @@ class Checks(_Strict):
 
     min_sqnr_db: float | None = None
     min_cosine: float | None = Field(default=None, ge=-1.0, le=1.0)
+    min_forward_sqnr_db: float | None = None  # `verify --forward`; 20 dB when not set
 
 
 class Recipe(_Strict):

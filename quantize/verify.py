@@ -38,6 +38,7 @@ from . import dtypes
 from .checkpoint import CONFIG_NAME, INDEX_SUFFIX, Component, TensorInfo, open_component, read_rows
 from .errors import InputError, QuantizeError
 from .formats import Format, get_format, part_key
+from .forward import check_forward, require_known_models
 from .hashing import sha256_file
 from .manifest import MANIFEST_NAME, RECIPE_NAME, ComponentEntry, Manifest, TensorEntry, read_manifest
 from .plan import TensorPlan, make_plan
@@ -47,7 +48,6 @@ from .recipes import Recipe, parse_recipe
 __all__ = ["verify", "Report", "CheckResult", "CATEGORIES"]
 
 CATEGORIES = ("integrity", "provenance", "parity", "forward")
-DEFAULT_MIN_FORWARD_SQNR_DB = 20.0
 
 
 @dataclass
@@ -139,6 +139,8 @@ def verify(
         raise InputError(f"{source}: source directory not found")
     if forward and source is None:
         raise InputError("--forward compares against the source model: give --source too")
+    if forward:
+        require_known_models(Path(source), parse_recipe(manifest.recipe.text, f"{MANIFEST_NAME} recipe"))
     progress = progress or _NoProgress()
     # bytes: output files hashed; with a source, its files hashed and its tensors compared as well
     total = sum(f.size for f in manifest.output_files)
@@ -163,8 +165,6 @@ def verify(
             if fmt is not None and recipe is not None:
                 _check_parity(source, recipe, components, fmt, manifest, report, pool, progress)
                 if forward:
-                    from .forward import check_forward
-
                     check_forward(source, checkpoint, recipe, fmt, report)
     return report
 

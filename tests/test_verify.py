@@ -269,3 +269,43 @@ def test_unusable_input_exits_2(ckpt, setup, message):
 def test_forward_needs_a_source(converted):
     proc = run_cli("verify", converted, "--forward")
     assert proc.returncode == 2 and "give --source too" in proc.stderr
+
+
+def _diffusers_source(tmp_path: Path) -> Path:
+    from tests.test_bundled_recipes import _diffusers_wan
+
+    src = tmp_path / "Wan-Diffusers"
+    _diffusers_wan(src / "transformer", width=64)
+    return src
+
+
+@pytest.mark.parametrize(
+    "recipe", ["wan-diffusers-fp8.yaml", "wan-diffusers-nf4.yaml", "wan-diffusers-torchao-fp8.yaml"]
+)
+def test_forward_parity(tmp_path, recipe):
+    pytest.importorskip("diffusers")
+    src = _diffusers_source(tmp_path)
+    out = tmp_path / "out"
+    run_cli("convert", src, out, "-r", recipe, check=True)
+    code, report, _ = _verify(out, "--source", src, "--forward")
+    assert code == 0 and report["ok"], _failures(report)
+    assert {c["check"]: c["passed"] for c in report["checks"]}["output SQNR"] == 1
+
+
+def test_forward_threshold_exceeded(tmp_path):
+    pytest.importorskip("diffusers")
+    src = _diffusers_source(tmp_path)
+    recipe = tmp_path / "strict.yaml"
+    recipe.write_text(
+        "format: nf4\ncomponents: [transformer]\ntargets: ['blocks\\.\\d+\\.ffn\\.net\\.2']\nchecks: {min_forward_sqnr_db: 90}\n"
+    )
+    out = tmp_path / "out"
+    run_cli("convert", src, out, "-r", recipe, check=True)
+    code, report, _ = _verify(out, "--source", src, "--forward")
+    assert code == 1
+    assert "WanTransformer3DModel forward output SQNR" in _failures(report)["output SQNR"][0]
+
+
+def test_forward_refuses_a_model_class_it_cannot_run(converted, wan_tiny):
+    proc = run_cli("verify", converted, "--source", wan_tiny, "--forward")
+    assert proc.returncode == 2 and "this config names 'WanModel'" in proc.stderr
