@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH_VERSION := 2.13.0
 DEMO := demo-data
 
-.PHONY: setup demo test bench bench-large lint clean
+.PHONY: setup demo test bench lint clean
 
 setup: $(VENV)/.installed
 
@@ -32,6 +32,7 @@ test: setup
 
 bench: setup
 	$(BIN)/python benchmarks/bench_convert.py --preset 1.3b --write docs/BENCHMARKS.md
+	$(BIN)/python benchmarks/bench_verify.py --preset 1.3b --write docs/BENCHMARKS.md
 
 lint: setup
 	$(BIN)/ruff check quantize tests benchmarks

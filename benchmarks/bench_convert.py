@@ -464,13 +464,14 @@ def report(results: list[Result], src: Path, preset: str, data_dir: Path, comman
     return "\n".join(lines)
 
 
-def update_section(doc: Path, body: str) -> None:
+def update_section(doc: Path, body: str, markers: tuple[str, str] = (START, END)) -> None:
     """Replace the text between the markers (or append a marked section), leaving the rest alone."""
+    begin, finish = markers
     text = doc.read_text() if doc.exists() else DOC_HEADER
-    block = f"{START}\n{body.rstrip()}\n{END}"
-    start, end = text.find(START), text.find(END)
+    block = f"{begin}\n{body.rstrip()}\n{finish}"
+    start, end = text.find(begin), text.find(finish)
     if 0 <= start < end:
-        text = text[:start] + block + text[end + len(END) :]
+        text = text[:start] + block + text[end + len(finish) :]
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     doc.parent.mkdir(parents=True, exist_ok=True)
