@@ -331,9 +331,9 @@ def table_rows(results: list[Result], src_bytes: int) -> list[list[str]]:
     return rows
 
 
-def markdown_table(rows: list[list[str]]) -> str:
-    right = [False, True, True, True, True, True, True]
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---:" if r else "---" for r in right) + "|"]
+def markdown_table(rows: list[list[str]], columns: list[str] = COLUMNS) -> str:
+    """A Markdown table: the first column left-aligned, the others right-aligned."""
+    lines = ["| " + " | ".join(columns) + " |", "|---|" + "---:|" * (len(columns) - 1)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
 

@@ -98,9 +98,15 @@ def main(argv: list[str] | None = None) -> None:
                 rates[name].append(report["hashing"]["gb_per_s"])
             log(f"run {run}/{args.runs} {name}: {wall:.2f} s, {gb(peak)} GB RSS")
     base = statistics.median(times["sha256sum (coreutils), same files"])
-    rows = [
-        ["case", "runs", "time min / median / max (s)", "ratio to sha256sum", "peak RSS (GB)", "hashing GB/s"]
+    columns = [
+        "case",
+        "runs",
+        "time min / median / max (s)",
+        "ratio to sha256sum",
+        "peak RSS (GB)",
+        "hashing GB/s",
     ]
+    rows = []
     for name in cases:
         t = times[name]
         rate = (
@@ -118,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
                 rate,
             ]
         )
-    table = markdown_table(rows)
+    table = markdown_table(rows, columns)
     print(table)
     if args.write:
         when = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
