@@ -94,8 +94,8 @@ def read_header(path: Path) -> SafetensorsHeader:
     except OSError as e:
         raise InputError(f"{path}: cannot read: {e.strerror or e}") from None
     try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        header = json.loads(raw, object_pairs_hook=_no_duplicate_keys)
+    except (UnicodeDecodeError, ValueError) as e:
         raise InputError(f"{path}: header is not valid JSON ({e})") from None
     if not isinstance(header, dict):
         raise InputError(f"{path}: header is not a JSON object")
@@ -145,6 +145,16 @@ def _tensor_info(path: Path, name: str, entry: object, data_start: int) -> Tenso
             f"{path}: tensor {name!r} spans {end - begin} bytes but {dt}{shape} needs {numel * row.itemsize}"
         )
     return TensorInfo(name, dt, tuple(shape), path, data_start + begin, data_start + end)
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object hook that refuses a key given twice (plain json keeps the last one silently)."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} appears twice")
+        out[key] = value
+    return out
 
 
 def confined_path(root: Path, relative: str, what: str) -> Path:
@@ -248,8 +258,8 @@ def _shards_without_index(comp_dir: Path) -> tuple[list[Path], str]:
 
 def _shards_from_index(comp_dir: Path, index_path: Path) -> tuple[list[Path], dict[str, str]]:
     try:
-        index = json.loads(index_path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        index = json.loads(index_path.read_text(), object_pairs_hook=_no_duplicate_keys)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
         raise InputError(f"{index_path}: not a readable JSON index ({e})") from None
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:

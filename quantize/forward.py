@@ -20,7 +20,7 @@ import torch
 from .checkpoint import CONFIG_NAME, Component, open_component, read_tensor
 from .errors import InputError
 from .formats import Format, part_key
-from .plan import ComponentPlan, make_plan
+from .plan import ComponentPlan, Plan
 from .recipes import Recipe
 
 __all__ = ["MODEL_INPUTS", "check_forward", "require_known_models", "DEFAULT_MIN_FORWARD_SQNR_DB"]
@@ -83,32 +83,35 @@ def require_known_models(source: Path, recipe: Recipe) -> None:
         raise InputError("--forward needs diffusers: pip install 'dit-quantize[diffusers]'") from None
 
 
-def check_forward(source: Path, checkpoint: Path, recipe: Recipe, fmt: Format, report) -> None:
-    import diffusers
-
+def check_forward(plan: Plan, checkpoint: Path, recipe: Recipe, fmt: Format, report) -> None:
+    """Record one `forward/output SQNR` check per component of `plan` (the source's plan under `recipe`)."""
     threshold = recipe.checks.min_forward_sqnr_db
     threshold = DEFAULT_MIN_FORWARD_SQNR_DB if threshold is None else threshold
-    for cp in make_plan(source, recipe).components:
+    for cp in plan.components:
         name = _class_name(cp.component.dir)
-        model_cls = getattr(diffusers, name)
-        reference = model_cls.from_pretrained(cp.component.dir, torch_dtype=torch.float32).eval()
-        quantized = model_cls.from_config(reference.config).to(torch.float32).eval()
-        quantized.load_state_dict(
-            _dequantized_state(cp, open_component(checkpoint, cp.rel), fmt), strict=True
-        )
-        inputs = MODEL_INPUTS[name](dict(reference.config), torch.Generator().manual_seed(0))
-        with torch.no_grad():
-            want = reference(**inputs)[0].float()
-            got = quantized(**inputs)[0].float()
-        noise = float((want - got).pow(2).sum())
-        sqnr = math.inf if noise == 0 else 10 * math.log10(float(want.pow(2).sum()) / noise)
-        report.record(
-            "forward",
-            "output SQNR",
-            sqnr >= threshold,
-            f"{cp.rel}: {name} forward output SQNR {sqnr:.2f} dB below min_forward_sqnr_db {threshold}",
-        )
-        del reference, quantized
+        try:
+            sqnr = _forward_sqnr(cp, name, checkpoint, fmt)
+        except Exception as e:  # a model that will not build or run is a failed check, with its reason
+            report.fail("forward", "output SQNR", f"{cp.rel}: {name} forward failed: {type(e).__name__}: {e}")
+            continue
+        ok = sqnr >= threshold
+        message = f"{cp.rel}: {name} forward output SQNR {sqnr:.2f} dB below min_forward_sqnr_db {threshold}"
+        report.record("forward", "output SQNR", ok, "" if ok else message)
+
+
+def _forward_sqnr(cp: ComponentPlan, name: str, checkpoint: Path, fmt: Format) -> float:
+    import diffusers
+
+    model_cls = getattr(diffusers, name)
+    reference = model_cls.from_pretrained(cp.component.dir, torch_dtype=torch.float32).eval()
+    quantized = model_cls.from_config(reference.config).to(torch.float32).eval()
+    quantized.load_state_dict(_dequantized_state(cp, open_component(checkpoint, cp.rel), fmt), strict=True)
+    inputs = MODEL_INPUTS[name](dict(reference.config), torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = reference(**inputs)[0].float()
+        got = quantized(**inputs)[0].float()
+    noise = float((want - got).pow(2).sum())
+    return math.inf if noise == 0 else 10 * math.log10(float(want.pow(2).sum()) / noise)
 
 
 def _dequantized_state(cp: ComponentPlan, stored: Component, fmt: Format) -> dict[str, torch.Tensor]:

@@ -48,7 +48,10 @@ class ErrorStats:
         err = dq.sub_(w)
         self.noise += float(torch.linalg.vector_norm(err)) ** 2
         lo, hi = torch.aminmax(err)
-        self.max_abs = max(self.max_abs, -float(lo), float(hi))
+        chunk_max = max(-float(lo), float(hi)) if not bool(torch.isnan(lo) | torch.isnan(hi)) else math.nan
+        self.max_abs = (
+            math.nan if math.isnan(chunk_max) or math.isnan(self.max_abs) else max(self.max_abs, chunk_max)
+        )
 
     @property
     def sqnr_db(self) -> float | None:
@@ -63,9 +66,12 @@ class ErrorStats:
     def cosine(self) -> float:
         """<w, dq> / (|w| |dq|), with <w, dq> = (|w|^2 + |dq|^2 - |w - dq|^2) / 2."""
         denom = math.sqrt(self.signal * self.decoded)
+        if math.isnan(denom):
+            return math.nan
         if denom == 0:
             return 1.0 if self.signal == self.decoded else 0.0
-        return min(1.0, (self.signal + self.decoded - self.noise) / (2 * denom))
+        value = (self.signal + self.decoded - self.noise) / (2 * denom)
+        return value if math.isnan(value) else min(1.0, value)
 
 
 def row_chunks(rows: int, row_elems: int, chunk_bytes: int | None = None) -> list[tuple[int, int]]:

@@ -309,3 +309,153 @@ def test_forward_threshold_exceeded(tmp_path):
 def test_forward_refuses_a_model_class_it_cannot_run(converted, wan_tiny):
     proc = run_cli("verify", converted, "--source", wan_tiny, "--forward")
     assert proc.returncode == 2 and "this config names 'WanModel'" in proc.stderr
+
+
+# --- the same faults, through the library (faster), and the ones the review found ---------------
+
+
+def _lib_failures(ckpt: Path, source: Path | None = None) -> dict[str, list[str]]:
+    from quantize.verify import verify
+
+    report = verify(ckpt, source, workers=2)
+    return {c.name: c.failures for c in report.checks.values() if not c.ok}
+
+
+def _first_with(ckpt: Path, suffix: str) -> tuple[Path, str]:
+    for shard in _shards(ckpt):
+        with safe_open(shard, framework="pt") as f:
+            key = next((k for k in f.keys() if k.endswith(suffix)), None)
+        if key:
+            return shard, key
+    raise AssertionError(suffix)
+
+
+def test_an_all_zero_weight_verifies(tmp_path, wan_tiny):
+    src = tmp_path / "src"
+    shutil.copytree(wan_tiny, src)
+    shard = sorted(src.glob("*.safetensors"))[0]
+    with safe_open(shard, framework="pt") as f:
+        target = next(k for k in f.keys() if k.endswith("self_attn.o.weight") or k.endswith("ffn.0.weight"))
+    _rewrite(shard, lambda t: t.update({target: torch.zeros_like(t[target])}))
+    for recipe in ("wan-fp8.yaml", "wan-nf4.yaml"):
+        out = tmp_path / recipe
+        run_cli("convert", src, out, "-r", recipe, check=True)
+        assert _lib_failures(out, src) == {}
+
+
+def test_changed_quantized_bytes_fail_requantize_even_with_a_rehashed_manifest(ckpt, wan_tiny):
+    shard, key = _first_with(ckpt, ".weight_scale")
+    module = key.removesuffix(".weight_scale")
+    _rewrite(
+        shard,
+        lambda t: t.update(
+            {f"{module}.weight": (t[f"{module}.weight"].float() * 0.5).to(torch.float8_e4m3fn)}
+        ),
+    )
+    _rehash(ckpt, shard)
+    failures = _lib_failures(ckpt, wan_tiny)
+    assert any(f"-> {module}.weight" in f and "does not reproduce" in f for f in failures["requantize"])
+    assert "recorded error" in failures
+
+
+def test_changed_kept_tensor_fails(ckpt, wan_tiny):
+    shard, key = _first_with(ckpt, "norm3.bias")
+    _rewrite(shard, lambda t: t.update({key: t[key] + 1}))
+    _rehash(ckpt, shard)
+    failures = _lib_failures(ckpt, wan_tiny)
+    assert (
+        failures.keys() == {"kept tensors"}
+        and f"-> {key}: is not a bit-exact copy" in failures["kept tensors"][0]
+    )
+
+
+def test_nan_in_a_quantized_weight_fails_finite(ckpt, wan_tiny):
+    shard, key = _first_with(ckpt, ".weight_scale")
+    module = key.removesuffix(".weight_scale")
+
+    def poison(t):
+        w = t[f"{module}.weight"].view(torch.uint8).clone()
+        w[0, 0] = 0x7F  # e4m3fn NaN
+        t[f"{module}.weight"] = w.view(torch.float8_e4m3fn)
+
+    _rewrite(shard, poison)
+    _rehash(ckpt, shard)
+    failures = _lib_failures(ckpt, wan_tiny)
+    assert any(module in f for f in failures["weight finite"])
+
+
+def test_damaged_nf4_quant_state_is_a_failed_check_not_a_crash(make_wan, tmp_path):
+    src = make_wan("t2v")
+    out = tmp_path / "nf4"
+    run_cli("convert", src, out, "-r", "wan-nf4.yaml", check=True)
+    shard = sorted(out.glob("*.safetensors"))[0]
+    raw = bytearray(shard.read_bytes())
+    at = raw.rfind(b"nested_offset") + 20  # inside the packed quant-state JSON of the last weight
+    raw[at] = ord("x")
+    shard.write_bytes(bytes(raw))
+    proc = run_cli("verify", out, "--source", src, "--json")
+    report = json.loads(proc.stdout)
+    failures = _failures(report)
+    assert proc.returncode == 1 and any(
+        f.startswith(f"{shard.name}: SHA-256") for f in failures["file sha256"]
+    )
+    assert "decode" in failures or "requantize" in failures
+
+
+def test_edited_recipe_yaml(ckpt):
+    (ckpt / "recipe.yaml").write_text(
+        (ckpt / "recipe.yaml").read_text().replace("min_sqnr_db: 25", "min_sqnr_db: 1")
+    )
+    failures = _lib_failures(ckpt)
+    assert any(
+        f.startswith("recipe.yaml: missing, or not the recipe the manifest records")
+        for f in failures["recipe"]
+    )
+
+
+def test_duplicate_key_in_the_index(ckpt):
+    index = ckpt / "diffusion_pytorch_model.safetensors.index.json"
+    text = index.read_text()
+    first = text.index('"weight_map": {') + len('"weight_map": {')
+    key_line = text[first:].split("\n")[1]
+    index.write_text(text[:first] + "\n" + key_line + text[first:])  # the first entry, twice
+    _rehash(ckpt, index)
+    failures = _lib_failures(ckpt)
+    assert any("appears twice" in f for f in failures["headers and index"])
+
+
+def test_missing_expert(make_wan, tmp_path):
+    src = make_wan("a14b")
+    out = tmp_path / "out"
+    run_cli("convert", src, out, "-r", "wan2.2-a14b-fp8.yaml", check=True)
+    shutil.rmtree(out / "low_noise_model")
+    manifest = read_json(out / "quantize_manifest.json")
+    manifest["components"] = [c for c in manifest["components"] if c["path"] != "low_noise_model"]
+    manifest["output_files"] = [
+        f for f in manifest["output_files"] if not f["path"].startswith("low_noise_model/")
+    ]
+    manifest["tensors"] = {
+        k: v for k, v in manifest["tensors"].items() if not k.startswith("low_noise_model/")
+    }
+    (out / "quantize_manifest.json").write_text(json.dumps(manifest))
+    assert any("but the recipe names" in f for f in _lib_failures(out)["components"])
+    assert any("'low_noise_model' of the recipe is missing" in f for f in _lib_failures(out, src)["keys"])
+
+
+def test_torchao_metadata_removed(make_wan, tmp_path):
+    src = make_wan("t2v")
+    out = tmp_path / "out"
+    run_cli("convert", src, out, "-r", "wan-torchao-fp8.yaml", check=True)
+    shards = sorted(out.glob("*.safetensors"))
+    for shard in shards:
+        with safe_open(shard, framework="pt") as f:
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        save_file(tensors, shard, metadata={"format": "pt"})
+    _rehash(out, *shards)
+    assert any("lacks the torchao_fp8 entries" in f for f in _lib_failures(out, src)["shard metadata"])
+
+
+def test_a_source_without_any_of_the_files_is_unusable(converted, tmp_path):
+    (tmp_path / "elsewhere").mkdir()
+    proc = run_cli("verify", converted, "--source", tmp_path / "elsewhere")
+    assert proc.returncode == 2 and "holds none of the" in proc.stderr

@@ -43,6 +43,9 @@ __all__ = [
 NAME = "nf4"
 LIBRARIES: tuple[str, ...] = ("bitsandbytes",)  # recorded with their versions in the manifest
 ROW_SEPARABLE = False
+#: Parts that are code books, not data: bitsandbytes builds them with float32 arithmetic whose last bit
+#: can differ between CPU instruction sets, so `verify` compares them to within a float32 rounding.
+CODE_TABLES = ("weight.quant_map", "weight.nested_quant_map")
 BLOCKSIZE = 64
 NESTED_BLOCKSIZE = 256
 HP_DTYPE = torch.bfloat16
