@@ -27,6 +27,7 @@ import math
 
 import torch
 
+from ._quiet import silenced
 from .base import NonFiniteWeightError, PartSpec, UnsupportedShapeError
 
 __all__ = [
@@ -57,7 +58,8 @@ _CHUNK_ELEMS = BLOCKSIZE * 16384  # one million values a step: stays in cache, a
 
 @functools.cache
 def _bnb():
-    import bitsandbytes.functional as F
+    with silenced("bitsandbytes"):
+        import bitsandbytes.functional as F
 
     return F
 
