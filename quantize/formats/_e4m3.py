@@ -1,0 +1,25 @@
+"""float8_e4m3fn arithmetic shared by the two FP8 formats (they differ in how the scale is chosen)."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["FP8_DTYPE", "FP8_MAX", "dequantize_rows"]
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448.0
+_VALUES = torch.arange(256, dtype=torch.uint8).view(FP8_DTYPE).float()  # bit pattern -> value
+
+
+def dequantize_rows(
+    q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, rows: tuple[int, int] | None = None
+) -> torch.Tensor:
+    """q.float() * scale (one scale per row), cast to `dtype`; only `rows` [r0, r1) if given.
+
+    The float8 values come from a 256-entry table: exact, and several times faster on the CPU
+    than torch's float8 -> float32 cast.
+    """
+    if rows is not None:
+        q, scale = q[rows[0] : rows[1]], scale[rows[0] : rows[1]]
+    values = _VALUES.index_select(0, q.reshape(-1).view(torch.uint8).int()).view(q.shape)
+    return values.mul_(scale).to(dtype)
