@@ -40,14 +40,14 @@ _state = {"debug": False}
 
 
 class _RichProgress:
-    """A progress bar with bytes, tensors, rate and ETA, for a terminal."""
+    """A progress bar with bytes, items (tensors, files), rate and ETA, for a terminal."""
 
-    def __init__(self, label: str):
+    def __init__(self, label: str, unit: str):
         self._bar = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
             DownloadColumn(binary_units=False),
-            TextColumn("{task.fields[tensors]}/{task.fields[total_tensors]} tensors"),
+            TextColumn("{task.fields[items]}/{task.fields[total_items]} " + unit),
             TransferSpeedColumn(),
             TimeRemainingColumn(),
             console=err,
@@ -56,18 +56,16 @@ class _RichProgress:
         self._label = label
         self._task = None
         self._lock = threading.Lock()
-        self._tensors = 0
+        self._items = 0
 
-    def start(self, total_bytes: int, total_tensors: int) -> None:
+    def start(self, total_bytes: int, total_items: int) -> None:
         self._bar.start()
-        self._task = self._bar.add_task(
-            self._label, total=total_bytes, tensors=0, total_tensors=total_tensors
-        )
+        self._task = self._bar.add_task(self._label, total=total_bytes, items=0, total_items=total_items)
 
-    def advance(self, nbytes: int, tensors: int = 1) -> None:
+    def advance(self, nbytes: int, items: int = 1) -> None:
         with self._lock:
-            self._tensors += tensors
-            self._bar.update(self._task, advance=nbytes, tensors=self._tensors)
+            self._items += items
+            self._bar.update(self._task, advance=nbytes, items=self._items)
 
     def note(self, text: str) -> None:
         pass
@@ -79,31 +77,31 @@ class _RichProgress:
 class _PlainProgress:
     """Plain progress lines (every 10% or 10 s), for logs and pipes."""
 
-    def __init__(self, label: str):
-        self._label = label
+    def __init__(self, label: str, unit: str):
+        self._label, self._unit = label, unit
         self._lock = threading.Lock()
-        self._done = self._tensors = 0
-        self._total = self._total_tensors = 0
+        self._done = self._items = 0
+        self._total = self._total_items = 0
         self._t0 = self._last_t = time.monotonic()
         self._last_pct = 0
 
-    def start(self, total_bytes: int, total_tensors: int) -> None:
-        self._total, self._total_tensors = total_bytes, total_tensors
+    def start(self, total_bytes: int, total_items: int) -> None:
+        self._total, self._total_items = total_bytes, total_items
         self._t0 = self._last_t = time.monotonic()
-        err.print(f"{self._label}: {total_tensors} tensors, {_gb(total_bytes)}")
+        err.print(f"{self._label}: {total_items} {self._unit}, {_gb(total_bytes)}")
 
-    def advance(self, nbytes: int, tensors: int = 1) -> None:
+    def advance(self, nbytes: int, items: int = 1) -> None:
         with self._lock:
             self._done += nbytes
-            self._tensors += tensors
+            self._items += items
             now = time.monotonic()
             pct = 100 * self._done // max(1, self._total)
-            if pct >= self._last_pct + 10 or now - self._last_t >= 10 or self._tensors == self._total_tensors:
+            if pct >= self._last_pct + 10 or now - self._last_t >= 10 or self._items == self._total_items:
                 rate = self._done / max(now - self._t0, 1e-9)
                 eta = (self._total - self._done) / rate if rate else 0
                 err.print(
                     f"{self._label}: {pct:3d}%  {_gb(self._done)}/{_gb(self._total)}  "
-                    f"{self._tensors}/{self._total_tensors} tensors  {_gb(rate)}/s  ETA {eta:.0f}s"
+                    f"{self._items}/{self._total_items} {self._unit}  {_gb(rate)}/s  ETA {eta:.0f}s"
                 )
                 self._last_pct, self._last_t = pct, now
 
@@ -114,8 +112,8 @@ class _PlainProgress:
         pass
 
 
-def _progress(label: str):
-    return _RichProgress(label) if err.is_terminal else _PlainProgress(label)
+def _progress(label: str, unit: str = "tensors"):
+    return _RichProgress(label, unit) if err.is_terminal else _PlainProgress(label, unit)
 
 
 def _gb(n: float) -> str:
@@ -328,7 +326,7 @@ def verify_cmd(
     """Prove CHECKPOINT: hashes and layout; with --source, provenance and per-tensor parity. Exit 1 if a check fails."""
     from .verify import verify
 
-    progress = _progress("verify") if not as_json else None
+    progress = _progress("verify", "files and tensors") if not as_json else None
     try:
         report = verify(checkpoint, source, forward=forward, workers=workers, progress=progress)
     finally:

@@ -20,7 +20,6 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Protocol
 
 import torch
 
@@ -40,6 +39,7 @@ from .manifest import (
 )
 from .output import check_output_location, publish, staging_dir, write_file
 from .plan import ComponentPlan, Plan, TensorPlan, make_plan
+from .progress import NoProgress, Progress
 from .quantizer import ErrorStats, write_tensor
 from .recipes import LoadedRecipe, dump_recipe, load_recipe
 from .writer import ShardWriter
@@ -49,20 +49,6 @@ __all__ = ["convert", "Progress", "parse_size", "DEFAULT_MAX_SHARD_SIZE"]
 DEFAULT_MAX_SHARD_SIZE = 5 * 10**9
 _SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 _SIZE_UNITS |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
-
-class Progress(Protocol):
-    """What `convert` reports while it works; calls may come from several threads."""
-
-    def start(self, total_bytes: int, total_tensors: int) -> None: ...
-    def advance(self, nbytes: int, tensors: int = 1) -> None: ...
-    def note(self, text: str) -> None: ...
-
-
-class _NoProgress:
-    def start(self, total_bytes: int, total_tensors: int) -> None: ...
-    def advance(self, nbytes: int, tensors: int = 1) -> None: ...
-    def note(self, text: str) -> None: ...
 
 
 def parse_size(text: str | int) -> int:
@@ -111,7 +97,7 @@ def convert(
             raise InputError(
                 f"{cp.component.config_path}: has a quantization_config already: the source is quantized"
             )
-    progress = progress or _NoProgress()
+    progress = progress or NoProgress()
     progress.start(plan.source_bytes, plan.tensor_count)
     try:
         with staging_dir(out) as tmp:

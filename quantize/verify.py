@@ -42,6 +42,7 @@ from .forward import check_forward, require_known_models
 from .hashing import sha256_file
 from .manifest import MANIFEST_NAME, RECIPE_NAME, ComponentEntry, Manifest, TensorEntry, read_manifest
 from .plan import Plan, TensorPlan, make_plan
+from .progress import NoProgress, Progress
 from .quantizer import ErrorStats, row_chunks
 from .recipes import Recipe, parse_recipe
 
@@ -118,19 +119,13 @@ class Report:
         }
 
 
-class _NoProgress:
-    def start(self, total_bytes: int, total_tensors: int) -> None: ...
-    def advance(self, nbytes: int, tensors: int = 1) -> None: ...
-    def note(self, text: str) -> None: ...
-
-
 def verify(
     checkpoint: str | Path,
     source: str | Path | None = None,
     *,
     forward: bool = False,
     workers: int | None = None,
-    progress=None,
+    progress: Progress | None = None,
 ) -> Report:
     """Run every check that the given inputs allow; see the module docstring.
 
@@ -149,7 +144,7 @@ def verify(
             raise InputError("--forward compares against the source model: give --source too")
         if recipe is not None:
             require_known_models(source, recipe)
-    progress = progress or _NoProgress()
+    progress = progress or NoProgress()
     progress.start(*_work_size(manifest, source is not None))
     workers = (os.cpu_count() or 1) if workers is None else workers
     report = Report(str(checkpoint), None if source is None else str(source))
@@ -158,9 +153,8 @@ def verify(
         _check_files(checkpoint, manifest, report, pool, progress)
         _check_recipe(checkpoint, manifest, recipe, report)
         components = {c.path: _open(checkpoint, c, report) for c in manifest.components}
-        damaged: set[str] = (
-            set()
-        )  # manifest keys ("<component>/<tensor>") whose stored parts do not fit the format
+        # manifest keys ("<component>/<tensor>") whose stored parts do not fit the format: parity skips them
+        damaged: set[str] = set()
         if fmt is not None:
             for entry in manifest.components:
                 if components[entry.path] is not None:
