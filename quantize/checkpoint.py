@@ -176,6 +176,7 @@ class Component:
     index_path: Path | None
     stem: str  # shard name stem, e.g. "diffusion_pytorch_model"
     config: dict | None
+    metadata: dict[Path, dict[str, str]]  # each shard's __metadata__
 
     @property
     def dir(self) -> Path:
@@ -213,9 +214,12 @@ def open_component(root: Path, rel: str = ".") -> Component:
         index_path, owner = None, None
         shards, stem = _shards_without_index(comp_dir)
     tensors: dict[str, TensorInfo] = {}
+    metadata: dict[Path, dict[str, str]] = {}
     for p in shards:
         shard_name = p.relative_to(comp_dir).as_posix()
-        for name, info in read_header(p).tensors.items():
+        header = read_header(p)
+        metadata[p] = header.metadata
+        for name, info in header.tensors.items():
             if name in tensors:
                 raise InputError(
                     f"{comp_dir}: tensor {name!r} is in both {tensors[name].file.name} and {p.name}"
@@ -230,7 +234,8 @@ def open_component(root: Path, rel: str = ".") -> Component:
             raise InputError(f"{index_path}: tensor {missing[0]!r} is listed in the index but in no shard")
     if not tensors:
         raise InputError(f"{comp_dir}: the checkpoint holds no tensors")
-    return Component(root, rel, shards, tensors, index_path, stem, _read_config(comp_dir / CONFIG_NAME))
+    config = _read_config(comp_dir / CONFIG_NAME)
+    return Component(root, rel, shards, tensors, index_path, stem, config, metadata)
 
 
 def _shards_without_index(comp_dir: Path) -> tuple[list[Path], str]:

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from . import dtypes
-from .checkpoint import Component, confined_path, open_component, read_header, read_rows, read_tensor
+from .checkpoint import Component, confined_path, open_component, read_rows, read_tensor
 from .errors import InputError, QuantizeError
 from .formats import Format, get_format, part_key
 from .forward import check_forward, require_known_models
@@ -229,7 +229,7 @@ def _format(manifest: Manifest, report: Report) -> Format | None:
 # --- integrity ---------------------------------------------------------------------------------
 
 
-def _timed_sha256(path: Path) -> tuple[str, int]:
+def _sha256_and_size(path: Path) -> tuple[str, int]:
     return sha256_file(path), path.stat().st_size
 
 
@@ -247,7 +247,7 @@ def _check_files(
         if _file_present(path, entry.path, entry.size, report):
             present.append((entry, path))
     t0 = time.perf_counter()
-    futures = [(entry, pool.submit(_timed_sha256, path)) for entry, path in present]
+    futures = [(entry, pool.submit(_sha256_and_size, path)) for entry, path in present]
     for entry, future in futures:
         digest, size = future.result()
         report.hashed_bytes += size
@@ -391,7 +391,7 @@ def _check_layout(
             "(a key was added or removed; --source names it)"
         ),
     )
-    metadata = [read_header(p).metadata for p in component.shards]
+    metadata = list(component.metadata.values())
     ok = all(m == metadata[0] for m in metadata)
     report.record(
         "integrity", "shard metadata", ok, "" if ok else f"{component.dir}: the shards' __metadata__ differ"
@@ -501,7 +501,7 @@ def _check_format_metadata(cp, stored: Component, fmt: Format, report: Report) -
     """The format's entries (torchao's tensor JSON, say) are in every shard's __metadata__, as written."""
     expected = fmt.checkpoint_metadata([(t.name, t.info.shape if t.quantize else None) for t in cp.tensors])
     for shard in stored.shards:
-        have = read_header(shard).metadata
+        have = stored.metadata[shard]
         ok = all(have.get(k) == v for k, v in expected.items())
         report.record(
             "parity",
