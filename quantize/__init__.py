@@ -2,12 +2,23 @@
 
 >>> from quantize import convert
 >>> # manifest = convert("Wan2.1-T2V-1.3B", "Wan2.1-T2V-1.3B-fp8", "wan-fp8.yaml")
+
+The entry points are imported on first use, so that `loaders` can use `quantize.formats` and
+`quantize.checkpoint` without pulling in the converter.
 """
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-from .convert import convert  # noqa: E402
-from .plan import make_plan  # noqa: E402
-from .recipes import load_recipe  # noqa: E402
+_LAZY = {"convert": ".convert", "make_plan": ".plan", "load_recipe": ".recipes"}
 
-__all__ = ["__version__", "convert", "make_plan", "load_recipe"]
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

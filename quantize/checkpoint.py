@@ -30,6 +30,7 @@ __all__ = [
     "open_component",
     "read_tensor",
     "read_rows",
+    "read_into",
     "copy_tensor_bytes",
     "confined_path",
     "tensor_bytes",
@@ -329,6 +330,20 @@ def read_rows(info: TensorInfo, row_start: int, row_end: int) -> torch.Tensor:
 def read_tensor(info: TensorInfo) -> torch.Tensor:
     """The whole tensor, read from disk into fresh memory (no memory map kept)."""
     return read_rows(info, 0, info.shape[0] if info.shape else 1)
+
+
+def read_into(info: TensorInfo, out: torch.Tensor) -> torch.Tensor:
+    """Read a tensor's stored bytes into `out`: a contiguous CPU tensor of its dtype and shape (pinned, say)."""
+    if out.dtype != dtypes.by_name(info.dtype).torch or tuple(out.shape) != info.shape:
+        raise ValueError(
+            f"{info.name}: cannot read {info.dtype}{list(info.shape)} into {out.dtype}{list(out.shape)}"
+        )
+    fd = os.open(info.file, os.O_RDONLY)
+    try:
+        _pread_into(fd, tensor_bytes(out), info.start, info.file)
+    finally:
+        os.close(fd)
+    return out
 
 
 def copy_tensor_bytes(info: TensorInfo, write, chunk_bytes: int = 8 << 20) -> None:

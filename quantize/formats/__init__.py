@@ -15,6 +15,7 @@ from .base import Format, NonFiniteWeightError, PartSpec, UnsupportedShapeError,
 __all__ = [
     "FORMATS",
     "get_format",
+    "format_of_config",
     "Format",
     "PartSpec",
     "NonFiniteWeightError",
@@ -35,3 +36,13 @@ def get_format(name: str) -> Format:
         return FORMATS[name]  # type: ignore[return-value]
     except KeyError:
         raise InputError(f"unknown format {name!r} (known: {', '.join(sorted(FORMATS))})") from None
+
+
+def format_of_config(quantization_config: dict, where: str) -> Format:
+    """The format whose `quantization_config` this is (config.json of a converted checkpoint, at `where`)."""
+    method = quantization_config.get("quant_method") if isinstance(quantization_config, dict) else None
+    for fmt in FORMATS.values():
+        if fmt.QUANT_METHOD == method:
+            return fmt  # type: ignore[return-value]
+    known = ", ".join(f"{f.QUANT_METHOD} ({f.NAME})" for f in FORMATS.values())
+    raise InputError(f"{where}: quantization_config.quant_method is {method!r}; known: {known}")

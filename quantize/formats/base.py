@@ -35,6 +35,7 @@ class Format(Protocol):
     #: True when encoding any slice of rows gives those rows of the whole encoding, and every part
     #: has the weight's rows as its dim 0: the converter then streams a weight in row chunks.
     ROW_SEPARABLE: bool
+    QUANT_METHOD: str  # `quantization_config.quant_method` in config.json: how a reader recognizes the format
 
     def parts(self, shape: tuple[int, ...]) -> dict[str, PartSpec]:
         """The tensors a weight of `shape` becomes, by local part name; `UnsupportedShapeError` if it cannot."""

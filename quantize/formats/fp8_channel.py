@@ -35,6 +35,7 @@ __all__ = [
 NAME = "fp8_channel"
 LIBRARIES: tuple[str, ...] = ()  # recorded with their versions in the manifest
 ROW_SEPARABLE = True
+QUANT_METHOD = "compressed-tensors"  # config.json quantization_config.quant_method
 WEIGHT = "weight"
 SCALE = "weight_scale"
 
@@ -88,7 +89,7 @@ def quantization_config(kept_linears: list[str]) -> dict:
         }
 
     return {
-        "quant_method": "compressed-tensors",
+        "quant_method": QUANT_METHOD,
         "format": "float-quantized",
         "quantization_status": "compressed",
         "config_groups": {

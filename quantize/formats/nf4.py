@@ -23,6 +23,7 @@ taken on one thread; bitsandbytes' own result can differ in the last bit with mo
 from __future__ import annotations
 
 import functools
+import json
 import math
 
 import torch
@@ -44,6 +45,7 @@ __all__ = [
 NAME = "nf4"
 LIBRARIES: tuple[str, ...] = ("bitsandbytes",)  # recorded with their versions in the manifest
 ROW_SEPARABLE = False
+QUANT_METHOD = "bitsandbytes"  # config.json quantization_config.quant_method
 #: Parts that are code books, not data: bitsandbytes builds them with float32 arithmetic whose last bit
 #: can differ between CPU instruction sets, so `verify` compares them to within a float32 rounding.
 CODE_TABLES = ("weight.quant_map", "weight.nested_quant_map")
@@ -151,10 +153,48 @@ def encode(weight: torch.Tensor) -> dict[str, torch.Tensor]:
     return {WEIGHT: packed, **{f"weight.{k}": stored[k] for k in _STATE_PARTS}}
 
 
-def quant_state(parts: dict[str, torch.Tensor]):
-    """bitsandbytes' `QuantState` rebuilt from the stored parts, as `Linear4bit` does when loading."""
-    return _bnb().QuantState.from_dict(
-        {k: parts[f"weight.{k}"] for k in _STATE_PARTS}, device=torch.device("cpu")
+@functools.cache
+def bitsandbytes():
+    """The `bitsandbytes` package (for `matmul_4bit`), imported quietly."""
+    with silenced("bitsandbytes"):
+        import bitsandbytes
+
+    return bitsandbytes
+
+
+def state_fields(packed: torch.Tensor) -> dict:
+    """The fixed fields of a weight's quant state (shape, dtype, blocksizes, nested offset), from its packed JSON part."""
+    return json.loads(bytes(packed.cpu().tolist()).decode())
+
+
+def quant_state(
+    parts: dict[str, torch.Tensor], fields: dict | None = None, offset: torch.Tensor | None = None
+):
+    """bitsandbytes' `QuantState` from the stored parts, on their device, as `Linear4bit` builds it when loading.
+
+    `fields` (from `state_fields`) and `offset` (the nested offset as a 0-d float32 tensor on the parts' device)
+    can be given by a caller that keeps them, to avoid a device-to-host read of the JSON part on every call.
+    """
+    F = _bnb()
+    fields = fields if fields is not None else state_fields(parts[QUANT_STATE])
+    absmax = parts["weight.absmax"]
+    if offset is None:
+        offset = torch.tensor(float(fields["nested_offset"]), device=absmax.device)
+    nested = F.QuantState(
+        absmax=parts["weight.nested_absmax"],
+        code=parts["weight.nested_quant_map"],
+        blocksize=fields["nested_blocksize"],
+        dtype=getattr(torch, fields["nested_dtype"]),
+    )
+    return F.QuantState(
+        absmax=absmax,
+        shape=torch.Size(fields["shape"]),
+        code=parts["weight.quant_map"],
+        blocksize=fields["blocksize"],
+        quant_type=fields["quant_type"],
+        dtype=getattr(torch, fields["dtype"]),
+        offset=offset,
+        state2=nested,
     )
 
 
@@ -192,7 +232,7 @@ def quantization_config(kept_linears: list[str]) -> dict:
     """diffusers' ``BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
     bnb_4bit_compute_dtype=torch.bfloat16, llm_int8_skip_modules=kept).to_dict()``."""
     return {
-        "quant_method": "bitsandbytes",
+        "quant_method": QUANT_METHOD,
         "_load_in_8bit": False,
         "_load_in_4bit": True,
         "llm_int8_threshold": 6.0,

@@ -45,6 +45,7 @@ __all__ = [
 NAME = "torchao_fp8"
 LIBRARIES: tuple[str, ...] = ("torchao",)  # recorded with their versions in the manifest
 ROW_SEPARABLE = True
+QUANT_METHOD = "torchao"  # config.json quantization_config.quant_method
 QDATA = "_weight_qdata"
 SCALE = "_weight_scale"
 HP_DTYPE = torch.bfloat16  # the precision torchao's PerRow config quantizes from
@@ -89,7 +90,7 @@ def _config():
 def quantization_config(kept_linears: list[str]) -> dict:
     """diffusers' ``TorchAoConfig(Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())).to_dict()``."""
     return {
-        "quant_method": "torchao",
+        "quant_method": QUANT_METHOD,
         "quant_type": {"default": torchao().config_to_dict(_config())},
         "modules_to_not_convert": sorted(kept_linears) or None,
     }
