@@ -22,7 +22,7 @@ from quantize import dtypes
 from quantize.formats import Format, fp8_channel, nf4, torchao_fp8
 from quantize.formats._e4m3 import FP8_DTYPE, FP8_MAX
 
-__all__ = ["QuantizedLinear", "FP8Linear", "Float8Linear", "NF4Linear", "MODULES", "module_for"]
+__all__ = ["QuantizedLinear", "FP8Linear", "Float8Linear", "NF4Linear", "MODULES", "module_for", "set_param"]
 
 
 def _attr(part: str) -> str:
@@ -39,10 +39,13 @@ class QuantizedLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.part_attrs: dict[str, str] = {}
+        self._late_parts: set[str] = set()  # parts whose size is only known from the checkpoint
         for part, (dtype_name, shape) in self.FORMAT.parts((out_features, in_features)).items():
             empty = torch.empty(shape or (0,), dtype=dtypes.by_name(dtype_name).torch, device=device)
             self.register_buffer(_attr(part), empty)
             self.part_attrs[part] = _attr(part)
+            if shape is None:
+                self._late_parts.add(part)
         self.bias = (
             nn.Parameter(torch.empty(out_features, dtype=dtype, device=device), requires_grad=False)
             if bias
@@ -96,7 +99,8 @@ class QuantizedLinear(nn.Module):
                 missing_keys.append(key)
                 continue
             value, current = state_dict[key], getattr(self, attr)
-            if value.shape != current.shape or value.dtype != current.dtype:
+            shape_ok = name in self._late_parts or value.shape == current.shape
+            if not shape_ok or (attr != "bias" and value.dtype != current.dtype):
                 error_msgs.append(
                     f"{key}: checkpoint has {value.dtype}{list(value.shape)}, "
                     f"the module needs {current.dtype}{list(current.shape)}"
@@ -131,9 +135,17 @@ class QuantizedLinear(nn.Module):
             probe = fn(torch.empty(0, dtype=t.dtype, device=t.device))
             self._buffers[name] = fn(t) if probe.dtype == t.dtype else t.to(probe.device)
         if self.bias is not None:
-            # plain `.data` assignment: no tensor swap, so a weak reference to the bias cannot stop the move
-            self.bias.data = fn(self.bias.data)
+            set_param(self, "bias", fn(self.bias.data))
         return self
+
+
+def set_param(module: nn.Module, name: str, value: torch.Tensor) -> None:
+    """Point parameter `name` at `value` without swapping tensors, so weak references to it cannot stop the move."""
+    param = module._parameters[name]
+    if torch._has_compatible_shallow_copy_type(param, value):
+        param.data = value
+    else:  # e.g. to or from the meta device: a new Parameter, as nn.Module._apply makes there
+        module._parameters[name] = nn.Parameter(value, requires_grad=False)
 
 
 @functools.cache
@@ -182,9 +194,7 @@ class FP8Linear(QuantizedLinear):
             return F.linear(x, self.dequantize(x.dtype), bias)
         rows = x.reshape(-1, self.in_features)
         x_scale, x_q = quantize_rows(rows)
-        y = torch._scaled_mm(x_q, weight.t(), scale_a=x_scale, scale_b=scale.t(), out_dtype=x.dtype)
-        if bias is not None:
-            y = y + bias
+        y = torch._scaled_mm(x_q, weight.t(), scale_a=x_scale, scale_b=scale.t(), bias=bias, out_dtype=x.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
@@ -193,7 +203,7 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     xf = x.float()
     scale = xf.abs().amax(dim=1, keepdim=True).div_(FP8_MAX)
     scale = torch.where(scale == 0, 1.0, scale)
-    return scale, xf.div_(scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return scale, torch.div(xf, scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
 
 
 class Float8Linear(QuantizedLinear):

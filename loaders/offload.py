@@ -23,7 +23,7 @@ from torch import nn
 
 from .blocks import find_block_lists
 from .host import check_host, to_host
-from .modules import QuantizedLinear
+from .modules import QuantizedLinear, set_param
 
 __all__ = ["enable_block_offload", "BlockOffloader", "OffloadStats"]
 
@@ -129,9 +129,9 @@ class BlockOffloader:
             if isinstance(module, QuantizedLinear):
                 module._apply(lambda t: t.to(self.device))
                 continue
-            for p in module._parameters.values():
+            for local, p in module._parameters.items():
                 if p is not None:
-                    p.data = p.data.to(self.device)
+                    set_param(module, local, p.data.to(self.device))
             for local, b in module._buffers.items():
                 if b is not None:
                     module._buffers[local] = b.to(self.device)

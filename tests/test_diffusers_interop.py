@@ -16,74 +16,22 @@ import torch
 
 from quantize.formats import torchao_fp8
 from quantize.recipes import load_recipe
+from tests import diffusers_models as models
 from tests.conftest import load_all, read_json, run_cli
 from tests.formats.test_torchao_fp8 import reference as float8_reference
 
 diffusers = pytest.importorskip("diffusers")
 
 
-def _save(model: torch.nn.Module, path: Path) -> Path:
-    model.to(torch.bfloat16).save_pretrained(path)
-    return path
-
-
 def _wan(path: Path) -> Path:
-    torch.manual_seed(0)
-    model = diffusers.WanTransformer3DModel(
-        patch_size=(1, 2, 2),
-        num_attention_heads=2,
-        attention_head_dim=32,
-        in_channels=16,
-        out_channels=16,
-        text_dim=64,
-        freq_dim=64,
-        ffn_dim=128,
-        num_layers=2,
-        cross_attn_norm=True,
-        rope_max_seq_len=32,
-    )
-    return _save(model, path)
+    return models.wan(path)
 
 
 def _kandinsky(path: Path) -> Path:
-    torch.manual_seed(0)
-    model = diffusers.Kandinsky5Transformer3DModel(
-        in_visual_dim=16,
-        in_text_dim=64,
-        in_text_dim2=64,
-        time_dim=64,
-        out_visual_dim=16,
-        patch_size=(1, 2, 2),
-        model_dim=64,
-        ff_dim=128,
-        num_text_blocks=1,
-        num_visual_blocks=2,
-        axes_dims=(8, 12, 12),
-    )
-    return _save(model, path)
+    return models.kandinsky5(path)
 
 
-def _wan_inputs() -> dict:
-    g = torch.Generator().manual_seed(0)
-    return dict(
-        hidden_states=torch.randn(1, 16, 2, 8, 8, generator=g).to(torch.bfloat16),
-        timestep=torch.tensor([500]),
-        encoder_hidden_states=torch.randn(1, 8, 64, generator=g).to(torch.bfloat16),
-        return_dict=False,
-    )
-
-
-def _kandinsky_inputs() -> dict:
-    g = torch.Generator().manual_seed(0)
-    return dict(
-        hidden_states=torch.randn(1, 2, 8, 8, 16, generator=g).to(torch.bfloat16),
-        encoder_hidden_states=torch.randn(1, 6, 64, generator=g).to(torch.bfloat16),
-        timestep=torch.tensor([500.0]),
-        pooled_projections=torch.randn(1, 64, generator=g).to(torch.bfloat16),
-        visual_rope_pos=(torch.arange(2), torch.arange(4), torch.arange(4)),
-        text_rope_pos=torch.arange(6),
-        return_dict=False,
-    )
+_wan_inputs, _kandinsky_inputs = models.wan_inputs, models.kandinsky5_inputs
 
 
 def _targets(recipe: str) -> list[re.Pattern]:

@@ -1,0 +1,74 @@
+"""Tiny diffusers DiTs with real key names and random weights, saved as a source checkpoint, and their inputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def wan(path: Path, layers: int = 2, seed: int = 0) -> Path:
+    """A tiny WanTransformer3DModel (dim 64, ffn 128), saved in bf16 with diffusers' save_pretrained."""
+    import diffusers
+
+    torch.manual_seed(seed)
+    model = diffusers.WanTransformer3DModel(
+        patch_size=(1, 2, 2),
+        num_attention_heads=2,
+        attention_head_dim=32,
+        in_channels=16,
+        out_channels=16,
+        text_dim=64,
+        freq_dim=64,
+        ffn_dim=128,
+        num_layers=layers,
+        cross_attn_norm=True,
+        rope_max_seq_len=32,
+    )
+    model.to(torch.bfloat16).save_pretrained(path)
+    return path
+
+
+def kandinsky5(path: Path, text_blocks: int = 1, visual_blocks: int = 2, seed: int = 0) -> Path:
+    """A tiny Kandinsky5Transformer3DModel (dim 64, ff 128), saved in bf16 with diffusers' save_pretrained."""
+    import diffusers
+
+    torch.manual_seed(seed)
+    model = diffusers.Kandinsky5Transformer3DModel(
+        in_visual_dim=16,
+        in_text_dim=64,
+        in_text_dim2=64,
+        time_dim=64,
+        out_visual_dim=16,
+        patch_size=(1, 2, 2),
+        model_dim=64,
+        ff_dim=128,
+        num_text_blocks=text_blocks,
+        num_visual_blocks=visual_blocks,
+        axes_dims=(8, 12, 12),
+    )
+    model.to(torch.bfloat16).save_pretrained(path)
+    return path
+
+
+def wan_inputs(seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return dict(
+        hidden_states=torch.randn(1, 16, 2, 8, 8, generator=g).to(torch.bfloat16),
+        timestep=torch.tensor([500]),
+        encoder_hidden_states=torch.randn(1, 8, 64, generator=g).to(torch.bfloat16),
+        return_dict=False,
+    )
+
+
+def kandinsky5_inputs(seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return dict(
+        hidden_states=torch.randn(1, 2, 8, 8, 16, generator=g).to(torch.bfloat16),
+        encoder_hidden_states=torch.randn(1, 6, 64, generator=g).to(torch.bfloat16),
+        timestep=torch.tensor([500.0]),
+        pooled_projections=torch.randn(1, 64, generator=g).to(torch.bfloat16),
+        visual_rope_pos=(torch.arange(2), torch.arange(4), torch.arange(4)),
+        text_rope_pos=torch.arange(6),
+        return_dict=False,
+    )

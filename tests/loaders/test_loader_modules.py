@@ -1,0 +1,225 @@
+"""The quantized Linear modules on their own: numerics against each format's reference, and offload-readiness
+(deepcopy, `.to()` with weak references held, dtype moves that must not touch the stored parts)."""
+
+from __future__ import annotations
+
+import copy
+import weakref
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from loaders import Float8Linear, FP8Linear, NF4Linear
+from loaders.modules import quantize_rows
+from quantize.formats import fp8_channel, nf4, torchao_fp8
+from tests.formats.test_torchao_fp8 import reference as float8_reference
+
+MODULES = [FP8Linear, Float8Linear, NF4Linear]
+
+
+def _weights(out: int = 96, inp: int = 128, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(out, inp, generator=g).to(torch.bfloat16), torch.randn(out, generator=g).to(torch.bfloat16)
+
+
+def make(cls, weight: torch.Tensor, bias: torch.Tensor | None, **kw):
+    """A module of `cls` holding the format's encoding of `weight`, loaded as the loader does (assign)."""
+    out, inp = weight.shape
+    module = cls(inp, out, bias is not None, device="meta", **kw)
+    state = {part: t for part, t in cls.FORMAT.encode(weight).items()}
+    if bias is not None:
+        state["bias"] = bias
+    module.load_state_dict(state, assign=True)
+    return module
+
+
+def _x(rows: int = 10, inp: int = 128, dtype=torch.bfloat16, seed: int = 1) -> torch.Tensor:
+    return torch.randn(2, rows, inp, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def test_fp8_scaled_mm_path_is_per_token_fp8_activations_times_the_stored_weight():
+    w, b = _weights()
+    m = make(FP8Linear, w, b)
+    x = _x(dtype=torch.float32)
+    assert m.uses_scaled_mm(x)
+    got = m(x)
+    # the reference, by hand: x quantized per row (scale = rowmax|x| / 448), both dequantized, multiplied in float64
+    rows = x.reshape(-1, 128)
+    x_scale = rows.abs().amax(dim=1, keepdim=True) / 448
+    x_deq = (rows / x_scale).clamp(-448, 448).to(torch.float8_e4m3fn).double() * x_scale.double()
+    w_deq = fp8_channel.decode(fp8_channel.encode(w), torch.float64)
+    want = (x_deq @ w_deq.T + b.double()).reshape(2, 10, 96)
+    assert got.dtype == torch.float32 and got.shape == (2, 10, 96)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_fp8_scaled_mm_in_bf16_is_within_bf16_rounding_of_the_float32_result():
+    w, b = _weights()
+    m = make(FP8Linear, w, b)
+    x = _x()
+    got, wide = m(x), m(x.float())
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), wide, rtol=2**-7, atol=2**-7)
+
+
+def test_fp8_activation_quantization_keeps_zero_rows_finite():
+    scale, q = quantize_rows(torch.zeros(3, 32))
+    assert torch.equal(scale, torch.ones(3, 1)) and not q.float().any()
+
+
+@pytest.mark.parametrize("shape", [(96, 128), (40, 24)])
+def test_fp8_dequantize_path_equals_linear_with_the_decoded_weight(shape):
+    w, b = _weights(*shape)
+    m = make(FP8Linear, w, b, compute="dequantize")
+    odd = make(FP8Linear, w, b)
+    x = _x(inp=shape[1])
+    want = F.linear(x, fp8_channel.decode(fp8_channel.encode(w), torch.bfloat16), b)
+    assert torch.equal(m(x), want)
+    assert odd.uses_scaled_mm(x) == (shape == (96, 128))  # dims not multiples of 16: dequantize
+    if shape != (96, 128):
+        assert torch.equal(odd(x), want)
+
+
+def test_float8_linear_computes_what_torchaos_float8_tensor_computes():
+    w, b = _weights()
+    m = make(Float8Linear, w, b)
+    x = _x()
+    assert type(m.weight).__name__ == "Float8Tensor"
+    assert torch.equal(m(x), F.linear(x, float8_reference(w), b))
+
+
+def test_nf4_linear_computes_linear_with_bitsandbytes_dequantized_weight():
+    w, b = _weights()
+    m = make(NF4Linear, w, b)
+    x = _x(dtype=torch.float32)
+    parts = nf4.encode(w)
+    bnb_weight = nf4._bnb().dequantize_4bit(parts[nf4.WEIGHT], nf4.quant_state(parts), quant_type="nf4")
+    got = m(x)
+    assert got.dtype == torch.float32  # computed in bf16 (the compute dtype), returned in the input's dtype
+    assert torch.equal(got, F.linear(x.to(torch.bfloat16), bnb_weight, b).float())
+
+
+def test_nf4_linear_is_close_to_bitsandbytes_linear4bit():
+    """bitsandbytes' own Linear4bit on this CPU (its packed AVX512-BF16 kernel where present): the same layer."""
+    import bitsandbytes as bnb
+
+    w, b = _weights()
+    ref = bnb.nn.Linear4bit(128, 96, bias=True, compute_dtype=torch.bfloat16, quant_type="nf4")
+    ref.weight = bnb.nn.Params4bit(w, requires_grad=False, quant_type="nf4", blocksize=64, compress_statistics=True)
+    ref.weight._quantize("cpu")
+    ref.bias = torch.nn.Parameter(b, requires_grad=False)
+    x = _x()
+    with torch.no_grad():
+        want = ref(x)
+    got = make(NF4Linear, w, b)(x)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-6, atol=2**-6)
+
+
+@pytest.mark.parametrize("cls", MODULES)
+def test_state_dict_keys_are_the_formats_part_names(cls):
+    w, b = _weights()
+    m = make(cls, w, b)
+    state = m.state_dict()
+    assert set(state) == set(cls.FORMAT.parts(tuple(w.shape))) | {"bias"}
+    encoded = cls.FORMAT.encode(w)
+    for part, t in encoded.items():
+        assert state[part].dtype == t.dtype and torch.equal(state[part], t), part
+    # and loads back, by copy, into a module that has storage already
+    other = make(cls, *_weights(seed=5))
+    other.load_state_dict(state)
+    x = _x()
+    assert torch.equal(other(x), m(x))
+
+
+@pytest.mark.parametrize("cls", MODULES)
+def test_load_state_dict_names_a_wrong_part(cls):
+    w, b = _weights()
+    state = make(cls, w, b).state_dict()
+    first = next(iter(cls.FORMAT.parts(tuple(w.shape))))
+    state[first] = torch.zeros(3, dtype=torch.uint8)
+    target = make(cls, w, b)
+    with pytest.raises(RuntimeError, match=rf"{first}: checkpoint has torch.uint8\[3\]"):
+        target.load_state_dict(state)
+
+
+def _storage_ids(module: torch.nn.Module) -> set[int]:
+    return {t.untyped_storage().data_ptr() for t in (*module.buffers(), *module.parameters()) if t.numel()}
+
+
+@pytest.mark.parametrize("cls", MODULES)
+def test_deepcopy_copies_the_stored_parts_and_nothing_wider(cls):
+    w, b = _weights()
+    m = make(cls, w, b)
+    clone = copy.deepcopy(m)
+    assert _storage_ids(clone).isdisjoint(_storage_ids(m))
+    for (name, t), (_, u) in zip(m.state_dict().items(), clone.state_dict().items(), strict=True):
+        assert t.dtype == u.dtype and torch.equal(t, u), name
+    # no tensor in the copy holds the weight in a high precision: the widest is the bias or a scale
+    biggest = max(t.numel() * t.element_size() for t in clone.state_dict().values())
+    assert biggest < w.numel() * 2
+    x = _x()
+    assert torch.equal(clone(x), m(x))
+
+
+@pytest.mark.parametrize("cls", MODULES)
+def test_to_dtype_moves_the_bias_but_never_the_stored_parts(cls):
+    w, b = _weights()
+    m = make(cls, w, b)
+    before = {k: (t.dtype, t.clone()) for k, t in m.state_dict().items() if k != "bias"}
+    m.to(torch.float16)
+    m.to(torch.bfloat16)
+    m.float()
+    for k, (dtype, value) in before.items():
+        assert m.state_dict()[k].dtype == dtype and torch.equal(m.state_dict()[k], value), k
+    assert m.bias.dtype == torch.float32
+
+
+@pytest.fixture
+def swap_on_conversion():
+    """Make every `.to()` swap tensors, as torch does for tensor subclasses such as torchao's."""
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    yield
+    torch.__future__.set_swap_module_params_on_conversion(False)
+
+
+def test_a_torchao_weight_with_a_weak_reference_cannot_move():
+    """The failure that stopped Kandinsky 5 FP8 from offloading: torchao's Float8Tensor in a Linear, a weakref held."""
+    w, _ = _weights()
+    linear = torch.nn.Linear(128, 96, bias=False)
+    linear.weight = torch.nn.Parameter(float8_reference(w), requires_grad=False)
+    ref = weakref.ref(linear.weight)
+    with pytest.raises(RuntimeError, match="Couldn't swap"):
+        linear.to("cpu")
+    assert ref() is not None
+
+
+@pytest.mark.parametrize("cls", MODULES)
+@pytest.mark.parametrize("swap", [False, True], ids=["plain", "swap-on-conversion"])
+def test_to_moves_while_weak_references_to_every_tensor_are_held(cls, swap, request):
+    if swap:
+        request.getfixturevalue("swap_on_conversion")
+    w, b = _weights()
+    m = make(cls, w, b)
+    x = _x()
+    before = m(x)
+    refs = [weakref.ref(t) for t in (*m.buffers(), *m.parameters())]
+    if cls is Float8Linear:
+        refs.append(weakref.ref(m.weight))
+    m.to("cpu")
+    m.to(torch.bfloat16)
+    assert torch.equal(m(x), before)
+    m.to("meta")
+    assert all(t.is_meta for t in (*m.buffers(), *m.parameters()))
+
+
+def test_set_part_and_dequantize_agree_with_the_format():
+    """`set_part` (the loader's path) and the stored parts agree; `dequantize` is the format's decode."""
+    w, b = _weights()
+    m = FP8Linear(128, 96, True, device="meta")
+    for part, t in fp8_channel.encode(w).items():
+        m.set_part(part, t)
+    m.bias = torch.nn.Parameter(b, requires_grad=False)
+    assert torch.equal(m.dequantize(), fp8_channel.decode(fp8_channel.encode(w)))
+    assert torch.equal(make(Float8Linear, w, b).dequantize(), torchao_fp8.decode(torchao_fp8.encode(w)))
+    assert torch.equal(make(NF4Linear, w, b).dequantize(), nf4.decode(nf4.encode(w)))
