@@ -258,16 +258,16 @@ class NF4Linear(QuantizedLinear):
             raise RuntimeError("NF4Linear has no weight yet: load it with loaders.load_quantized")
         return nf4.quant_state(self.stored(), self._fields, self._buffers["nested_offset"])
 
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        w = nf4._bnb().dequantize_4bit(self._buffers[nf4.WEIGHT], self._quant_state(), quant_type="nf4")
-        return w.to(dtype)
+    def _bnb_weight(self) -> torch.Tensor:
+        """The weight as bitsandbytes dequantizes it for a matmul on the CPU (in the quant state's dtype, bf16)."""
+        return nf4._bnb().dequantize_4bit(self._buffers[nf4.WEIGHT], self._quant_state(), quant_type="nf4")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x_dtype = x.dtype
         x = x.to(self.compute_dtype)
         bias = None if self.bias is None else self.bias.to(self.compute_dtype)
         if x.device.type == "cpu":
-            y = F.linear(x, self.dequantize(self.compute_dtype), bias)
+            y = F.linear(x, self._bnb_weight().to(self.compute_dtype), bias)
         else:
             weight = self._buffers[nf4.WEIGHT].t()
             y = nf4.bitsandbytes().matmul_4bit(x, weight, bias=bias, quant_state=self._quant_state())
