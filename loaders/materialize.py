@@ -253,7 +253,7 @@ def _materialize(
             if isinstance(module, QuantizedLinear) and local in module.part_attrs:
                 module.set_part(local, t)
                 continue
-            cast = _kept_dtype(entry.name, t, dtype, keep_fp32)
+            cast = _kept_dtype(f"{entry.name}.{local}", t, dtype, keep_fp32)
             if cast is not None and cast != t.dtype:
                 t = t.to(cast)
             if local in module._parameters:
@@ -269,11 +269,12 @@ def _replace(entry: _Entry, new: nn.Module) -> None:
 
 
 def _kept_dtype(
-    module: str, t: torch.Tensor, dtype: torch.dtype | None, keep_fp32: tuple[str, ...]
+    key: str, t: torch.Tensor, dtype: torch.dtype | None, keep_fp32: tuple[str, ...]
 ) -> torch.dtype | None:
+    """The dtype a kept tensor `key` is loaded in: `dtype`, or float32 for the model's `_keep_in_fp32_modules`."""
     if dtype is None or not t.is_floating_point():
         return None
-    if keep_fp32 and any(m in module.split(".") for m in keep_fp32):
+    if keep_fp32 and any(m in key.split(".") for m in keep_fp32):
         return torch.float32
     return dtype
 

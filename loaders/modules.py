@@ -194,7 +194,9 @@ class FP8Linear(QuantizedLinear):
             return F.linear(x, self.dequantize(x.dtype), bias)
         rows = x.reshape(-1, self.in_features)
         x_scale, x_q = quantize_rows(rows)
-        y = torch._scaled_mm(x_q, weight.t(), scale_a=x_scale, scale_b=scale.t(), bias=bias, out_dtype=x.dtype)
+        y = torch._scaled_mm(
+            x_q, weight.t(), scale_a=x_scale, scale_b=scale.t(), bias=bias, out_dtype=x.dtype
+        )
         return y.reshape(*x.shape[:-1], self.out_features)
 
 

@@ -20,7 +20,9 @@ MODULES = [FP8Linear, Float8Linear, NF4Linear]
 
 def _weights(out: int = 96, inp: int = 128, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(out, inp, generator=g).to(torch.bfloat16), torch.randn(out, generator=g).to(torch.bfloat16)
+    return torch.randn(out, inp, generator=g).to(torch.bfloat16), torch.randn(out, generator=g).to(
+        torch.bfloat16
+    )
 
 
 def make(cls, weight: torch.Tensor, bias: torch.Tensor | None, **kw):
@@ -106,7 +108,9 @@ def test_nf4_linear_is_close_to_bitsandbytes_linear4bit():
 
     w, b = _weights()
     ref = bnb.nn.Linear4bit(128, 96, bias=True, compute_dtype=torch.bfloat16, quant_type="nf4")
-    ref.weight = bnb.nn.Params4bit(w, requires_grad=False, quant_type="nf4", blocksize=64, compress_statistics=True)
+    ref.weight = bnb.nn.Params4bit(
+        w, requires_grad=False, quant_type="nf4", blocksize=64, compress_statistics=True
+    )
     ref.weight._quantize("cpu")
     ref.bias = torch.nn.Parameter(b, requires_grad=False)
     x = _x()

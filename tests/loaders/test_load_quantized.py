@@ -1,0 +1,296 @@
+"""`load_quantized` end to end: checkpoints written by the CLI, loaded into diffusers' Wan and Kandinsky 5 classes
+(and a plain nn.Module), compared with the checkpoint bit for bit and with the dequantized reference forward."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from loaders import CheckpointMismatchError, FP8Linear, load_quantized
+from loaders.modules import MODULES
+from quantize.errors import InputError
+from quantize.formats import get_format, part_key
+from tests.conftest import load_all, run_cli
+from tests.loaders.conftest import FORMATS, MODELS
+
+diffusers = pytest.importorskip("diffusers")
+
+
+def _quantized_modules(checkpoint: Path, fmt) -> dict[str, dict[str, torch.Tensor]]:
+    """module name -> its stored parts, read from the checkpoint with safetensors itself."""
+    tensors = load_all(checkpoint)
+    first = next(iter(fmt.parts((64, 64))))
+    dtype = {"F8_E4M3": torch.float8_e4m3fn, "U8": torch.uint8}[fmt.parts((64, 64))[first][0]]
+    modules = {
+        k.removesuffix("." + first)
+        for k, t in tensors.items()
+        if k.endswith("." + first) and t.dtype == dtype
+    }
+    return {m: {p: tensors[part_key(m, p)] for p in fmt.parts((64, 64))} for m in modules}
+
+
+def _sqnr(want: torch.Tensor, got: torch.Tensor) -> float:
+    noise = float((want.double() - got.double()).pow(2).sum())
+    return math.inf if noise == 0 else 10 * math.log10(float(want.double().pow(2).sum()) / noise)
+
+
+def _dequantized_reference(model: str, src: Path, out: Path, fmt) -> torch.nn.Module:
+    """The source model as diffusers loads it in bf16, each quantized Linear's weight replaced by its decoded value."""
+    cls = getattr(diffusers, MODELS[model][0])
+    reference = cls.from_pretrained(src, torch_dtype=torch.bfloat16).eval()
+    for name, parts in _quantized_modules(out, fmt).items():
+        linear = reference.get_submodule(name)
+        linear.weight.data = fmt.decode(parts, torch.bfloat16)
+    return reference
+
+
+@pytest.mark.parametrize("fmt_name", FORMATS)
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("host", ["mmap", "pageable"])
+def test_every_format_loads_into_the_model_class_bit_exact(converted, model, fmt_name, host):
+    src, out = converted(model, fmt_name)
+    fmt = get_format(fmt_name)
+    cls_name, _, inputs = MODELS[model]
+    loaded = load_quantized(getattr(diffusers, cls_name), out, host=host, dtype=torch.bfloat16)
+
+    assert type(loaded).__name__ == cls_name and not loaded.training
+    stored = _quantized_modules(out, fmt)
+    assert stored and {n for n, m in loaded.named_modules() if type(m) is MODULES[fmt_name]} == set(stored)
+    state, on_disk = loaded.state_dict(), load_all(out)
+    assert set(state) == set(on_disk)
+    fp32_modules = set(loaded._keep_in_fp32_modules)
+    for key, want in on_disk.items():
+        got = state[key]
+        if any(key == part_key(m, p) for m in stored for p in stored[m]) or not want.is_floating_point():
+            assert got.dtype == want.dtype and torch.equal(got.view(torch.uint8), want.view(torch.uint8)), key
+        else:  # kept: cast as diffusers' from_pretrained(torch_dtype=bf16) would
+            dtype = torch.float32 if fp32_modules & set(key.split(".")) else torch.bfloat16
+            assert got.dtype == dtype and torch.equal(got, want.to(dtype)), key
+
+    reference = _dequantized_reference(model, src, out, fmt)
+    with torch.no_grad():
+        want = reference(**inputs())[0]
+        got = loaded(**inputs())[0]
+        if fmt_name == "fp8_channel":  # the dequantize path is the reference computation exactly
+            assert _sqnr(want, got) > 30  # per-token fp8 activations: a small, bounded error
+            for m in loaded.modules():
+                if isinstance(m, FP8Linear):
+                    m.compute = "dequantize"
+            got = loaded(**inputs())[0]
+        if (
+            fmt_name == "torchao_fp8"
+        ):  # activations are quantized too: torchao's own loader is the exact reference
+            assert _sqnr(want, got) > 30
+            want = (
+                getattr(diffusers, cls_name)
+                .from_pretrained(out, torch_dtype=torch.bfloat16)
+                .eval()(**inputs())[0]
+            )
+    assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_dtype_none_keeps_the_stored_dtypes(converted):
+    _, out = converted("wan", "fp8_channel")
+    loaded = load_quantized(diffusers.WanTransformer3DModel, out)
+    on_disk = load_all(out)
+    assert all(t.dtype == on_disk[k].dtype for k, t in loaded.state_dict().items())
+
+
+def _mapped_files() -> set[str]:
+    return {
+        line.split()[-1]
+        for line in Path("/proc/self/maps").read_text().splitlines()
+        if line.endswith(".safetensors")
+    }
+
+
+def test_mmap_maps_the_shards_and_pageable_reads_them(converted):
+    _, out = converted("wan", "nf4")
+    shards = {str(p.resolve()) for p in out.glob("*.safetensors")}
+    paged = load_quantized(diffusers.WanTransformer3DModel, out, host="pageable")
+    assert not shards & _mapped_files()
+    mapped = load_quantized(diffusers.WanTransformer3DModel, out, host="mmap")
+    assert shards <= _mapped_files()
+    x = MODELS["wan"][2]()
+    with torch.no_grad():
+        assert torch.equal(mapped(**x)[0], paged(**x)[0])
+
+
+def test_pinned_host_needs_cuda(converted):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    _, out = converted("wan", "fp8_channel")
+    with pytest.raises(ValueError, match="host='pinned' needs CUDA.*'pageable'"):
+        load_quantized(diffusers.WanTransformer3DModel, out, host="pinned")
+
+
+def test_loading_straight_to_a_device(converted):
+    _, out = converted("kandinsky5", "fp8_channel")
+    loaded = load_quantized(diffusers.Kandinsky5Transformer3DModel, out, host="pageable", device="cpu")
+    assert {t.device.type for t in (*loaded.parameters(), *loaded.buffers())} == {"cpu"}
+
+
+class Toy(torch.nn.Module):
+    """Not diffusers: a model with original-style names, built by hand."""
+
+    def __init__(self, dim: int = 64, blocks: int = 3):
+        super().__init__()
+        self.embed = torch.nn.Linear(16, dim)
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.ModuleDict(
+                {
+                    "norm": torch.nn.LayerNorm(dim),
+                    "ffn": torch.nn.Sequential(
+                        torch.nn.Linear(dim, 2 * dim), torch.nn.GELU(), torch.nn.Linear(2 * dim, dim)
+                    ),
+                }
+            )
+            for _ in range(blocks)
+        )
+        self.head = torch.nn.Linear(dim, 16)
+
+    def forward(self, x):
+        h = self.embed(x)
+        for b in self.blocks:
+            h = h + b["ffn"](b["norm"](h))
+        return self.head(h)
+
+
+def _toy_checkpoint(tmp_path: Path, fmt: str) -> Path:
+    torch.manual_seed(0)
+    toy = Toy().to(torch.bfloat16)
+    src = tmp_path / "toy"
+    src.mkdir()
+    save_file({k: v.contiguous() for k, v in toy.state_dict().items()}, src / "model.safetensors")
+    (src / "config.json").write_text(json.dumps({"dim": 64}))
+    recipe = tmp_path / "toy.yaml"
+    recipe.write_text(f"name: toy\nformat: {fmt}\ntargets: ['blocks\\.\\d+\\.ffn\\.0']\n")
+    out = tmp_path / "toy-q"
+    run_cli("convert", src, out, "--recipe", recipe, check=True)
+    return out
+
+
+def test_an_nn_module_instance_is_filled_in_place(tmp_path):
+    out = _toy_checkpoint(tmp_path, "fp8_channel")
+    model = Toy()
+    assert load_quantized(model, out, host="pageable") is model
+    assert [type(b["ffn"][0]) for b in model.blocks] == [FP8Linear] * 3
+    assert type(model.blocks[0]["ffn"][2]) is torch.nn.Linear and model.head.weight.dtype == torch.bfloat16
+
+    reference = Toy().to(torch.bfloat16)
+    reference.load_state_dict({k: v for k, v in load_all(out).items() if "ffn.0" not in k}, strict=False)
+    for i, b in enumerate(reference.blocks):
+        b["ffn"][0].weight.data = model.blocks[i]["ffn"][0].dequantize(torch.bfloat16)
+        b["ffn"][0].bias.data = model.blocks[i]["ffn"][0].bias.data
+    for m in model.modules():
+        if isinstance(m, FP8Linear):
+            m.compute = "dequantize"
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(model(x), reference(x))
+
+
+# -- a checkpoint that does not fit ------------------------------------------------------------------
+
+
+def _wan_model(**changes):
+    config = dict(
+        patch_size=(1, 2, 2),
+        num_attention_heads=2,
+        attention_head_dim=32,
+        in_channels=16,
+        out_channels=16,
+        text_dim=64,
+        freq_dim=64,
+        ffn_dim=128,
+        num_layers=3,
+        cross_attn_norm=True,
+        rope_max_seq_len=32,
+    )
+    return diffusers.WanTransformer3DModel(**{**config, **changes})
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (
+            {"ffn_dim": 256},
+            r"'blocks\.0\.ffn\.net\.0\.proj' \[256, 64\] in fp8_channel needs F8_E4M3\[256, 64\]",
+        ),
+        (
+            {"num_layers": 2},
+            r"checkpoint tensor\(s\) fit nothing in WanTransformer3DModel, e\.g\. 'blocks\.2\.",
+        ),
+        ({"num_layers": 4}, r"the model's 'blocks\.3\.[\w.]+' \[[\d, ]+\] is not in the checkpoint"),
+    ],
+    ids=["wider-ffn", "fewer-blocks", "more-blocks"],
+)
+def test_a_checkpoint_for_another_model_is_refused_naming_the_key(converted, changes, message):
+    _, out = converted("wan", "fp8_channel")
+    with pytest.raises(CheckpointMismatchError, match=message):
+        load_quantized(_wan_model(**changes), out)
+
+
+def _tampered(out: Path, tmp_path: Path, change) -> Path:
+    copy = tmp_path / "tampered"
+    copy.mkdir()
+    tensors = load_all(out)
+    change(tensors)
+    save_file(tensors, copy / "diffusion_pytorch_model.safetensors")
+    (copy / "config.json").write_text((out / "config.json").read_text())
+    return copy
+
+
+def test_a_part_of_the_wrong_dtype_or_a_missing_part_is_named(converted, tmp_path):
+    _, out = converted("wan", "fp8_channel")
+    key = "blocks.1.attn1.to_q.weight_scale"
+
+    def widen(t):
+        t[key] = t[key].to(torch.bfloat16)
+
+    with pytest.raises(CheckpointMismatchError, match=rf"'{key}' is BF16\[64, 1\]; .* needs F32\[64, 1\]"):
+        load_quantized(diffusers.WanTransformer3DModel, _tampered(out, tmp_path, widen))
+
+    def drop(t):
+        del t[key]
+
+    (tmp_path / "tampered").rename(tmp_path / "first")
+    with pytest.raises(CheckpointMismatchError, match=rf"'{key}' is missing"):
+        load_quantized(diffusers.WanTransformer3DModel, _tampered(out, tmp_path, drop))
+
+
+def test_an_unquantized_checkpoint_is_refused(converted):
+    src, _ = converted("wan", "fp8_channel")
+    with pytest.raises(
+        InputError, match=r"config\.json: has no quantization_config: not a quantized checkpoint"
+    ):
+        load_quantized(diffusers.WanTransformer3DModel, src)
+
+
+def test_a_checkpoint_with_several_models_asks_which(converted, tmp_path):
+    _, out = converted("wan", "fp8_channel")
+    for name in ("transformer", "transformer_2"):
+        (tmp_path / "two" / name).mkdir(parents=True)
+        for f in out.iterdir():
+            (tmp_path / "two" / name / f.name).symlink_to(f)
+    with pytest.raises(InputError, match=r"holds several models \(transformer, transformer_2\)"):
+        load_quantized(diffusers.WanTransformer3DModel, tmp_path / "two")
+    assert load_quantized(diffusers.WanTransformer3DModel, tmp_path / "two" / "transformer_2") is not None
+    assert load_quantized(diffusers.WanTransformer3DModel, out.parent) is not None  # one model: found
+
+
+def test_loaders_import_no_converter_or_cli():
+    code = (
+        "import sys, loaders; "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'quantize' and m.split('.')[1:2] "
+        "and m.split('.')[1] not in ('formats', 'checkpoint', 'dtypes', 'errors')); print(bad)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
