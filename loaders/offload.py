@@ -109,6 +109,7 @@ class BlockOffloader:
         for key, pool in self._pool_of.items():
             if not pool.slots:
                 pool.slots = [self._new_slot(self._bindings[key]) for _ in range(2)]
+        self._order = list(self._bindings)  # the blocks in the order they run
         self._hooks = []
         for li, (_, ml) in enumerate(self.lists):
             for bi, block in enumerate(ml):
@@ -181,8 +182,9 @@ class BlockOffloader:
         pool = self._pool_of[key]
         slot = next((s for s in pool.slots if s.resident == key), None)
         if slot is None:  # not prefetched: fetch it now, into a slot no block is using if there is one
-            slot = next((s for s in pool.slots if s.in_use_by is None), pool.slots[0])
-            if slot.in_use_by is not None:  # left bound by a forward that raised
+            free = [s for s in pool.slots if s.in_use_by is None] or pool.slots  # all bound: a forward raised
+            slot = max(free, key=lambda s: self._distance(key, s.resident))
+            if slot.in_use_by is not None:
                 self._unbind(slot)
             self._fetch(key, slot)
         if self._streamed:
@@ -195,9 +197,15 @@ class BlockOffloader:
         pool = self._pool_of[key]
         if any(s.resident == key for s in pool.slots):
             return
-        target = next((s for s in pool.slots if s is not busy and s.in_use_by is None), None)
-        if target is not None:
-            self._fetch(key, target)
+        free = [s for s in pool.slots if s is not busy and s.in_use_by is None]
+        if free:  # evict the block needed last (a slot that holds nothing, first)
+            self._fetch(key, max(free, key=lambda s: self._distance(key, s.resident)))
+
+    def _distance(self, start: tuple[int, int], key: tuple[int, int] | None) -> int:
+        """How many blocks after `start` block `key` runs again (None: never)."""
+        if key is None:
+            return len(self._order)
+        return (self._order.index(key) - self._order.index(start)) % len(self._order)
 
     def _after(self, key: tuple[int, int]) -> None:
         slot = next(s for s in self._pool_of[key].slots if s.in_use_by == key)

@@ -1,0 +1,129 @@
+"""Block offload on the CPU: the same double-buffered logic as on a GPU, with synchronous copies.
+
+An offloaded forward must equal the plain one exactly, copy each block once per step (a list of one or
+two blocks stays resident), never allocate per step, and leave every block bound to its host tensors
+between calls."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from loaders import enable_block_offload, find_block_lists, load_quantized
+from tests.loaders.conftest import FORMATS, MODELS
+
+diffusers = pytest.importorskip("diffusers")
+
+
+def _load(converted, model: str, fmt: str, host: str = "mmap"):
+    _, out = converted(model, fmt)
+    return load_quantized(getattr(diffusers, MODELS[model][0]), out, host=host, dtype=torch.bfloat16)
+
+
+def test_blocks_are_found_from_the_model():
+    wan = diffusers.WanTransformer3DModel(
+        num_layers=3, num_attention_heads=2, attention_head_dim=8, ffn_dim=32
+    )
+    assert [n for n, _ in find_block_lists(wan)] == ["blocks"]
+    k5 = diffusers.Kandinsky5Transformer3DModel(
+        num_text_blocks=1, num_visual_blocks=2, model_dim=32, ff_dim=64, axes_dims=(4, 6, 6)
+    )
+    assert [n for n, _ in find_block_lists(k5)] == ["text_transformer_blocks", "visual_transformer_blocks"]
+    with pytest.raises(ValueError, match="'rope' is a WanRotaryPosEmbed, not an nn.ModuleList"):
+        find_block_lists(wan, ["rope"])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("model", list(MODELS))
+def test_offloaded_forward_equals_the_plain_forward_exactly(converted, model, fmt):
+    inputs = MODELS[model][2]
+    plain = _load(converted, model, fmt)
+    with torch.no_grad():
+        want = [plain(**inputs(seed))[0] for seed in (0, 1)]
+    offloaded = _load(converted, model, fmt)
+    offloader = enable_block_offload(offloaded, device="cpu", host="pageable")
+    with torch.no_grad():
+        got = [offloaded(**inputs(seed))[0] for seed in (0, 1)]
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+    offloader.remove()
+    with torch.no_grad():
+        assert torch.equal(offloaded(**inputs(0))[0], want[0])
+
+
+def _block_tensor_ptrs(block: torch.nn.Module) -> tuple[int, ...]:
+    tensors = (t for m in block.modules() for t in (*m._parameters.values(), *m._buffers.values()))
+    return tuple(t.data_ptr() for t in tensors if t is not None)
+
+
+def test_blocks_run_from_two_preallocated_slots_and_are_copied_once_per_step(converted):
+    model = _load(converted, "wan", "fp8_channel")  # 3 blocks: prefetching has to wrap and reuse slots
+    host_ptrs = [_block_tensor_ptrs(b) for b in model.blocks]
+    offloader = enable_block_offload(model, device="cpu", host="pageable")
+    slot_ptrs = {t.data_ptr() for t in offloader.slot_tensors()}
+    seen: list[tuple[int, ...]] = []
+    for block in model.blocks:  # runs after the offloader's pre-hook: sees what the block computes with
+        block.register_forward_pre_hook(lambda m, a: seen.append(_block_tensor_ptrs(m)))
+    inputs = MODELS["wan"][2]
+    steps = 3
+    with torch.no_grad():
+        for step in range(steps):
+            model(**inputs(step))
+
+    assert len(seen) == 3 * steps and all(set(ptrs) <= slot_ptrs for ptrs in seen)
+    assert len(set(seen)) == 2  # the two slots, nothing else
+    assert {t.data_ptr() for t in offloader.slot_tensors()} == slot_ptrs
+    assert [
+        _block_tensor_ptrs(b) for b in model.blocks
+    ] == host_ptrs  # between calls: bound to the host copies
+    # step 1: block 0 fetched, then each block prefetches the next (wrapping to block 0): 1 + 3; then 3 per step
+    assert offloader.stats.block_copies == 1 + 3 * steps
+    block_bytes = sum(t.numel() * t.element_size() for t in offloader.slot_tensors()) // 2
+    assert offloader.stats.bytes_copied == offloader.stats.block_copies * block_bytes
+
+
+def test_a_list_of_one_or_two_blocks_stays_resident(converted):
+    model = _load(converted, "kandinsky5", "torchao_fp8")
+    offloader = enable_block_offload(model, device="cpu", host="pageable")
+    inputs = MODELS["kandinsky5"][2]
+    with torch.no_grad():
+        model(**inputs(0))
+        first = offloader.stats.block_copies
+        model(**inputs(1))
+    # 1 text block + 3 visual blocks: the text block is copied once ever; of the visual ones, the middle block
+    # stays in its slot across steps (the slot evicted is always the one whose block is needed last)
+    assert first == 1 + 3 and offloader.stats.block_copies == first + 2
+
+
+def test_everything_outside_the_blocks_is_on_the_device_and_blocks_on_the_host(converted):
+    model = _load(converted, "wan", "nf4")
+    enable_block_offload(model, device="meta", host="pageable")
+    for name, t in (*model.named_parameters(), *model.named_buffers()):
+        assert t.device.type == ("cpu" if name.startswith("blocks.") else "meta"), name
+
+
+def test_a_forward_that_raises_leaves_the_offloader_usable(converted):
+    model = _load(converted, "wan", "fp8_channel")
+    plain = _load(converted, "wan", "fp8_channel")
+    enable_block_offload(model, device="cpu", host="pageable")
+    inputs = MODELS["wan"][2]
+    bad = inputs(0)
+    bad["encoder_hidden_states"] = bad["encoder_hidden_states"][..., :32]
+    with torch.no_grad(), pytest.raises(RuntimeError):
+        model(**bad)
+    with torch.no_grad():
+        assert torch.equal(model(**inputs(0))[0], plain(**inputs(0))[0])
+
+
+def test_offload_arguments_are_checked(converted):
+    model = _load(converted, "wan", "fp8_channel")
+    with pytest.raises(ValueError, match="host must be one of 'pageable', 'pinned'"):
+        enable_block_offload(model, device="cpu", host="mmap")
+    enable_block_offload(model, device="cpu", host="pageable")
+    with pytest.raises(ValueError, match="already enabled"):
+        enable_block_offload(model, device="cpu", host="pageable")
+    with pytest.raises(ValueError, match="Linear has no ModuleList of transformer blocks"):
+        enable_block_offload(torch.nn.Linear(4, 4), device="cpu", host="pageable")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="host='pinned' needs CUDA"):
+            enable_block_offload(_load(converted, "wan", "nf4"), device="cpu", host="pinned")
