@@ -33,10 +33,11 @@ test: setup
 bench: setup
 	$(BIN)/python benchmarks/bench_convert.py --preset 1.3b --write docs/BENCHMARKS.md
 	$(BIN)/python benchmarks/bench_verify.py --preset 1.3b --write docs/BENCHMARKS.md
+	$(BIN)/python benchmarks/bench_load.py --write docs/BENCHMARKS.md
 
 lint: setup
-	$(BIN)/ruff check quantize tests benchmarks
-	$(BIN)/ruff format --check quantize tests benchmarks
+	$(BIN)/ruff check quantize loaders tests benchmarks
+	$(BIN)/ruff format --check quantize loaders tests benchmarks
 
 clean:
 	rm -rf $(DEMO) bench-data .pytest_cache
