@@ -76,15 +76,15 @@ def load_quantized(
         ``_keep_in_fp32_modules`` (float32), as diffusers does; None keeps the stored dtypes.
         Quantized parts always keep theirs.
     """
+    device = torch.device(device) if device is not None else None
+    reader = TensorReader(host, device)  # checks `host` before anything is built
     comp = open_component(find_component(checkpoint))
     fmt = _checkpoint_format(comp)
     if isinstance(model, type):
         model = _skeleton(model, comp)
     elif not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module class or instance, got {type(model).__name__}")
-    device = torch.device(device) if device is not None else None
     plan = _match(model, comp, fmt)
-    reader = TensorReader(host, device)
     keep_fp32 = tuple(getattr(model, "_keep_in_fp32_modules", None) or ())
     for group in _groups(model, plan):
         _materialize(group, reader, dtype, keep_fp32)
@@ -126,10 +126,16 @@ def _parameters_on_meta() -> Iterator[None]:
 
 def _skeleton(cls: type[nn.Module], comp: Component) -> nn.Module:
     config = {k: v for k, v in comp.config.items() if k != "quantization_config"}
-    with _parameters_on_meta():
-        if hasattr(cls, "from_config"):
-            return cls.from_config(config)
-        return cls(**{k: v for k, v in config.items() if not k.startswith("_")})
+    try:
+        with _parameters_on_meta():
+            if hasattr(cls, "from_config"):
+                return cls.from_config(config)
+            return cls(**{k: v for k, v in config.items() if not k.startswith("_")})
+    except (TypeError, ValueError) as e:
+        raise InputError(
+            f"{comp.config_path}: cannot build {cls.__name__} from it ({e}): pass the model class the "
+            "checkpoint was converted from, or an instance to fill"
+        ) from None
 
 
 # -- 2. the match -----------------------------------------------------------------------------------

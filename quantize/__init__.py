@@ -13,7 +13,7 @@ import importlib
 
 __version__ = "0.1.0"
 
-_LAZY = {"convert": ".convert", "make_plan": ".plan", "load_recipe": ".recipes"}
+_LAZY = {"convert": ".converter", "make_plan": ".plan", "load_recipe": ".recipes"}
 
 __all__ = ["__version__", *_LAZY]
 

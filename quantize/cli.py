@@ -276,7 +276,7 @@ def convert_cmd(
     source: Path, output: Path, recipe: str, overwrite: bool, max_shard_size: str, workers: int | None
 ) -> None:
     """Convert the safetensors checkpoint SOURCE into OUTPUT following RECIPE."""
-    from .convert import convert, parse_size
+    from .converter import convert, parse_size
     from .recipes import load_recipe
 
     loaded = load_recipe(recipe)
@@ -451,7 +451,7 @@ def example_cmd(output: Path, preset: str, layout: str, dtype: str, max_shard_si
     """Write a random-weight checkpoint with the original Wan key names, to try the tool on."""
     import torch
 
-    from .convert import parse_size
+    from .converter import parse_size
     from .errors import OutputExistsError
     from .synthetic import write_wan_example
 

@@ -294,3 +294,9 @@ def test_loaders_import_no_converter_or_cli():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_class_that_cannot_be_built_from_the_config_is_named(converted):
+    _, out = converted("wan", "fp8_channel")
+    with pytest.raises(InputError, match=r"config\.json: cannot build Toy from it \(.*unexpected keyword"):
+        load_quantized(Toy, out)
