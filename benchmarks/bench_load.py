@@ -198,6 +198,10 @@ def report(samples: dict[str, list[dict]], checkpoint: Path, command: str, data_
         f"(worst {worst:.2f}x). With mmap nothing is read at load time: pages come in on first use, as the "
         "touch row shows, and stay reclaimable page cache.",
         "",
+        "The read yardstick reuses one 8 MB buffer; `pageable` must also fault in fresh memory for every "
+        "byte, which is most of its cost here (zeroing each tensor before the pread, so the pages are faulted "
+        "from user space rather than one by one inside the read, took it from 4.2 s to the figure above).",
+        "",
         "GPU figures (FP8Linear's `_scaled_mm` on the GPU against bf16; block offload step time, H2D GB/s and "
         "copy/compute overlap with pinned and with pageable host memory) are **not measured yet**: no GPU "
         "machine was lent to this task.",

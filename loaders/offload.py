@@ -99,9 +99,7 @@ class BlockOffloader:
         for li, (_, ml) in enumerate(self.lists):
             for bi, block in enumerate(ml):
                 key = (li, bi)
-                self._bindings[key] = self._home_block(
-                    block
-                )  # block by block: one block in flight on the host
+                self._bindings[key] = self._home_block(block)  # one block at a time in flight on the host
                 signature = tuple(
                     (b.local, b.is_param, tuple(b.host.shape), b.host.dtype) for b in self._bindings[key]
                 )
