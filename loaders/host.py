@@ -1,14 +1,18 @@
 """Where loaded tensors live on the host, and how they get there.
 
-``mmap``: views into a private, read-only-in-practice memory map of each shard: nothing is read at
-load time; pages come in when first used and can be dropped again by the kernel (they are the page
-cache). ``pageable``: read with pread into ordinary memory. ``pinned``: read with pread straight into
-page-locked memory, which the GPU can copy from asynchronously (it needs CUDA, and it is RAM the
-kernel can never reclaim: pinning can double host use when the model is also in the page cache).
+``mmap``: views into a private memory map of each shard: nothing is read at load time; pages come in
+when first used and are reclaimable page cache. ``pageable``: read with pread into ordinary memory.
+``pinned``: read with pread straight into page-locked memory, which a GPU copies from asynchronously.
+Pinned memory is allocated one buffer per group of tensors (a block), sized exactly and pinned with
+``cudaHostRegister``: torch's own pinned allocator rounds every allocation up to a power of two
+(a 67.5 MiB weight would lock 128 MiB) and keeps what it pinned cached for the process's life.
+Pinned memory needs CUDA, and it is RAM the kernel can never reclaim.
 """
 
 from __future__ import annotations
 
+import math
+import weakref
 from pathlib import Path
 
 import torch
@@ -16,9 +20,17 @@ import torch
 from quantize import dtypes
 from quantize.checkpoint import TensorInfo, read_into
 
-__all__ = ["HOST_MODES", "TensorReader", "check_host", "remember_source", "to_host"]
+__all__ = [
+    "HOST_MODES",
+    "TensorReader",
+    "check_host",
+    "host_buffer",
+    "remember_source",
+    "mapped_source",
+]
 
 HOST_MODES = ("mmap", "pageable", "pinned")
+_ALIGN = 64  # bytes: every view in a host buffer starts on a cache line
 
 
 def check_host(host: str, *, allow_mmap: bool = True) -> None:
@@ -31,27 +43,59 @@ def check_host(host: str, *, allow_mmap: bool = True) -> None:
         )
 
 
+def host_buffer(
+    specs: list[tuple[torch.dtype, tuple[int, ...]]], pin: bool, owner: torch.nn.Module
+) -> list[torch.Tensor]:
+    """Empty host tensors of these dtypes and shapes, carved from one fresh buffer.
+
+    With `pin` the buffer is page-locked at its exact size (``cudaHostRegister``) and unregistered when
+    `owner` (which keeps it) is garbage-collected. The memory is zeroed first: faulting pages in from
+    user space and then reading into them is several times faster than faults inside the read.
+    """
+    offsets, total = [], 0
+    for dtype, shape in specs:
+        total = -(-total // _ALIGN) * _ALIGN
+        offsets.append(total)
+        total += math.prod(shape) * dtype.itemsize
+    buf = torch.empty(max(total, 1), dtype=torch.uint8).zero_()
+    if pin:
+        _register(buf)
+        owner.__dict__.setdefault("_pinned_host_buffers", []).append(buf)
+    return [
+        buf[o : o + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
+        for o, (dtype, shape) in zip(offsets, specs, strict=True)
+    ]
+
+
+def _register(buf: torch.Tensor) -> None:
+    cudart = torch.cuda.cudart()
+    ptr = buf.data_ptr()
+    torch.cuda.check_error(cudart.cudaHostRegister(ptr, buf.numel(), 0))
+    weakref.finalize(buf, cudart.cudaHostUnregister, ptr)
+
+
 class TensorReader:
-    """Reads checkpoint tensors into the chosen host memory, or straight to `device`."""
+    """Reads checkpoint tensors into the chosen host memory, or straight to `device`, a group at a time."""
 
     def __init__(self, host: str, device: torch.device | None = None):
         check_host(host)
         self.host, self.device = host, device
         self._maps: dict[Path, torch.Tensor] = {}
 
-    def read(self, info: TensorInfo) -> torch.Tensor:
-        t = self._host_tensor(info)
-        if self.device is not None and t.device != self.device:
-            t = t.to(self.device, non_blocking=self.host == "pinned")
-        return t
-
-    def _host_tensor(self, info: TensorInfo) -> torch.Tensor:
+    def read_group(self, infos: list[TensorInfo], owner: torch.nn.Module) -> list[torch.Tensor]:
+        """The tensors of `infos`; pinned ones share one buffer kept by `owner` (unless bound for `device`)."""
         if self.host == "pinned":
-            dtype = dtypes.by_name(info.dtype).torch
-            return read_into(info, torch.empty(info.shape, dtype=dtype, pin_memory=True))
-        if self.host == "pageable":
-            return _read_prefaulted(info)
-        return self._mapped(info)
+            specs = [(dtypes.by_name(i.dtype).torch, i.shape) for i in infos]
+            staged = [read_into(i, t) for i, t in zip(infos, host_buffer(specs, True, owner), strict=True)]
+            if self.device is None:
+                return staged
+            moved = [t.to(self.device, non_blocking=True) for t in staged]
+            torch.cuda.synchronize(self.device)  # the staging buffer goes when this returns
+            return moved
+        tensors = [self._mapped(i) if self.host == "mmap" else _read_prefaulted(i) for i in infos]
+        if self.device is not None:
+            tensors = [t.to(self.device) for t in tensors]
+        return tensors
 
     def _mapped(self, info: TensorInfo) -> torch.Tensor:
         file = self._maps.get(info.file)
@@ -60,38 +104,26 @@ class TensorReader:
             storage = torch.UntypedStorage.from_file(str(info.file), shared=False, nbytes=size)
             file = self._maps[info.file] = torch.empty(0, dtype=torch.uint8).set_(storage)
         dtype = dtypes.by_name(info.dtype).torch
-        raw = file[info.start : info.end]
         if info.start % dtype.itemsize:  # safetensors writers align, but not every file is from one
             return _read_prefaulted(info)
-        return raw.view(dtype).view(info.shape)
+        return file[info.start : info.end].view(dtype).view(info.shape)
 
 
 def _read_prefaulted(info: TensorInfo) -> torch.Tensor:
-    """The tensor read into fresh memory that is zeroed first: faulting the pages in from user space and then
-    reading is several times faster than letting the kernel fault them one by one inside the read
-    (0.6 vs 3 GB/s measured on the benchmark machine)."""
-    raw = torch.empty(info.nbytes, dtype=torch.uint8).zero_()
-    read_into(info, raw.view(dtypes.by_name(info.dtype).torch).view(info.shape))
-    return raw.view(dtypes.by_name(info.dtype).torch).view(info.shape)
+    """The tensor read into fresh memory that is zeroed first (0.6 vs 3 GB/s on the benchmark machine)."""
+    (out,) = host_buffer([(dtypes.by_name(info.dtype).torch, info.shape)], False, None)
+    return read_into(info, out)
 
 
-def remember_source(module: torch.nn.Module, name: str, tensor: torch.Tensor, info: TensorInfo) -> None:
-    """Note on `module` that its tensor `name` is a memory-mapped view of `info`, so it can later be re-read
-    from the file instead of copied out of the mapping (which would fault every page into the process)."""
-    module.__dict__.setdefault("_mapped_from", {})[name] = (info, tensor.data_ptr())
+def remember_source(module: torch.nn.Module, attr: str, tensor: torch.Tensor, info: TensorInfo) -> None:
+    """Note on `module` that its tensor `attr` is a memory-mapped view of `info`, so that it can later be
+    re-read from the file instead of copied out of the mapping (which faults every page into the process)."""
+    module.__dict__.setdefault("_mapped_from", {})[attr] = (info, tensor.data_ptr())
 
 
-def to_host(module: torch.nn.Module, name: str, t: torch.Tensor, host: str) -> torch.Tensor:
-    """Module tensor `name` (currently `t`) in host memory of the kind asked.
-
-    pinned: a page-locked copy, read from the file with pread when `t` is still the memory-mapped view
-    the loader put there; pageable: `t` itself when it is on the host (mapped or not), else a CPU copy.
-    """
-    if host == "pageable":
-        return t if t.device.type == "cpu" else t.to("cpu")
-    if t.is_pinned():
-        return t
-    info, ptr = module.__dict__.get("_mapped_from", {}).get(name, (None, None))
-    if info is not None and t.device.type == "cpu" and t.data_ptr() == ptr:
-        return read_into(info, torch.empty(info.shape, dtype=t.dtype, pin_memory=True))
-    return t.to("cpu").pin_memory()
+def mapped_source(module: torch.nn.Module, attr: str, tensor: torch.Tensor) -> TensorInfo | None:
+    """Where `tensor` (module's `attr`) was mapped from, if it is still that memory-mapped view."""
+    info, ptr = module.__dict__.get("_mapped_from", {}).get(attr, (None, None))
+    if info is not None and tensor.device.type == "cpu" and tensor.data_ptr() == ptr:
+        return info
+    return None

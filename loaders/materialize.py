@@ -87,7 +87,7 @@ def load_quantized(
     plan = _match(model, comp, fmt)
     keep_fp32 = tuple(getattr(model, "_keep_in_fp32_modules", None) or ())
     for group in _groups(model, plan):
-        _materialize(group, reader, dtype, keep_fp32)
+        _materialize(model, group, reader, dtype, keep_fp32)
     _finish(model, device)
     return model
 
@@ -109,7 +109,11 @@ def _checkpoint_format(comp: Component) -> Format:
 
 @contextlib.contextmanager
 def _parameters_on_meta() -> Iterator[None]:
-    """While active, every parameter a module registers is replaced by an empty one on the meta device."""
+    """While active, every parameter a module registers is replaced by an empty one on the meta device.
+
+    It patches `nn.Module.register_parameter` for the process (as accelerate's `init_empty_weights` does):
+    a module built on another thread meanwhile gets meta parameters too.
+    """
     original = nn.Module.register_parameter
 
     def register(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
@@ -158,15 +162,20 @@ def _match(model: nn.Module, comp: Component, fmt: Format) -> dict[str, _Entry]:
     modules = dict(model.named_modules())
     for name, module in modules.items():
         entry = _Entry(name, module, modules[name.rpartition(".")[0]] if name else None)
-        if isinstance(module, nn.Linear) and _is_quantized(name, module, keys, fmt, comp):
+        already = isinstance(module, QuantizedLinear)
+        if already and module.FORMAT is not fmt:
+            raise CheckpointMismatchError(
+                f"{comp.dir}: the model's {name!r} is a {type(module).__name__} ({module.FORMAT.NAME}); "
+                f"the checkpoint is {fmt.NAME}"
+            )
+        if already or (isinstance(module, nn.Linear) and _is_quantized(name, module, keys, fmt, comp)):
+            if already and not _is_quantized(name, module, keys, fmt, comp):
+                raise CheckpointMismatchError(
+                    f"{comp.dir}: the model's {fmt.NAME} layer {name!r} is not quantized in it"
+                )
             entry.quantized = module_for(fmt)
             for part in fmt.parts((module.out_features, module.in_features)):
                 entry.tensors[part] = keys.pop(part_key(name, part))
-            if module.bias is not None:
-                entry.tensors["bias"] = _take(keys, name, "bias", module.bias, comp)
-        elif isinstance(module, QuantizedLinear):
-            for part in module.part_attrs:
-                entry.tensors[part] = _take(keys, name, part, module.stored()[part], comp)
             if module.bias is not None:
                 entry.tensors["bias"] = _take(keys, name, "bias", module.bias, comp)
         else:
@@ -189,7 +198,7 @@ def _persistent_buffers(module: nn.Module):
 
 
 def _is_quantized(
-    name: str, linear: nn.Linear, keys: dict[str, TensorInfo], fmt: Format, comp: Component
+    name: str, linear: nn.Module, keys: dict[str, TensorInfo], fmt: Format, comp: Component
 ) -> bool:
     """Whether the checkpoint holds `linear` in `fmt`'s parts (all of them, as specified), or as a plain weight."""
     try:
@@ -245,27 +254,33 @@ def _groups(model: nn.Module, plan: dict[str, _Entry]) -> Iterator[list[_Entry]]
 
 
 def _materialize(
-    group: list[_Entry], reader: TensorReader, dtype: torch.dtype | None, keep_fp32: tuple[str, ...]
+    model: nn.Module,
+    group: list[_Entry],
+    reader: TensorReader,
+    dtype: torch.dtype | None,
+    keep_fp32: tuple[str, ...],
 ) -> None:
     for entry in group:
+        if entry.quantized is not None and not isinstance(entry.module, QuantizedLinear):
+            _replace(entry, entry.quantized.like(entry.module))
+    jobs = [(entry, local, info) for entry in group for local, info in entry.tensors.items()]
+    tensors = reader.read_group([info for _, _, info in jobs], owner=model)
+    for (entry, local, info), t in zip(jobs, tensors, strict=True):
         module = entry.module
-        if entry.quantized is not None and not isinstance(module, QuantizedLinear):
-            module = entry.quantized.like(module)
-            _replace(entry, module)
-        for local, info in entry.tensors.items():
-            t = reader.read(info)
+        if isinstance(module, QuantizedLinear) and local in module.part_attrs:
             if reader.host == "mmap" and reader.device is None:
-                remember_source(module, local, t, info)
-            if isinstance(module, QuantizedLinear) and local in module.part_attrs:
-                module.set_part(local, t)
-                continue
-            cast = _kept_dtype(f"{entry.name}.{local}", t, dtype, keep_fp32)
-            if cast is not None and cast != t.dtype:
-                t = t.to(cast)
-            if local in module._parameters:
-                module._parameters[local] = nn.Parameter(t, requires_grad=False)
-            else:
-                module._buffers[local] = t
+                remember_source(module, module.part_attrs[local], t, info)
+            module.set_part(local, t)
+            continue
+        cast = _kept_dtype(f"{entry.name}.{local}", t, dtype, keep_fp32)
+        if cast is not None and cast != t.dtype:
+            t = t.to(cast)
+        elif reader.host == "mmap" and reader.device is None:
+            remember_source(module, local, t, info)
+        if local in module._parameters:
+            module._parameters[local] = nn.Parameter(t, requires_grad=False)
+        else:
+            module._buffers[local] = t
 
 
 def _replace(entry: _Entry, new: nn.Module) -> None:
@@ -286,13 +301,10 @@ def _kept_dtype(
 
 
 def _finish(model: nn.Module, device: torch.device | None) -> None:
-    """Move the buffers the model computed itself to `device`; everything else was loaded."""
-    for name, module in model.named_modules():
+    """Move the buffers the model computed itself to `device` (every parameter was loaded: `_match` saw to it)."""
+    for module in model.modules():
         for local, b in module._buffers.items():
             if b is not None and device is not None and b.device != device:
                 module._buffers[local] = b.to(device)
-        for local, p in module._parameters.items():
-            if p is not None and p.is_meta:
-                raise CheckpointMismatchError(f"{name}.{local} was not loaded")
     model.eval()
     model.requires_grad_(False)

@@ -62,6 +62,15 @@ class QuantizedLinear(nn.Module):
         return {part: self._buffers[attr] for part, attr in self.part_attrs.items()}
 
     def set_part(self, part: str, tensor: torch.Tensor) -> None:
+        """Take `tensor` (not a copy) as the stored part `part`; its dtype and shape must be the format's."""
+        dtype_name, shape = self.FORMAT.parts((self.out_features, self.in_features))[part]
+        if tensor.dtype != dtypes.by_name(dtype_name).torch or (
+            shape is not None and tuple(tensor.shape) != shape
+        ):
+            raise ValueError(
+                f"{self.FORMAT.NAME} part {part!r} of a [{self.out_features}, {self.in_features}] Linear is "
+                f"{dtype_name}{list(shape or [])}, got {tensor.dtype}{list(tensor.shape)}"
+            )
         self._buffers[self.part_attrs[part]] = tensor
         self.parts_changed()
 
@@ -149,13 +158,18 @@ def set_param(module: nn.Module, name: str, value: torch.Tensor) -> None:
 
 
 @functools.cache
-def _scaled_mm_rowwise(device: torch.device) -> bool:
-    """Whether `torch._scaled_mm` takes row-wise float32 scales on this device (CPU; SM89+ GPUs)."""
-    if device.type == "cpu":
-        return True
-    if device.type == "cuda":
-        return torch.cuda.get_device_capability(device) >= (8, 9)
-    return False
+def _scaled_mm_rowwise(device: torch.device, out_dtype: torch.dtype) -> bool:
+    """Whether `torch._scaled_mm` takes float8 operands with row-wise float32 scales on this device for this
+    output dtype: tried once on a 16x16 problem (the CPU has it; which GPUs do depends on the build)."""
+    if device.type not in ("cpu", "cuda"):
+        return False
+    try:
+        a = torch.zeros(16, 16, device=device).to(FP8_DTYPE)
+        scale = torch.ones(16, 1, device=device)
+        torch._scaled_mm(a, a.t(), scale_a=scale, scale_b=scale.t(), out_dtype=out_dtype)
+    except (RuntimeError, NotImplementedError, TypeError):
+        return False
+    return True
 
 
 class FP8Linear(QuantizedLinear):
@@ -163,9 +177,9 @@ class FP8Linear(QuantizedLinear):
 
     With `compute="scaled_mm"` (the default) activations are quantized per row (per token) to float8
     on each call, as the checkpoint's config says, and multiplied by `torch._scaled_mm` with both
-    row-wise scales where the device has it (the CPU and SM89+ GPUs; inner and outer dims multiples
-    of 16); elsewhere, and with `compute="dequantize"`, the weight is dequantized to the input's dtype
-    for that call and used by `F.linear`.
+    row-wise scales where the device has it for the input's dtype (tried once per device: the CPU,
+    SM89+ GPUs in bf16) and both dims are multiples of 16; elsewhere, and with `compute="dequantize"`,
+    the weight is dequantized to the input's dtype for that call and used by `F.linear`.
     """
 
     FORMAT = fp8_channel
@@ -183,8 +197,7 @@ class FP8Linear(QuantizedLinear):
             and self.in_features % 16 == 0
             and self.out_features % 16 == 0
             and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
-            and _scaled_mm_rowwise(x.device)
-            and (x.device.type == "cpu" or x.dtype == torch.bfloat16)
+            and _scaled_mm_rowwise(x.device, x.dtype)
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

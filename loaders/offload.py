@@ -21,8 +21,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from quantize.checkpoint import read_into
+
 from .blocks import find_block_lists
-from .host import check_host, to_host
+from .host import check_host, host_buffer, mapped_source
 from .modules import QuantizedLinear, set_param
 
 __all__ = ["enable_block_offload", "BlockOffloader", "OffloadStats"]
@@ -112,7 +114,7 @@ class BlockOffloader:
         for li, (_, ml) in enumerate(self.lists):
             for bi, block in enumerate(ml):
                 self._hooks.append(block.register_forward_pre_hook(self._pre_hook((li, bi))))
-                self._hooks.append(block.register_forward_hook(self._post_hook((li, bi))))
+                self._hooks.append(block.register_forward_hook(self._post_hook((li, bi)), always_call=True))
         model.__dict__[_ATTR] = self
 
     # -- set-up ---------------------------------------------------------------------------------------
@@ -136,23 +138,42 @@ class BlockOffloader:
                     module._buffers[local] = b.to(self.device)
 
     def _home_block(self, block: nn.Module) -> list[_Binding]:
-        """Put each tensor of `block` in host memory of the chosen kind; the block's bindings."""
+        """Put each tensor of `block` in host memory of the chosen kind; the block's bindings.
+
+        pageable: a tensor already on the host stays where it is (memory-mapped ones included).
+        pinned: the block's tensors that are not pinned yet go into one exactly sized pinned buffer; those
+        still memory-mapped from the checkpoint are re-read from the file, not copied out of the mapping.
+        """
+        entries = [
+            (module, local, is_param, t)
+            for module in block.modules()
+            for is_param, tensors in ((True, module._parameters), (False, module._buffers))
+            for local, t in tensors.items()
+            if t is not None
+        ]
+        homes = [t.data if is_param else t for _, _, is_param, t in entries]
+        if self.host == "pageable":
+            homes = [t if t.device.type == "cpu" else t.to("cpu") for t in homes]
+        else:
+            moving = [i for i, t in enumerate(homes) if not (t.device.type == "cpu" and t.is_pinned())]
+            specs = [(homes[i].dtype, tuple(homes[i].shape)) for i in moving]
+            for i, pinned in zip(moving, host_buffer(specs, True, self.model), strict=True):
+                module, local = entries[i][0], entries[i][1]
+                source = mapped_source(module, local, homes[i])
+                homes[i] = read_into(source, pinned) if source is not None else pinned.copy_(homes[i])
         bindings = []
-        for module in block.modules():
-            for local, p in list(module._parameters.items()):
-                if p is not None:
-                    t = nn.Parameter(to_host(module, local, p.data, self.host), requires_grad=False)
-                    module._parameters[local] = t
-                    bindings.append(_Binding(module, local, True, t))
-            for local, b in list(module._buffers.items()):
-                if b is not None:
-                    t = to_host(module, local, b, self.host)
-                    module._buffers[local] = t
-                    bindings.append(_Binding(module, local, False, t))
+        for (module, local, is_param, _), home in zip(entries, homes, strict=True):
+            if is_param:
+                home = nn.Parameter(home, requires_grad=False)
+            (module._parameters if is_param else module._buffers)[local] = home
+            bindings.append(_Binding(module, local, is_param, home))
         return bindings
 
     def _new_slot(self, bindings: list[_Binding]) -> _Slot:
         tensors = [torch.empty_like(b.host, device=self.device) for b in bindings]
+        if self._streamed:  # written on the copy stream: the allocator must not reuse them before it is done
+            for t in tensors:
+                t.record_stream(self._copy_stream)
         bound = [
             nn.Parameter(t, requires_grad=False) if b.is_param else t
             for b, t in zip(bindings, tensors, strict=True)

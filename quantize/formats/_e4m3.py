@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 __all__ = ["FP8_DTYPE", "FP8_MAX", "dequantize_rows"]
@@ -9,6 +11,11 @@ __all__ = ["FP8_DTYPE", "FP8_MAX", "dequantize_rows"]
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448.0
 _VALUES = torch.arange(256, dtype=torch.uint8).view(FP8_DTYPE).float()  # bit pattern -> value
+
+
+@functools.cache
+def _values_on(device: torch.device) -> torch.Tensor:
+    return _VALUES.to(device)
 
 
 def dequantize_rows(
@@ -21,5 +28,6 @@ def dequantize_rows(
     """
     if rows is not None:
         q, scale = q[rows[0] : rows[1]], scale[rows[0] : rows[1]]
-    values = _VALUES.index_select(0, q.reshape(-1).view(torch.uint8).int()).view(q.shape)
+    table = _VALUES if q.device.type == "cpu" else _values_on(q.device)
+    values = table.index_select(0, q.reshape(-1).view(torch.uint8).int()).view(q.shape)
     return values.mul_(scale).to(dtype)

@@ -102,15 +102,21 @@ def test_everything_outside_the_blocks_is_on_the_device_and_blocks_on_the_host(c
         assert t.device.type == ("cpu" if name.startswith("blocks.") else "meta"), name
 
 
-def test_a_forward_that_raises_leaves_the_offloader_usable(converted):
+def test_a_block_that_raises_is_unbound_and_the_next_forward_is_exact(converted):
     model = _load(converted, "wan", "fp8_channel")
     plain = _load(converted, "wan", "fp8_channel")
     enable_block_offload(model, device="cpu", host="pageable")
+    host_ptrs = [_block_tensor_ptrs(b) for b in model.blocks]
+
+    def fail_once(module, args):
+        handle.remove()
+        raise RuntimeError("boom inside block 1")
+
+    handle = model.blocks[1].attn1.register_forward_pre_hook(fail_once)
     inputs = MODELS["wan"][2]
-    bad = inputs(0)
-    bad["encoder_hidden_states"] = bad["encoder_hidden_states"][..., :32]
-    with torch.no_grad(), pytest.raises(RuntimeError):
-        model(**bad)
+    with torch.no_grad(), pytest.raises(RuntimeError, match="boom inside block 1"):
+        model(**inputs(0))
+    assert [_block_tensor_ptrs(b) for b in model.blocks] == host_ptrs  # nothing left bound to a slot
     with torch.no_grad():
         assert torch.equal(model(**inputs(0))[0], plain(**inputs(0))[0])
 
@@ -127,3 +133,36 @@ def test_offload_arguments_are_checked(converted):
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="host='pinned' needs CUDA"):
             enable_block_offload(_load(converted, "wan", "nf4"), device="cpu", host="pinned")
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@cuda
+@pytest.mark.parametrize("host", ["pinned", "pageable"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_gpu_offload_equals_the_model_on_the_gpu_and_allocates_nothing_per_step(converted, fmt, host):
+    inputs = MODELS["wan"][2]
+
+    def on_gpu(seed):
+        return {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in inputs(seed).items()}
+
+    whole = _load(converted, "wan", fmt).to("cuda")
+    with torch.no_grad():
+        want = [whole(**on_gpu(s))[0] for s in range(3)]
+    del whole
+    model = _load(converted, "wan", fmt)
+    offloader = enable_block_offload(model, device="cuda", host=host)
+    assert all(t.is_pinned() for b in model.blocks for t in b.state_dict().values()) == (host == "pinned")
+    with torch.no_grad():
+        got = [model(**on_gpu(0))[0]]
+        torch.cuda.synchronize()
+        allocated = torch.cuda.memory_allocated()
+        got += [model(**on_gpu(s))[0] for s in (1, 2)]
+        torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() <= allocated + sum(g.numel() * g.element_size() for g in got[1:]) + (
+        1 << 20
+    )
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+    offloader.remove()

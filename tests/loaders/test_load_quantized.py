@@ -131,10 +131,29 @@ def test_pinned_host_needs_cuda(converted):
         load_quantized(diffusers.WanTransformer3DModel, out, host="pinned")
 
 
-def test_loading_straight_to_a_device(converted):
-    _, out = converted("kandinsky5", "fp8_channel")
-    loaded = load_quantized(diffusers.Kandinsky5Transformer3DModel, out, host="pageable", device="cpu")
-    assert {t.device.type for t in (*loaded.parameters(), *loaded.buffers())} == {"cpu"}
+@pytest.mark.parametrize("host", ["mmap", "pageable"])
+def test_loading_straight_to_a_device(converted, host):
+    _, out = converted("kandinsky5", "nf4")
+    loaded = load_quantized(diffusers.Kandinsky5Transformer3DModel, out, host=host, device="meta")
+    assert {t.device.type for t in (*loaded.parameters(), *loaded.buffers())} == {"meta"}
+    assert loaded.state_dict().keys() == load_all(out).keys()
+
+
+def test_a_loaded_model_can_be_filled_again_and_refuses_another_format(converted):
+    _, out = converted("wan", "nf4")
+    model = load_quantized(diffusers.WanTransformer3DModel, out, host="pageable")
+    x = MODELS["wan"][2]()
+    with torch.no_grad():
+        want = model(**x)[0]
+    assert load_quantized(model, out, host="mmap") is model
+    with torch.no_grad():
+        assert torch.equal(model(**x)[0], want)
+    _, fp8 = converted("wan", "fp8_channel")
+    with pytest.raises(
+        CheckpointMismatchError,
+        match=r"'blocks\.0\.[\w.]+' is a NF4Linear \(nf4\); the checkpoint is fp8_channel",
+    ):
+        load_quantized(model, fp8)
 
 
 class Toy(torch.nn.Module):

@@ -179,14 +179,6 @@ def test_to_dtype_moves_the_bias_but_never_the_stored_parts(cls):
     assert m.bias.dtype == torch.float32
 
 
-@pytest.fixture
-def swap_on_conversion():
-    """Make every `.to()` swap tensors, as torch does for tensor subclasses such as torchao's."""
-    torch.__future__.set_swap_module_params_on_conversion(True)
-    yield
-    torch.__future__.set_swap_module_params_on_conversion(False)
-
-
 def test_a_torchao_weight_with_a_weak_reference_cannot_move():
     """The failure that stopped Kandinsky 5 FP8 from offloading: torchao's Float8Tensor in a Linear, a weakref held."""
     w, _ = _weights()
@@ -199,22 +191,45 @@ def test_a_torchao_weight_with_a_weak_reference_cannot_move():
 
 
 @pytest.mark.parametrize("cls", MODULES)
-@pytest.mark.parametrize("swap", [False, True], ids=["plain", "swap-on-conversion"])
-def test_to_moves_while_weak_references_to_every_tensor_are_held(cls, swap, request):
-    if swap:
-        request.getfixturevalue("swap_on_conversion")
+def test_to_moves_while_weak_references_to_every_tensor_are_held(cls):
     w, b = _weights()
     m = make(cls, w, b)
     x = _x()
     before = m(x)
-    refs = [weakref.ref(t) for t in (*m.buffers(), *m.parameters())]
-    if cls is Float8Linear:
-        refs.append(weakref.ref(m.weight))
+    refs = [weakref.ref(t) for t in (*m.buffers(), *m.parameters())]  # noqa: F841 (held across the moves)
     m.to("cpu")
     m.to(torch.bfloat16)
     assert torch.equal(m(x), before)
     m.to("meta")
     assert all(t.is_meta for t in (*m.buffers(), *m.parameters()))
+
+
+@pytest.mark.parametrize("cls", MODULES)
+def test_set_part_refuses_a_part_of_the_wrong_dtype_or_shape(cls):
+    m = cls(128, 96, True, device="meta")
+    part, (_, shape) = next(iter(cls.FORMAT.parts((96, 128)).items()))
+    with pytest.raises(ValueError, match=rf"part {part!r} of a \[96, 128\] Linear is .*got torch.bfloat16"):
+        m.set_part(part, torch.zeros(shape, dtype=torch.bfloat16))
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@cuda
+@pytest.mark.parametrize("cls", MODULES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_gpu_forward_matches_the_cpu_forward(cls, dtype):
+    w, b = _weights()
+    m = make(cls, w, b)
+    x = _x(dtype=dtype)
+    want = m(x).float()
+    got = m.to("cuda")(x.cuda()).float().cpu()
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want, rtol=2**-6, atol=2**-6)
+    if cls is FP8Linear:  # the dequantize fallback on the GPU: the decoded weight, exactly
+        m.compute = "dequantize"
+        wd = fp8_channel.decode(fp8_channel.encode(w), dtype)
+        torch.testing.assert_close(m(x.cuda()).cpu(), F.linear(x, wd, b.to(dtype)), rtol=1e-2, atol=1e-2)
 
 
 def test_set_part_and_dequantize_agree_with_the_format():
