@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from loaders import enable_block_offload, find_block_lists, load_quantized
+from tests.conftest import load_all
 from tests.loaders.conftest import FORMATS, MODELS
 
 diffusers = pytest.importorskip("diffusers")
@@ -166,3 +167,45 @@ def test_gpu_offload_equals_the_model_on_the_gpu_and_allocates_nothing_per_step(
     for g, w in zip(got, want, strict=True):
         assert torch.equal(g, w)
     offloader.remove()
+
+
+@pytest.fixture
+def fake_pinning(monkeypatch):
+    """The pinned code paths on a machine without CUDA: CUDA reported present, page-locking a no-op."""
+    import loaders.host
+    from quantize.formats import nf4
+
+    nf4.bitsandbytes()  # imported before CUDA is faked: it probes CUDA at import
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(loaders.host, "_register", lambda buf: None)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_channel", "nf4"])
+def test_pinned_loading_and_pinned_homing_of_a_mapped_model(converted, fake_pinning, monkeypatch, fmt):
+    import loaders.offload
+
+    out = converted("wan", fmt)[1]
+
+    def load(host):  # stored dtypes: nothing cast, so every block tensor of the mapped model stays mapped
+        return load_quantized(diffusers.WanTransformer3DModel, out, host=host)
+
+    plain, pinned = load("pageable"), load("pinned")
+    # one exactly sized buffer per loading group: the layers outside the blocks, then each block
+    assert len(pinned.__dict__["_pinned_host_buffers"]) == 1 + len(pinned.blocks)
+
+    mapped = load("mmap")
+    reread = []
+    real_read_into = loaders.offload.read_into
+    monkeypatch.setattr(
+        loaders.offload, "read_into", lambda info, out: reread.append(info.name) or real_read_into(info, out)
+    )
+    enable_block_offload(mapped, device="cpu", host="pinned")
+    from_file = {k for k in load_all(out) if k.startswith("blocks.")}
+    assert sorted(reread) == sorted(
+        from_file
+    )  # every block tensor that was mapped is re-read with pread, none copied out
+    assert len(mapped.__dict__["_pinned_host_buffers"]) == len(mapped.blocks)
+    inputs = MODELS["wan"][2]
+    with torch.no_grad():
+        want = plain(**inputs(0))[0]
+        assert torch.equal(pinned(**inputs(0))[0], want) and torch.equal(mapped(**inputs(0))[0], want)
