@@ -321,3 +321,25 @@ def test_a_class_that_cannot_be_built_from_the_config_is_named(converted):
     _, out = converted("wan", "fp8_channel")
     with pytest.raises(InputError, match=r"config\.json: cannot build Toy from it \(.*unexpected keyword"):
         load_quantized(Toy, out)
+
+
+@pytest.mark.parametrize("fmt_name", FORMATS)
+def test_a_loaded_block_deep_copies_as_stored(converted, fmt_name):
+    """What an offload manager does to make its staging buffers: copy.deepcopy(block). No bf16 weight appears."""
+    import copy
+
+    _, out = converted("wan", fmt_name)
+    model = load_quantized(diffusers.WanTransformer3DModel, out, host="mmap", dtype=torch.bfloat16)
+    block = model.blocks[1]
+    clone = copy.deepcopy(block)
+    theirs, ours = clone.state_dict(), block.state_dict()
+    assert theirs.keys() == ours.keys()
+    for key, t in ours.items():
+        assert theirs[key].dtype == t.dtype and torch.equal(
+            theirs[key].view(torch.uint8), t.view(torch.uint8)
+        ), key
+        assert theirs[key].untyped_storage().data_ptr() != t.untyped_storage().data_ptr() or not t.numel()
+    quantized = [m for m in clone.modules() if type(m) is MODULES[fmt_name]]
+    assert quantized and all(
+        t.dtype not in (torch.bfloat16, torch.float16) for m in quantized for t in m.buffers()
+    )
