@@ -6,26 +6,32 @@ from pathlib import Path
 
 import torch
 
+WAN_TINY = dict(
+    patch_size=(1, 2, 2),
+    num_attention_heads=2,
+    attention_head_dim=32,
+    in_channels=16,
+    out_channels=16,
+    text_dim=64,
+    freq_dim=64,
+    ffn_dim=128,
+    num_layers=2,
+    cross_attn_norm=True,
+    rope_max_seq_len=32,
+)
 
-def wan(path: Path, layers: int = 2, seed: int = 0) -> Path:
-    """A tiny WanTransformer3DModel (dim 64, ffn 128), saved in bf16 with diffusers' save_pretrained."""
+
+def wan_model(**changes):
+    """A tiny WanTransformer3DModel (dim 64, ffn 128, 2 blocks unless changed), random weights."""
     import diffusers
 
+    return diffusers.WanTransformer3DModel(**{**WAN_TINY, **changes})
+
+
+def wan(path: Path, layers: int = 2, seed: int = 0) -> Path:
+    """A tiny WanTransformer3DModel saved in bf16 with diffusers' save_pretrained."""
     torch.manual_seed(seed)
-    model = diffusers.WanTransformer3DModel(
-        patch_size=(1, 2, 2),
-        num_attention_heads=2,
-        attention_head_dim=32,
-        in_channels=16,
-        out_channels=16,
-        text_dim=64,
-        freq_dim=64,
-        ffn_dim=128,
-        num_layers=layers,
-        cross_attn_norm=True,
-        rope_max_seq_len=32,
-    )
-    model.to(torch.bfloat16).save_pretrained(path)
+    wan_model(num_layers=layers).to(torch.bfloat16).save_pretrained(path)
     return path
 
 

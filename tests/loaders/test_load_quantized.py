@@ -18,6 +18,7 @@ from loaders import CheckpointMismatchError, FP8Linear, load_quantized
 from loaders.modules import MODULES
 from quantize.errors import InputError
 from quantize.formats import get_format, part_key
+from tests import diffusers_models as models
 from tests.conftest import load_all, run_cli
 from tests.loaders.conftest import FORMATS, MODELS
 
@@ -222,20 +223,7 @@ def test_an_nn_module_instance_is_filled_in_place(tmp_path):
 
 
 def _wan_model(**changes):
-    config = dict(
-        patch_size=(1, 2, 2),
-        num_attention_heads=2,
-        attention_head_dim=32,
-        in_channels=16,
-        out_channels=16,
-        text_dim=64,
-        freq_dim=64,
-        ffn_dim=128,
-        num_layers=3,
-        cross_attn_norm=True,
-        rope_max_seq_len=32,
-    )
-    return diffusers.WanTransformer3DModel(**{**config, **changes})
+    return models.wan_model(**{"num_layers": 3, **changes})
 
 
 @pytest.mark.parametrize(
