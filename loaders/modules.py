@@ -120,7 +120,7 @@ class QuantizedLinear(nn.Module):
                 else:
                     with torch.no_grad():
                         self.bias.copy_(value)
-            elif assign or current.is_meta:
+            elif assign or current.is_meta or value.shape != current.shape:  # a late part may change size
                 self._buffers[attr] = value
             else:
                 with torch.no_grad():
