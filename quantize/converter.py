@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from . import __version__
+from .card import CARD_NAME, CardFacts, pipeline_tag, render_card, source_card_metadata
 from .checkpoint import CONFIG_NAME
 from .errors import ConversionError, InputError
 from .hashing import sha256_file
@@ -79,8 +80,13 @@ def convert(
     max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
     workers: int | None = None,
     progress: Progress | None = None,
+    source_name: str | None = None,
+    base_model: str | None = None,
 ) -> Manifest:
     """Convert `source` into the checkpoint directory `out`; `recipe` is a loaded recipe, a file or a bundled name.
+
+    source_name: how the manifest and the model card name the source (default: its folder's name; a Hub
+    repo id when it came from the Hub). base_model: the Hub repo id the card's metadata names as the base.
 
     >>> # manifest = convert("Wan2.1-T2V-1.3B", "Wan2.1-T2V-1.3B-fp8", "wan-fp8.yaml", workers=2)
     """
@@ -101,7 +107,15 @@ def convert(
     progress.start(plan.source_bytes, plan.tensor_count)
     try:
         with staging_dir(out) as tmp:
-            manifest = _write_checkpoint(plan, loaded, tmp, max_bytes, workers, progress)
+            facts = CardFacts(
+                classes={cp.rel: (cp.component.config or {}).get("_class_name") for cp in plan.components},
+                pipeline_tag=pipeline_tag([cp.component.config for cp in plan.components]),
+                base_model=base_model,
+                source_metadata=source_card_metadata(source),
+            )
+            manifest = _write_checkpoint(
+                plan, loaded, tmp, max_bytes, workers, progress, source_name or source.name, facts
+            )
             publish(tmp, out, overwrite)
     except OSError as e:  # the disk, not the input: name the file
         raise ConversionError(f"{e.filename or out}: {e.strerror or e}") from None
@@ -138,7 +152,14 @@ class _Work:
 
 
 def _write_checkpoint(
-    plan: Plan, loaded: LoadedRecipe, tmp: Path, max_bytes: int, workers: int, progress: Progress
+    plan: Plan,
+    loaded: LoadedRecipe,
+    tmp: Path,
+    max_bytes: int,
+    workers: int,
+    progress: Progress,
+    source_name: str,
+    facts: CardFacts,
 ) -> Manifest:
     saved_threads = torch.get_num_threads()
     pool = ThreadPoolExecutor(
@@ -170,12 +191,15 @@ def _write_checkpoint(
                 sha256=work.hash_later(tmp / RECIPE_NAME).result(),
                 text=recipe_text,
             ),
-            source={"name": plan.source.name},
+            source={"name": source_name},
             source_files=work.file_entries(plan.source, source_files),
             components=components,
             tensors=dict(sorted(tensors.items())),
-            output_files=work.file_entries(tmp, [p for p in tmp.rglob("*") if p.is_file()]),
+            output_files=[],
         )
+        write_file(tmp / CARD_NAME, render_card(manifest, facts))  # from everything but the output hashes
+        output_files = work.file_entries(tmp, [p for p in tmp.rglob("*") if p.is_file()])
+        manifest = manifest.model_copy(update={"output_files": output_files})
         write_file(tmp / MANIFEST_NAME, manifest.to_json())
         return manifest
     finally:
