@@ -26,7 +26,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from .errors import QuantizeError
+from .errors import InputError, QuantizeError
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -164,15 +164,17 @@ def _recipe_option(f):
 
 
 @cli.command("plan")
-@click.argument("source", type=click.Path(path_type=Path))
+@click.argument("source")
 @_recipe_option
-def plan_cmd(source: Path, recipe: str) -> None:
-    """Dry run: what each tensor of SOURCE becomes under RECIPE, and the sizes before and after."""
+def plan_cmd(source: str, recipe: str) -> None:
+    """Dry run: what each tensor of SOURCE (a folder or a Hub repo id) becomes under RECIPE, and the sizes."""
+    from .hub import recipe_files, resolve_source
     from .plan import make_plan
     from .recipes import load_recipe
 
     loaded = load_recipe(recipe)
-    plan = make_plan(source, loaded.recipe)
+    folder, _, _ = resolve_source(source, recipe_files(loaded.recipe))
+    plan = make_plan(folder, loaded.recipe)
     labels = {p: f"t{i}" for i, p in enumerate(plan.recipe.targets, 1)} | {
         p: f"i{i}" for i, p in enumerate(plan.recipe.ignore, 1)
     }
@@ -252,7 +254,7 @@ def _plan_groups(plan) -> list[tuple]:
 
 
 @cli.command("convert")
-@click.argument("source", type=click.Path(path_type=Path))
+@click.argument("source")
 @click.argument("output", type=click.Path(path_type=Path))
 @_recipe_option
 @click.option(
@@ -272,26 +274,41 @@ def _plan_groups(plan) -> list[tuple]:
     default=None,
     help="Threads converting tensors in parallel [default: all cores]. Output is identical for any value.",
 )
+@click.option(
+    "--base-model",
+    default=None,
+    help="Hub repo id the model card names as the base model [default: SOURCE when it is a repo id].",
+)
 def convert_cmd(
-    source: Path, output: Path, recipe: str, overwrite: bool, max_shard_size: str, workers: int | None
+    source: str,
+    output: Path,
+    recipe: str,
+    overwrite: bool,
+    max_shard_size: str,
+    workers: int | None,
+    base_model: str | None,
 ) -> None:
-    """Convert the safetensors checkpoint SOURCE into OUTPUT following RECIPE."""
+    """Convert the safetensors checkpoint SOURCE (a folder or a Hub repo id) into OUTPUT following RECIPE."""
     from .converter import convert, parse_size
+    from .hub import recipe_files, resolve_source
     from .recipes import load_recipe
 
     loaded = load_recipe(recipe)
     size = parse_size(max_shard_size)
+    folder, name, repo_id = resolve_source(source, recipe_files(loaded.recipe))
     progress = _progress("convert")
     t0 = time.monotonic()
     try:
         manifest = convert(
-            source,
+            folder,
             output,
             loaded,
             overwrite=overwrite,
             max_shard_size=size,
             workers=workers,
             progress=progress,
+            source_name=name,
+            base_model=base_model or repo_id,
         )
     finally:
         progress.stop()
@@ -312,8 +329,8 @@ def convert_cmd(
 @click.argument("checkpoint", type=click.Path(path_type=Path))
 @click.option(
     "--source",
-    type=click.Path(path_type=Path),
-    help="The source checkpoint: adds provenance and parity checks.",
+    default=None,
+    help="The source checkpoint (a folder or a Hub repo id): adds provenance and parity checks.",
 )
 @click.option(
     "--forward", is_flag=True, help="Also compare one forward pass of the source and the quantized model."
@@ -321,10 +338,17 @@ def convert_cmd(
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--workers", type=int, default=None, help="Threads hashing and comparing [default: all cores].")
 def verify_cmd(
-    checkpoint: Path, source: Path | None, forward: bool, as_json: bool, workers: int | None
+    checkpoint: Path, source: str | None, forward: bool, as_json: bool, workers: int | None
 ) -> int:
     """Prove CHECKPOINT: hashes and layout; with --source, provenance and per-tensor parity. Exit 1 if a check fails."""
     from .verify import verify
+
+    if source is not None:
+        from .hub import resolve_source
+        from .manifest import read_manifest
+
+        listed = {f.path for f in read_manifest(checkpoint).source_files}
+        source, _, _ = resolve_source(source, lambda files: sorted(listed & set(files)))
 
     progress = _progress("verify", "files and tensors") if not as_json else None
     try:
@@ -366,6 +390,50 @@ def verify_cmd(
         f"[red]verification failed[/]: {len(failures)} problem(s) in {escape(str(checkpoint))} ({hashing})"
     )
     return 1
+
+
+@cli.command("upload")
+@click.argument("checkpoint", type=click.Path(path_type=Path))
+@click.argument("repo_id")
+@click.option(
+    "--private", is_flag=True, help="Create the repo private (an existing repo keeps its visibility)."
+)
+@click.option("--revision", default=None, help="Branch to upload to (created if needed) [default: main].")
+@click.option("--message", default=None, help="Commit message.")
+@click.option("--dry-run", is_flag=True, help="List what would be sent, with sizes; send nothing.")
+def upload_cmd(
+    checkpoint: Path, repo_id: str, private: bool, revision: str | None, message: str | None, dry_run: bool
+) -> None:
+    """Publish CHECKPOINT to the Hugging Face Hub as REPO_ID, after verify's integrity checks pass."""
+    from .hub import has_token, upload, upload_files
+    from .verify import verify
+
+    if not dry_run and not has_token():
+        raise InputError("no Hugging Face token: set HF_TOKEN or run `hf auth login` (nothing was sent)")
+    report = verify(checkpoint)
+    if not report.ok:
+        failures = [f for c in report.checks.values() for f in c.failures]
+        raise InputError(
+            f"{checkpoint}: fails verify's integrity checks ({len(failures)} problem(s), first: {failures[0]}); "
+            f"nothing was sent: run `quantize verify {checkpoint}`"
+        )
+    files = upload_files(checkpoint)
+    table = Table(
+        title=f"{escape(str(checkpoint))} -> {escape(repo_id)}" + (f" @ {revision}" if revision else "")
+    )
+    table.add_column("file")
+    table.add_column("size", justify="right")
+    for f in files:
+        table.add_row(escape(f.path), _gb(f.size))
+    total = sum(f.size for f in files)
+    table.add_section()
+    table.add_row(f"{len(files)} files", _gb(total))
+    out.print(table)
+    if dry_run:
+        out.print("dry run: verified, nothing was sent")
+        return
+    url = upload(checkpoint, repo_id, private=private, revision=revision, message=message)
+    out.print(f"uploaded {len(files)} files ({_gb(total)}) to {escape(repo_id)}: {escape(url)}")
 
 
 @cli.command("inspect")
@@ -492,9 +560,11 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _fail(e: BaseException, message: str, code: int) -> None:
+    from .hub import scrub
+
     if _state["debug"]:
-        traceback.print_exception(e)
-    err.print(f"[red]error:[/] {escape(message)}", soft_wrap=True)
+        err.print(scrub("".join(traceback.format_exception(e))), markup=False, highlight=False)
+    err.print(f"[red]error:[/] {escape(scrub(message))}", soft_wrap=True)
     sys.exit(code)
 
 
