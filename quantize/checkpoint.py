@@ -21,6 +21,7 @@ import torch
 
 from . import dtypes
 from .errors import InputError
+from .layout import CONFIG_NAME, INDEX_SUFFIX
 
 __all__ = [
     "TensorInfo",
@@ -38,8 +39,6 @@ __all__ = [
     "CONFIG_NAME",
 ]
 
-INDEX_SUFFIX = ".safetensors.index.json"
-CONFIG_NAME = "config.json"
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
 _SHARD_RE = re.compile(r"^(?P<stem>.+)-\d{5}-of-\d{5}\.safetensors$")
 

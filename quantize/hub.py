@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from .card import CARD_NAME
-from .checkpoint import CONFIG_NAME, INDEX_SUFFIX
 from .errors import ConversionError, InputError
+from .layout import CONFIG_NAME, INDEX_SUFFIX
 from .manifest import MANIFEST_NAME, read_manifest
 
 __all__ = [

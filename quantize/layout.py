@@ -6,9 +6,18 @@ import json
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from .checkpoint import INDEX_SUFFIX
+__all__ = [
+    "INDEX_SUFFIX",
+    "CONFIG_NAME",
+    "SHARD_METADATA",
+    "group_by_size",
+    "shard_names",
+    "index_name",
+    "index_json",
+]
 
-__all__ = ["SHARD_METADATA", "group_by_size", "shard_names", "index_name", "index_json"]
+INDEX_SUFFIX = ".safetensors.index.json"
+CONFIG_NAME = "config.json"
 
 #: `__metadata__` of every shard we write (what transformers and diffusers expect).
 SHARD_METADATA = {"format": "pt"}

@@ -250,3 +250,12 @@ def test_files_wanted_for_a_recipe():
     ]
     assert source_files_wanted(files, ["."], everything=False) == ["README.md"]
     assert source_files_wanted(files, ["transformer"], everything=True) == sorted(files)
+
+
+def test_the_hub_code_needs_no_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, quantize.hub; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
