@@ -410,7 +410,11 @@ def upload_cmd(
 
     if not dry_run and not has_token():
         raise InputError("no Hugging Face token: set HF_TOKEN or run `hf auth login` (nothing was sent)")
-    report = verify(checkpoint)
+    progress = _progress("verify", "files and tensors")
+    try:
+        report = verify(checkpoint, progress=progress)
+    finally:
+        progress.stop()
     if not report.ok:
         failures = [f for c in report.checks.values() for f in c.failures]
         raise InputError(

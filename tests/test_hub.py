@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from huggingface_hub import ModelCard
+from huggingface_hub.utils import validate_repo_id
 
 from quantize.hub import scrub, source_files_wanted
 from tests.conftest import load_all, read_json, run_cli
@@ -197,6 +198,8 @@ def test_convert_from_a_repo_id_fetches_only_what_the_recipe_needs(hub, hub_env,
     card = ModelCard.load(out / "README.md").data.to_dict()
     assert card["base_model"] == "Wan-AI/Wan-tiny-Diffusers" and card["base_model_relation"] == "quantized"
     assert card["library_name"] == "diffusers" and card["license"] == "apache-2.0"
+    validate_repo_id(card["base_model"])
+    assert ModelCard(ModelCard.load(out / "README.md").content).data.to_dict() == card  # round-trips
 
     # the same conversion from a local copy of the repo writes the same tensors
     local = tmp_path / "local"
