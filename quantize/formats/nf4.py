@@ -86,25 +86,35 @@ def parts(shape: tuple[int, ...]) -> dict[str, PartSpec]:
 
 @functools.cache
 def _bucket_table() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """NF4 bucket edges (bitsandbytes' midpoints), and per top-16-bit float pattern: its bucket, and whether it straddles an edge."""
+    """NF4 bucket edges (bitsandbytes' midpoints), and per top-16-bit float pattern (a *cell* of 65536 floats):
+    the bucket of its smallest value, and the edge inside the cell (+inf where the cell is in one bucket).
+
+    A cell spans less than 1% of its value, far less than the distance between two edges, so it holds at
+    most one edge: the bucket of x is base[cell] + (x > edge[cell]), which is `torch.bucketize(x, edges)`
+    (x <= edge stays below it) without a search.
+    """
     code = _bnb().get_4bit_type("nf4", device="cpu")
     edges = (code[:-1] + code[1:]) / 2  # NF4's code is sorted: these are bitsandbytes' bucket bounds
     patterns = torch.arange(1 << 16, dtype=torch.int32) << 16
-    lo, hi = patterns.view(torch.float32), (patterns | 0xFFFF).view(torch.float32)
-    b_lo, b_hi = torch.bucketize(lo, edges), torch.bucketize(hi, edges)
-    straddles = (b_lo != b_hi) | lo.isnan() | hi.isnan()
-    return edges, b_lo.to(torch.uint8), straddles
+    ends = torch.stack([patterns.view(torch.float32), (patterns | 0xFFFF).view(torch.float32)])
+    low, high = ends.amin(dim=0), ends.amax(dim=0)  # a negative cell's pattern order is reversed
+    b_low, b_high = torch.bucketize(low, edges), torch.bucketize(high, edges)
+    if bool((b_high - b_low > 1).any()):
+        raise AssertionError("an NF4 edge table cell spans two edges")
+    straddles = b_high != b_low
+    edge = torch.full((1 << 16,), math.inf)
+    edge[straddles] = edges[b_low[straddles]]
+    nan = low.isnan() | high.isnan()  # NaN cells: what bucketize gives NaN (the weight is refused anyway)
+    b_low[nan] = torch.bucketize(torch.tensor([math.nan]), edges)
+    return edges, b_low.to(torch.uint8), edge
 
 
 def _codes(scaled: torch.Tensor) -> torch.Tensor:
-    """`torch.bucketize(scaled, edges)` as uint8, through the table."""
-    edges, table, straddles = _bucket_table()
-    top = (scaled.view(torch.int32) >> 16) & 0xFFFF
-    q = table.index_select(0, top)
-    exact = straddles.index_select(0, top).nonzero().squeeze(1)
-    if exact.numel():
-        q.index_put_((exact,), torch.bucketize(scaled.index_select(0, exact), edges).to(torch.uint8))
-    return q
+    """`torch.bucketize(scaled, edges)` as uint8, through the cell tables."""
+    _, base, edge = _bucket_table()
+    cell = (scaled.view(torch.int32) >> 16) & 0xFFFF
+    q = base.index_select(0, cell)
+    return q.add_(scaled > edge.index_select(0, cell))
 
 
 def _first_stage(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -220,12 +230,17 @@ def decode(
     absmax = F.dequantize_blockwise(coded, nested) + state.offset
     absmax = absmax[b0 - n0 * NESTED_BLOCKSIZE : b1 - n0 * NESTED_BLOCKSIZE]
     packed = parts[WEIGHT].view(-1)[b0 * BLOCKSIZE // 2 : -(-b1 * BLOCKSIZE // 2)]
-    codes = torch.stack([packed >> 4, packed & 0xF], dim=1).view(-1).int()
-    values = state.code.index_select(0, codes)
+    values = _pair_table(state.code).index_select(0, packed.int()).view(-1)
     first = b0 * BLOCKSIZE
     scale = absmax.repeat_interleave(BLOCKSIZE)[: values.numel()]
     values = values[: scale.numel()].mul_(scale)[start - first : end - first]
     return values.view(r1 - r0, in_features).to(dtype)
+
+
+def _pair_table(code: torch.Tensor) -> torch.Tensor:
+    """Per packed byte, its two decoded code values (high nibble first): one lookup decodes two weights."""
+    nibbles = torch.arange(256)
+    return torch.stack([code[nibbles >> 4], code[nibbles & 0xF]], dim=1)
 
 
 def quantization_config(kept_linears: list[str]) -> dict:
