@@ -110,7 +110,7 @@ def _write_quantized(tp: TensorPlan, fmt: Format, writer: ShardWriter) -> ErrorS
     ranges = row_chunks(rows, cols)
     if fmt.ROW_SEPARABLE:
         for r0, r1 in ranges:
-            w = read_rows(tp.info, r0, r1)
+            w = read_rows(tp.info, r0, r1).float()  # one float32 copy, for the encoding and the error figures
             parts = _encode(fmt, tp, w)
             _write_parts(tp, parts, writer, r0)
             stats.add(w, fmt.decode(parts, torch.float32))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from ._e4m3 import FP8_DTYPE, FP8_MAX, dequantize_rows
+from ._e4m3 import row_absmax as _row_absmax
 from .base import NonFiniteWeightError, PartSpec
 
 __all__ = [
@@ -55,7 +56,7 @@ def encode(weight: torch.Tensor) -> dict[str, torch.Tensor]:
     if weight.dim() != 2:
         raise ValueError(f"fp8_channel quantizes 2-D weights, got shape {list(weight.shape)}")
     w = weight.float()
-    amax = w.abs().amax(dim=1, keepdim=True)
+    amax = _row_absmax(w)
     if not bool(torch.isfinite(amax).all()):
         raise NonFiniteWeightError("holds NaN or Inf values")
     scale = amax / FP8_MAX

@@ -26,7 +26,7 @@ import json
 
 import torch
 
-from ._e4m3 import FP8_DTYPE, FP8_MAX, dequantize_rows
+from ._e4m3 import FP8_DTYPE, FP8_MAX, dequantize_rows, row_absmax
 from ._torchao import torchao
 from .base import NonFiniteWeightError, PartSpec, UnsupportedShapeError
 
@@ -65,7 +65,7 @@ def encode(weight: torch.Tensor) -> dict[str, torch.Tensor]:
     if weight.dim() != 2:
         raise ValueError(f"torchao_fp8 quantizes 2-D weights, got shape {list(weight.shape)}")
     w = weight.to(HP_DTYPE)
-    amax = w.abs().amax(dim=1, keepdim=True)
+    amax = row_absmax(w)
     if not bool(torch.isfinite(amax).all()):
         raise NonFiniteWeightError("holds NaN or Inf values")
     scale = (amax / FP8_MAX).float()  # the division in bf16, as torchao's _choose_scale_float8 does
