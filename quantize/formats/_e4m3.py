@@ -19,10 +19,10 @@ def _values_on(device: torch.device) -> torch.Tensor:
 
 
 def row_absmax(w: torch.Tensor) -> torch.Tensor:
-    """max |w| of each row, [rows, 1], in w's dtype: max(row max, -row min), one pass and no |w| temporary.
-    Equal to ``w.abs().amax(dim=1, keepdim=True)`` (NaN propagates the same way)."""
-    lo, hi = torch.aminmax(w, dim=1, keepdim=True)
-    return torch.maximum(hi, lo.neg_())
+    """max |w| of each row, [rows, 1], in w's dtype: max(row max, -row min), without a |w| temporary.
+    Equal to ``w.abs().amax(dim=1, keepdim=True)`` (NaN propagates the same way). Not `torch.aminmax`:
+    along a dim it is an order of magnitude slower on the CPU than amax and amin apart."""
+    return torch.maximum(w.amax(dim=1, keepdim=True), w.amin(dim=1, keepdim=True).neg_())
 
 
 def dequantize_rows(
