@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH_VERSION := 2.13.0
 DEMO := demo-data
 
-.PHONY: setup demo test bench lint clean
+.PHONY: setup demo test bench bench-peers lint clean
 
 setup: $(VENV)/.installed
 
@@ -34,6 +34,15 @@ bench: setup
 	$(BIN)/python benchmarks/bench_convert.py --preset 1.3b --write docs/BENCHMARKS.md
 	$(BIN)/python benchmarks/bench_verify.py --preset 1.3b --write docs/BENCHMARKS.md
 	$(BIN)/python benchmarks/bench_load.py --write docs/BENCHMARKS.md
+
+# llm-compressor, the fp8 peer of `make bench`, in its own virtual environment (never one of our dependencies);
+# torch is held at the same CPU wheel so that nothing pulls a CUDA build
+PEER := bench-data/peers/llmcompressor
+bench-peers:
+	python3 -m venv $(PEER)
+	$(PEER)/bin/pip install --quiet --disable-pip-version-check "torch==2.13.0"
+	echo "torch==2.13.0" > $(PEER)/constraints.txt
+	$(PEER)/bin/pip install --quiet --disable-pip-version-check -c $(PEER)/constraints.txt "llmcompressor==0.14.0.1"
 
 lint: setup
 	$(BIN)/ruff check quantize loaders tests benchmarks

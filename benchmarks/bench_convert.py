@@ -53,6 +53,9 @@ RECIPE = "wan-fp8.yaml"
 TORCHAO_RECIPE = "wan-torchao-fp8.yaml"
 NF4_RECIPE = "wan-nf4.yaml"
 BNB_PEER = "bitsandbytes quantize_4bit (nf4 peer)"
+LLMC_PEER = "llm-compressor model_free_ptq FP8_DYNAMIC (fp8 peer)"
+#: llm-compressor lives in its own virtual environment (`make bench-peers`), never in ours
+LLMC_PYTHON = REPO / "bench-data" / "peers" / "llmcompressor" / "bin" / "python"
 SOURCE_SHARD_BYTES = 10**9
 RSS_TARGET_BYTES = 10**9
 BASELINE = "read-and-write"
@@ -256,6 +259,15 @@ def make_cases(src: Path, scratch: Path, formats: bool = True) -> tuple[Case, li
             cases.append(Case(f"convert --recipe {recipe}", argv, out))
         peer = scratch / "bnb-nf4"
         cases.append(Case(BNB_PEER, [sys.executable, __file__, "--bnb-nf4", str(src), str(peer)], peer))
+    if LLMC_PYTHON.exists():
+        script = str(Path(__file__).with_name("peer_llmcompressor.py"))
+        view = scratch / "transformers-view"  # the same shards, hard-linked under the names it expects
+        subprocess.run(
+            [str(LLMC_PYTHON), script, str(src), "-", "1", str(view)], check=True, capture_output=True
+        )
+        peer = scratch / "llmc-fp8"
+        argv = [str(LLMC_PYTHON), script, str(view), str(peer), str(os.cpu_count() or 1)]
+        cases.append(Case(LLMC_PEER, argv, peer))
     return baseline, cases
 
 
@@ -407,6 +419,20 @@ def peer_note(results: list[Result]) -> str | None:
     )
 
 
+def llmc_note(results: list[Result]) -> str | None:
+    """fp8: our converter against llm-compressor's model_free_ptq, medians of the same run."""
+    by_name = {r.case.name: r for r in results}
+    peer = by_name.get(LLMC_PEER)
+    ours = next((r for r in results if r.case.name.startswith("convert (default")), None)
+    if not ours or not peer:
+        return None
+    return (
+        f"fp8: `quantize convert --recipe {RECIPE}` takes {ours.median_s:.1f} s against {peer.median_s:.1f} s "
+        f'for llm-compressor\'s `model_free_ptq(scheme="FP8_DYNAMIC")` on the same shards and the same Linears '
+        f"({peer.median_s / ours.median_s:.1f}x faster; peak RSS {gb(ours.peak_rss)} vs {gb(peer.peak_rss)} GB)."
+    )
+
+
 def startup_note(results: list[Result]) -> str | None:
     """How much of a converter run its own timer covers, the rest being start-up, planning and exit."""
     pairs = [(s.wall_s, s.reported_s) for r in results[1:] for s in r.samples if s.reported_s is not None]
@@ -458,7 +484,7 @@ def report(results: list[Result], src: Path, preset: str, data_dir: Path, comman
         "(read once before the first run), both write to the same disk and fsync their output files; "
         "outputs are deleted between runs.",
     ]
-    for note in (peer_note(results), startup_note(results)):
+    for note in (peer_note(results), llmc_note(results), startup_note(results)):
         if note:
             lines.append(f"- {note}")
     return "\n".join(lines)
