@@ -99,7 +99,12 @@ def fetch(repo_id: str, choose, revision: str | None = None) -> Path:
             if offline
             else HfApi().list_repo_files(repo_id, revision=revision)
         )
-        patterns = [_literal(f) for f in choose(files)]
+        wanted = choose(files)
+        if not wanted and not offline:
+            raise InputError(
+                f"{repo_id}: holds none of the files the conversion needs (of {len(files)} files)"
+            )
+        patterns = [_literal(f) for f in wanted]
         return Path(
             snapshot_download(repo_id, revision=revision, allow_patterns=patterns, local_files_only=offline)
         )
