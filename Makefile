@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH_VERSION := 2.13.0
 DEMO := demo-data
 
-.PHONY: setup demo test bench bench-peers lint clean
+.PHONY: setup demo test bench bench-large bench-peers lint clean
 
 setup: $(VENV)/.installed
 
@@ -34,6 +34,10 @@ bench: setup
 	$(BIN)/python benchmarks/bench_convert.py --preset 1.3b --write docs/BENCHMARKS.md
 	$(BIN)/python benchmarks/bench_verify.py --preset 1.3b --write docs/BENCHMARKS.md
 	$(BIN)/python benchmarks/bench_load.py --write docs/BENCHMARKS.md
+
+# a 14B-shaped source (about 28.6 GB, generated once where the disk allows): memory does not grow with the model
+bench-large: setup
+	$(BIN)/python benchmarks/bench_large.py --write docs/BENCHMARKS.md
 
 # llm-compressor, the fp8 peer of `make bench`, in its own virtual environment (never one of our dependencies);
 # torch is held at the same CPU wheel so that nothing pulls a CUDA build

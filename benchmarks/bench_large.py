@@ -1,0 +1,122 @@
+"""`make bench-large`: the converter on a Wan2.1-14B-shaped checkpoint, to show memory flat in model size.
+
+    .venv/bin/python benchmarks/bench_large.py --write docs/BENCHMARKS.md
+
+The source (dim 5120, ffn 13824, 40 blocks, random bf16 weights, 1 GB shards, about 28.6 GB) is
+generated once under ``bench-data/`` when the disk has room for it and one converted output; each
+format is converted ``--runs`` times in its own process (wall time, peak RSS from ``os.wait4``). No
+read-and-write baseline here: its copy would need another 28 GB; the 1.3B section has the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import shutil
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_convert import (  # noqa: E402
+    REPO,
+    display_command,
+    ensure_checkpoint,
+    gb,
+    log,
+    machine_lines,
+    markdown_table,
+    quantize_command,
+    run_process,
+    source_bytes,
+    update_section,
+    warm_page_cache,
+)
+
+START, END = "<!-- bench:large:start -->", "<!-- bench:large:end -->"
+PRESET = "14b"
+RSS_TARGET = 1.5e9
+SOURCE_GB = 28.7  # the 14B preset in bf16
+RECIPES = ("wan-fp8.yaml", "wan-nf4.yaml")
+
+
+def enough_disk(data_dir: Path, have_source: bool) -> bool:
+    """Room for the source (unless it is there) and the largest output (fp8: about 0.55 of it), with 10% to spare."""
+    need = (0 if have_source else SOURCE_GB) + 0.55 * SOURCE_GB
+    return shutil.disk_usage(data_dir).free / 1e9 > need * 1.1
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--data-dir", type=Path, default=REPO / "bench-data")
+    p.add_argument("--write", type=Path, help="update this markdown file's large-model section")
+    args = p.parse_args(argv)
+    data_dir = args.data_dir.absolute()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    have = (data_dir / f"wan-{PRESET}-bf16" / "example.json").is_file()
+    if not enough_disk(data_dir, have):
+        free = shutil.disk_usage(data_dir).free / 1e9
+        raise SystemExit(
+            f"bench-large: {free:.0f} GB free in {data_dir}, not enough for the 14B-shaped source and an output"
+        )
+    src = ensure_checkpoint(data_dir, PRESET)
+    warm_page_cache(src)
+    scratch = data_dir / "scratch-large"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir()
+    rows, peaks = [], []
+    try:
+        for recipe in RECIPES:
+            out = scratch / "out"
+            walls, rss = [], []
+            for run in range(args.runs):
+                shutil.rmtree(out, ignore_errors=True)
+                wall, peak = run_process(
+                    [*quantize_command(), "convert", str(src), str(out), "--recipe", recipe],
+                    scratch / "run.log",
+                )
+                out_bytes = sum(f.stat().st_size for f in out.rglob("*.safetensors"))
+                walls.append(wall)
+                rss.append(peak)
+                log(f"run {run + 1}/{args.runs} {recipe}: {wall:.1f} s, peak RSS {gb(peak)} GB")
+            shutil.rmtree(out, ignore_errors=True)
+            peaks.append(max(rss))
+            rows.append(
+                [
+                    f"convert --recipe {recipe}",
+                    f"{min(walls):.1f} / {statistics.median(walls):.1f} / {max(walls):.1f}",
+                    gb(max(rss)),
+                    f"{source_bytes(src) / statistics.median(walls) / 1e9:.2f}",
+                    gb(out_bytes),
+                ]
+            )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    verdict = "met" if max(peaks) <= RSS_TARGET else "NOT met"
+    body = "\n".join(
+        [
+            "## Convert at 14B scale (memory flat in model size)",
+            "",
+            f"Run {datetime.date.today().isoformat()} with `{display_command([sys.executable, *sys.argv])}`.",
+            "",
+            *(f"- {line}" for line in machine_lines(data_dir)),
+            f"- Source: Wan2.1-14B-shaped (dim 5120, ffn 13824, 40 blocks), random bf16, 1 GB shards, "
+            f"{gb(source_bytes(src))} GB; page cache partly warm (the machine has less RAM than twice the source). "
+            f"{args.runs} run(s) each.",
+            "",
+            markdown_table(
+                rows, ["case", "time min / median / max (s)", "peak RSS (GB)", "GB/s", "output (GB)"]
+            ),
+            "",
+            f"Peak RSS target at 14B scale <= {RSS_TARGET / 1e9:.1f} GB: {verdict} (highest {gb(max(peaks))} GB; "
+            "the 1.3B section above: the same code, a tenth of the model).",
+        ]
+    )
+    print(body)
+    if args.write:
+        update_section(args.write, body, (START, END))
+
+
+if __name__ == "__main__":
+    main()
