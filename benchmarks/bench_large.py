@@ -51,7 +51,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--runs", type=int, default=1)
     p.add_argument("--data-dir", type=Path, default=REPO / "bench-data")
     p.add_argument("--write", type=Path, help="update this markdown file's large-model section")
+    p.add_argument("--generate", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.generate:
+        ensure_checkpoint(args.data_dir, PRESET)
+        return
     data_dir = args.data_dir.absolute()
     data_dir.mkdir(parents=True, exist_ok=True)
     have = (data_dir / f"wan-{PRESET}-bf16" / "example.json").is_file()
@@ -60,7 +64,11 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(
             f"bench-large: {free:.0f} GB free in {data_dir}, not enough for the 14B-shaped source and an output"
         )
-    src = ensure_checkpoint(data_dir, PRESET)
+    # generated in a child process: the measured conversions are forked from this one, and a child's peak RSS
+    # (ru_maxrss) counts what it inherited before exec, so this process must stay small
+    gen = [sys.executable, __file__, "--generate", "--data-dir", str(data_dir)]
+    run_process(gen, data_dir / "generate-large.log")
+    src = data_dir / f"wan-{PRESET}-bf16"
     warm_page_cache(src)
     scratch = data_dir / "scratch-large"
     shutil.rmtree(scratch, ignore_errors=True)
