@@ -21,6 +21,7 @@ from .manifest import MANIFEST_NAME, read_manifest
 __all__ = [
     "is_repo_id",
     "has_token",
+    "check_repo_id",
     "resolve_source",
     "source_files_wanted",
     "recipe_files",
@@ -50,6 +51,12 @@ def _configured_token() -> str | None:
         return get_token()
     except Exception:  # a token file that cannot be read is no token
         return None
+
+
+def check_repo_id(repo_id: str) -> None:
+    """Refuse what cannot be a Hub model repo id, before anything is done."""
+    if not _REPO_ID.match(repo_id):
+        raise InputError(f"{repo_id!r}: not a Hub repo id (expected org/name)")
 
 
 def has_token() -> bool:
@@ -215,8 +222,7 @@ def upload(
     from huggingface_hub import HfApi
     from huggingface_hub import errors as hf_errors
 
-    if not _REPO_ID.match(repo_id):
-        raise InputError(f"{repo_id!r}: not a Hub repo id (expected org/name)")
+    check_repo_id(repo_id)
     if not has_token():
         raise InputError("no Hugging Face token: set HF_TOKEN or run `hf auth login` (nothing was sent)")
     files = [f.path for f in upload_files(checkpoint)]

@@ -148,6 +148,12 @@ def test_no_token_or_a_wrong_one_is_a_clean_error_that_never_shows_it(converted,
     assert len(errors) == 1 and errors[0].startswith("error: upload to someone/tiny failed: ")
 
 
+def test_a_bad_repo_id_is_refused_before_anything(converted, hub, hub_env):
+    proc = run_cli("upload", converted, "not a repo id", "--dry-run", env=hub_env)
+    assert proc.returncode == 2 and "'not a repo id': not a Hub repo id (expected org/name)" in proc.stderr
+    assert "verify:" not in proc.stderr and hub.requests == []
+
+
 def test_scrub_removes_tokens():
     assert (
         scrub("Authorization: Bearer hf_abcDEF123456 rejected") == "Authorization: Bearer hf_<token> rejected"

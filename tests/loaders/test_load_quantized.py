@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 
 from loaders import CheckpointMismatchError, FP8Linear, load_quantized
 from loaders.modules import MODULES
+from quantize import dtypes
 from quantize.errors import InputError
 from quantize.formats import get_format, part_key
 from tests import diffusers_models as models
@@ -29,7 +30,7 @@ def _quantized_modules(checkpoint: Path, fmt) -> dict[str, dict[str, torch.Tenso
     """module name -> its stored parts, read from the checkpoint with safetensors itself."""
     tensors = load_all(checkpoint)
     first = next(iter(fmt.parts((64, 64))))
-    dtype = {"F8_E4M3": torch.float8_e4m3fn, "U8": torch.uint8}[fmt.parts((64, 64))[first][0]]
+    dtype = dtypes.by_name(fmt.parts((64, 64))[first][0]).torch
     modules = {
         k.removesuffix("." + first)
         for k, t in tensors.items()
