@@ -291,7 +291,10 @@ def convert_cmd(
     """Convert the safetensors checkpoint SOURCE (a folder or a Hub repo id) into OUTPUT following RECIPE."""
     from .converter import convert, parse_size
     from .hub import recipe_files, resolve_source
+    from .process import tune_for_streaming
     from .recipes import load_recipe
+
+    tune_for_streaming()
 
     loaded = load_recipe(recipe)
     size = parse_size(max_shard_size)
@@ -341,8 +344,10 @@ def verify_cmd(
     checkpoint: Path, source: str | None, forward: bool, as_json: bool, workers: int | None
 ) -> int:
     """Prove CHECKPOINT: hashes and layout; with --source, provenance and per-tensor parity. Exit 1 if a check fails."""
+    from .process import tune_for_streaming
     from .verify import verify
 
+    tune_for_streaming()
     if source is not None:
         from .hub import resolve_source
         from .manifest import read_manifest

@@ -16,6 +16,7 @@ import math
 import os
 import platform
 import shutil
+import threading
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -38,7 +39,7 @@ from .manifest import (
     RecipeEntry,
     TensorEntry,
 )
-from .output import check_output_location, publish, staging_dir, write_file
+from .output import check_output_location, fsync_path, publish, staging_dir, write_file
 from .plan import ComponentPlan, Plan, TensorPlan, make_plan
 from .progress import NoProgress, Progress
 from .quantizer import ErrorStats, write_tensor
@@ -127,19 +128,36 @@ def convert(
 
 @dataclass
 class _Work:
-    """Shared state of one conversion: the pools, and file hashes keyed by inode (a hard link is hashed once)."""
+    """Shared state of one conversion: the pools, and file hashes keyed by inode (a hard link is hashed once).
+
+    Hashing is a third of the CPU a conversion spends, so where it runs matters: the source files are
+    hashed by threads at the lowest scheduling priority, which use the cycles the converting workers
+    leave (waits on the disk and the GIL, the end of the run); each output shard is hashed, and flushed
+    to disk, as soon as it is complete, while the next shard is converted and the source hashing ends.
+    """
 
     pool: ThreadPoolExecutor
-    hasher: ThreadPoolExecutor
+    background: ThreadPoolExecutor  # source files, at low priority
+    foreground: ThreadPoolExecutor  # output files
+    syncer: ThreadPoolExecutor  # fsync of finished shards
     progress: Progress
     hashes: dict[tuple[int, int], Future] = field(default_factory=dict)
+    syncs: list[Future] = field(default_factory=list)
 
-    def hash_later(self, path: Path) -> Future:
+    def hash_later(self, path: Path, background: bool = False) -> Future:
         st = path.stat()
         key = (st.st_dev, st.st_ino)
         if key not in self.hashes:
-            self.hashes[key] = self.hasher.submit(sha256_file, path)
+            pool = self.background if background else self.foreground
+            self.hashes[key] = pool.submit(sha256_file, path)
         return self.hashes[key]
+
+    def sync_later(self, path: Path) -> None:
+        self.syncs.append(self.syncer.submit(fsync_path, path))
+
+    def synced(self) -> None:
+        for f in self.syncs:
+            f.result()
 
     def file_entries(self, root: Path, files: list[Path]) -> list[FileEntry]:
         futures = [
@@ -149,6 +167,18 @@ class _Work:
             FileEntry(path=f.relative_to(root).as_posix(), size=f.stat().st_size, sha256=h.result())
             for f, h in futures
         ]
+
+    def shutdown(self) -> None:
+        for pool in (self.pool, self.background, self.foreground, self.syncer):
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _lowest_priority() -> None:
+    """Run the calling thread at nice 19 (Linux: a thread is a task of its own); elsewhere, as it is."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):
+        pass
 
 
 def _write_checkpoint(
@@ -162,15 +192,21 @@ def _write_checkpoint(
     facts: CardFacts,
 ) -> Manifest:
     saved_threads = torch.get_num_threads()
-    pool = ThreadPoolExecutor(
-        workers, thread_name_prefix="quantize", initializer=torch.set_num_threads, initargs=(1,)
+    work = _Work(
+        pool=ThreadPoolExecutor(
+            workers, thread_name_prefix="quantize", initializer=torch.set_num_threads, initargs=(1,)
+        ),
+        background=ThreadPoolExecutor(
+            min(2, workers), thread_name_prefix="sha256-source", initializer=_lowest_priority
+        ),
+        foreground=ThreadPoolExecutor(1, thread_name_prefix="sha256"),
+        syncer=ThreadPoolExecutor(1, thread_name_prefix="fsync"),
+        progress=progress,
     )
-    hasher = ThreadPoolExecutor(1, thread_name_prefix="sha256")
-    work = _Work(pool, hasher, progress)
     try:
         source_files = [f for cp in plan.components for f in cp.component.own_files()] + list(plan.copied)
         for f in source_files:
-            work.hash_later(f)  # hashed while the tensors are converted
+            work.hash_later(f, background=True)  # hashed while the tensors are converted
         tensors: dict[str, TensorEntry] = {}
         components = []
         for cp in plan.components:
@@ -199,12 +235,12 @@ def _write_checkpoint(
         )
         write_file(tmp / CARD_NAME, render_card(manifest, facts))  # from everything but the output hashes
         output_files = work.file_entries(tmp, [p for p in tmp.rglob("*") if p.is_file()])
+        work.synced()
         manifest = manifest.model_copy(update={"output_files": output_files})
         write_file(tmp / MANIFEST_NAME, manifest.to_json())
         return manifest
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-        hasher.shutdown(wait=True, cancel_futures=True)
+        work.shutdown()
         torch.set_num_threads(saved_threads)
 
 
@@ -245,6 +281,7 @@ def _write_component(
                 entries[f"{cp.rel}/{tp.name}"] = _tensor_entry(tp, plan, stats)
         weight_map.update({spec.name: name for tp in group for spec in tp.outputs})
         work.hash_later(out_dir / name)
+        work.sync_later(out_dir / name)
     if len(groups) > 1 or comp.index_path is not None:
         write_file(out_dir / index_name(comp.stem), index_json(weight_map, total))
     config = dict(comp.config or {})
@@ -274,7 +311,7 @@ def _write_shard(
         wait(futures)  # tensors already running finish: nothing may write after the file is closed
         writer.abort()
         raise
-    data_bytes = writer.close()
+    data_bytes = writer.close(sync=False)  # flushed while the next shard is converted
     return [(tp, f.result()) for tp, f in zip(group, futures, strict=True)], data_bytes
 
 

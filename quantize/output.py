@@ -20,7 +20,7 @@ from pathlib import Path
 from .errors import InputError, OutputExistsError
 from .manifest import MANIFEST_NAME
 
-__all__ = ["check_output_location", "staging_dir", "publish", "write_file"]
+__all__ = ["check_output_location", "staging_dir", "publish", "write_file", "fsync_path"]
 
 
 def check_output_location(source: Path, out: Path, overwrite: bool) -> None:
@@ -74,7 +74,7 @@ def write_file(path: Path, text: str) -> None:
 def publish(tmp: Path, out: Path, overwrite: bool) -> None:
     """Flush `tmp` to disk and rename it to `out`, replacing an old `out` only with `overwrite`."""
     for dirpath, _, _ in os.walk(tmp):
-        _fsync_dir(Path(dirpath))
+        fsync_path(Path(dirpath))
     with _signals_held():
         if out.exists():
             if not overwrite:
@@ -89,7 +89,7 @@ def publish(tmp: Path, out: Path, overwrite: bool) -> None:
         else:
             old = None
             os.rename(tmp, out)
-        _fsync_dir(out.parent)
+        fsync_path(out.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -108,7 +108,8 @@ def _signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """Flush a file (written earlier, through any descriptor) or a directory's entries to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -158,8 +158,9 @@ class ShardWriter:
         with self._lock:
             self._written[name] += len(data)
 
-    def close(self) -> int:
-        """Finish the file (late tensors, header) and flush it to disk; returns its tensor data bytes."""
+    def close(self, sync: bool = True) -> int:
+        """Finish the file (late tensors, header) and, with `sync`, flush it to disk; returns its tensor data
+        bytes. A caller passing ``sync=False`` flushes it later (`output.fsync_path`), before publishing it."""
         try:
             for name, (_, spec) in self._offsets.items():
                 if self._written[name] != spec.nbytes:
@@ -172,7 +173,8 @@ class ShardWriter:
             data_bytes = self._fixed_end - self._header_room
             if self._late_names:
                 data_bytes += self._finish_late()
-            os.fsync(self._fd)
+            if sync:
+                os.fsync(self._fd)
             return data_bytes
         finally:
             os.close(self._fd)
