@@ -13,11 +13,14 @@ Numerics: those of ``bitsandbytes.functional.quantize_4bit(w, blocksize=64, comp
 quant_type="nf4")`` on the CPU, applied to the weight in bf16 (as a model loaded with
 ``torch_dtype=bfloat16`` and `BitsAndBytesConfig(..., bnb_4bit_compute_dtype=bfloat16)` is): per 64
 values, absmax = max|w|, scaled = clamp(w · (1 / absmax), ±1), code = the NF4 bucket of scaled; then
-the absmaxes, less their mean, are quantized blockwise (256) by bitsandbytes itself. The first
-stage, which is nearly all the work, is ours: the same float32 operations, the bucket found through
-a 64K-entry table on the top 16 bits of the float (exact comparison for the few cells that straddle
-a bucket edge); it is bit-exact and several times faster than bitsandbytes' CPU path. The mean is
-taken on one thread; bitsandbytes' own result can differ in the last bit with more threads.
+the absmaxes, less their mean, are quantized blockwise (256) with the 8-bit dynamic code by
+bitsandbytes' own CPU kernel (`_bnb_lib`: called without importing the package, whose import costs
+seconds). The first stage, which is nearly all the work, is ours: the same float32 operations, the
+bucket found through a 64K-entry table on the top 16 bits of the float (exact comparison for the few
+cells that straddle a bucket edge); it is bit-exact and several times faster than bitsandbytes' CPU
+path. The mean is taken on one thread; bitsandbytes' own result can differ in the last bit with more
+threads. The code books and the packed JSON are built here too, equal to bitsandbytes' (tests compare
+them); decoding is plain float32 arithmetic, code value times block absmax, as bitsandbytes does it.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import math
 
 import torch
 
+from ._bnb_lib import quantize_blockwise
 from ._quiet import silenced
 from .base import NonFiniteWeightError, PartSpec, UnsupportedShapeError
 
@@ -58,12 +62,57 @@ QUANT_STATE = "weight.quant_state.bitsandbytes__nf4"
 _CHUNK_ELEMS = BLOCKSIZE * 16384  # one million values a step: stays in cache, amortizes calls
 
 
+#: The NF4 code book: QLoRA's 4-bit NormalFloat values (Dettmers et al. 2023, arXiv:2305.14314), sorted,
+#: as bitsandbytes stores them (`get_4bit_type("nf4")`).
+NF4_CODE = (
+    -1.0,
+    -0.6961928009986877,
+    -0.5250730514526367,
+    -0.39491748809814453,
+    -0.28444138169288635,
+    -0.18477343022823334,
+    -0.09105003625154495,
+    0.0,
+    0.07958029955625534,
+    0.16093020141124725,
+    0.24611230194568634,
+    0.33791524171829224,
+    0.44070982933044434,
+    0.5626170039176941,
+    0.7229568362236023,
+    1.0,
+)
+
+
 @functools.cache
 def _bnb():
+    """`bitsandbytes.functional`, imported (slowly) only by the loader's `quant_state`."""
     with silenced("bitsandbytes"):
         import bitsandbytes.functional as F
 
     return F
+
+
+@functools.cache
+def _nf4_code() -> torch.Tensor:
+    return torch.tensor(NF4_CODE, dtype=torch.float32)
+
+
+@functools.cache
+def _dynamic_code() -> torch.Tensor:
+    """bitsandbytes' signed 8-bit dynamic code (`create_dynamic_map()`), which double quantization uses.
+
+    Dynamic tree quantization (Dettmers 2016, arXiv:1511.04561) with 7 exponent bits: decade ``10^(i-6)``
+    for i = 0..6 holds 2^i values, the midpoints of a float32 linspace from 0.1 to 1 scaled into it, with
+    both signs; then 0 and 1. 2 · 127 + 2 = 256 values, sorted.
+    """
+    values = [0.0, 1.0]
+    for i in range(7):
+        steps = torch.linspace(0.1, 1, 2**i + 1, dtype=torch.float32)
+        midpoints = (steps[:-1] + steps[1:]) / 2.0
+        decade = 10 ** (i - 6)
+        values += (decade * midpoints).tolist() + (-decade * midpoints).tolist()
+    return torch.tensor(sorted(values), dtype=torch.float32)
 
 
 def parts(shape: tuple[int, ...]) -> dict[str, PartSpec]:
@@ -93,7 +142,7 @@ def _bucket_table() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     most one edge: the bucket of x is base[cell] + (x > edge[cell]), which is `torch.bucketize(x, edges)`
     (x <= edge stays below it) without a search.
     """
-    code = _bnb().get_4bit_type("nf4", device="cpu")
+    code = _nf4_code()
     edges = (code[:-1] + code[1:]) / 2  # NF4's code is sorted: these are bitsandbytes' bucket bounds
     patterns = torch.arange(1 << 16, dtype=torch.int32) << 16
     ends = torch.stack([patterns.view(torch.float32), (patterns | 0xFFFF).view(torch.float32)])
@@ -144,23 +193,33 @@ def _first_stage(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def encode(weight: torch.Tensor) -> dict[str, torch.Tensor]:
     """Quantize a weight to NF4 with double quantization, bit-exact to bitsandbytes (see the module docstring)."""
-    F = _bnb()
     w = weight.to(HP_DTYPE).contiguous()
     packed, absmax = _first_stage(w.view(-1))
     offset = absmax.mean()
-    qabsmax, state2 = F.quantize_blockwise(absmax - offset, blocksize=NESTED_BLOCKSIZE)
-    state = F.QuantState(
-        absmax=qabsmax,
-        shape=w.shape,
-        dtype=w.dtype,
-        blocksize=BLOCKSIZE,
-        code=F.get_4bit_type("nf4", device="cpu"),
-        quant_type="nf4",
-        offset=offset,
-        state2=state2,
-    )
-    stored = state.as_dict(packed=True)
-    return {WEIGHT: packed, **{f"weight.{k}": stored[k] for k in _STATE_PARTS}}
+    qabsmax, nested_absmax = quantize_blockwise(absmax - offset, _dynamic_code(), NESTED_BLOCKSIZE)
+    return {
+        WEIGHT: packed,
+        "weight.absmax": qabsmax,
+        "weight.quant_map": _nf4_code().clone(),
+        "weight.nested_absmax": nested_absmax,
+        "weight.nested_quant_map": _dynamic_code().clone(),
+        QUANT_STATE: _packed_fields(tuple(w.shape), float(offset)),
+    }
+
+
+def _packed_fields(shape: tuple[int, ...], nested_offset: float) -> torch.Tensor:
+    """The quant state's fixed fields as bitsandbytes packs them: its JSON (`json.dumps` defaults, its key
+    order), UTF-8, as a uint8 tensor."""
+    fields = {
+        "quant_type": "nf4",
+        "blocksize": BLOCKSIZE,
+        "dtype": str(HP_DTYPE).removeprefix("torch."),
+        "shape": list(shape),
+        "nested_blocksize": NESTED_BLOCKSIZE,
+        "nested_dtype": "float32",
+        "nested_offset": nested_offset,
+    }
+    return torch.frombuffer(bytearray(json.dumps(fields).encode()), dtype=torch.uint8)
 
 
 @functools.cache
@@ -211,30 +270,39 @@ def quant_state(
 def decode(
     parts: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32, rows: tuple[int, int] | None = None
 ) -> torch.Tensor:
-    """The dequantized weight (or rows of it): code[q] · absmax of its block, in float32, then cast to `dtype`."""
-    F = _bnb()
-    state = quant_state(parts)
-    out_features, in_features = state.shape
+    """The dequantized weight (or rows of it): code[q] · absmax of its block, in float32, then cast to `dtype`.
+
+    The float32 products bitsandbytes' dequantization computes, so the values are the same to the bit.
+    """
+    fields = state_fields(parts[QUANT_STATE])
+    out_features, in_features = fields["shape"]
     r0, r1 = rows or (0, out_features)
     start, end = r0 * in_features, r1 * in_features
     b0, b1 = start // BLOCKSIZE, -(-end // BLOCKSIZE)
-    # the block absmaxes are themselves quantized in nested blocks of 256: decode the nested blocks covering [b0, b1)
-    n0, n1 = b0 // NESTED_BLOCKSIZE, -(-b1 // NESTED_BLOCKSIZE)
-    nested = F.QuantState(
-        absmax=state.state2.absmax[n0:n1],
-        code=state.state2.code,
-        blocksize=NESTED_BLOCKSIZE,
-        dtype=torch.float32,
-    )
-    coded = state.absmax[n0 * NESTED_BLOCKSIZE : n1 * NESTED_BLOCKSIZE]
-    absmax = F.dequantize_blockwise(coded, nested) + state.offset
-    absmax = absmax[b0 - n0 * NESTED_BLOCKSIZE : b1 - n0 * NESTED_BLOCKSIZE]
+    absmax = _block_absmax(parts, float(fields["nested_offset"]), b0, b1)
     packed = parts[WEIGHT].view(-1)[b0 * BLOCKSIZE // 2 : -(-b1 * BLOCKSIZE // 2)]
-    values = _pair_table(state.code).index_select(0, packed.int()).view(-1)
+    values = _pair_table(parts["weight.quant_map"]).index_select(0, packed.int()).view(-1)
+    values = _per_block(values, BLOCKSIZE).mul_(absmax.view(-1, 1)).view(-1)
     first = b0 * BLOCKSIZE
-    scale = absmax.repeat_interleave(BLOCKSIZE)[: values.numel()]
-    values = values[: scale.numel()].mul_(scale)[start - first : end - first]
-    return values.view(r1 - r0, in_features).to(dtype)
+    return values[start - first : end - first].view(r1 - r0, in_features).to(dtype)
+
+
+def _block_absmax(parts: dict[str, torch.Tensor], offset: float, b0: int, b1: int) -> torch.Tensor:
+    """The float32 absmax of blocks [b0, b1): nested code value · nested absmax of its group of 256, + offset."""
+    n0, n1 = b0 // NESTED_BLOCKSIZE, -(-b1 // NESTED_BLOCKSIZE)
+    coded = parts["weight.absmax"][n0 * NESTED_BLOCKSIZE : n1 * NESTED_BLOCKSIZE]
+    values = parts["weight.nested_quant_map"].index_select(0, coded.int())
+    scaled = _per_block(values, NESTED_BLOCKSIZE).mul_(parts["weight.nested_absmax"][n0:n1].view(-1, 1))
+    absmax = scaled.view(-1)[: coded.numel()].add_(torch.tensor(offset, dtype=torch.float32))
+    return absmax[b0 - n0 * NESTED_BLOCKSIZE : b1 - n0 * NESTED_BLOCKSIZE]
+
+
+def _per_block(values: torch.Tensor, blocksize: int) -> torch.Tensor:
+    """`values` as rows of `blocksize` (a short last block padded with zeros)."""
+    short = -values.numel() % blocksize
+    if short:
+        values = torch.cat([values, values.new_zeros(short)])
+    return values.view(-1, blocksize)
 
 
 def _pair_table(code: torch.Tensor) -> torch.Tensor:

@@ -102,3 +102,46 @@ def test_quantization_config_is_diffusers_bitsandbytes_config():
         llm_int8_skip_modules=sorted(kept),
     )
     assert nf4.quantization_config(kept) == theirs.to_dict()
+
+
+def test_code_books_equal_bitsandbytes():
+    assert torch.equal(nf4._nf4_code(), F.get_4bit_type("nf4", device="cpu"))
+    assert torch.equal(nf4._dynamic_code(), F.create_dynamic_map(signed=True))
+
+
+@pytest.mark.parametrize("shape", [(33, 7), (600, 128), (5, 13)])
+def test_decode_is_bitsandbytes_dequantize_for_any_rows(shape):
+    w = _weight(shape, torch.bfloat16, seed=2)
+    parts = nf4.encode(w)
+    theirs = F.dequantize_4bit(parts["weight"], nf4.quant_state(parts), quant_type="nf4")
+    whole = nf4.decode(parts, torch.float32)
+    assert torch.equal(whole.to(torch.bfloat16), theirs)
+    # (600, 128): 1200 blocks of 64, 5 groups of 256 absmaxes; these ranges start and end inside groups
+    for r0, r1 in [(0, 1), (100, 350), (shape[0] - 1, shape[0]), (0, shape[0])]:
+        if r1 <= shape[0]:
+            assert torch.equal(nf4.decode(parts, rows=(r0, r1)), whole[r0:r1])
+
+
+def test_double_quantization_without_the_native_library_gives_the_same_bytes(monkeypatch):
+    from quantize.formats import _bnb_lib
+
+    assert _bnb_lib.native_library() is not None  # the installed bitsandbytes ships its CPU library
+    w = _weight((256, 192), torch.bfloat16, seed=3)
+    native = nf4.encode(w)
+    monkeypatch.setattr(_bnb_lib, "native_library", lambda: None)
+    through_package = nf4.encode(w)
+    for key in native:
+        assert torch.equal(native[key], through_package[key]), key
+
+
+def test_encoding_and_decoding_do_not_import_bitsandbytes():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch; from quantize.formats import nf4; "
+        "p = nf4.encode(torch.randn(64, 128)); nf4.decode(p); "
+        "print(sorted(m for m in sys.modules if m.startswith('bitsandbytes')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
