@@ -12,7 +12,6 @@ import ctypes
 import json
 import math
 import os
-import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ import torch
 
 from . import dtypes
 from .errors import InputError
-from .layout import CONFIG_NAME, INDEX_SUFFIX
+from .layout import CONFIG_NAME, INDEX_SUFFIX, component_files, confined_path, no_duplicate_keys
 
 __all__ = [
     "TensorInfo",
@@ -40,7 +39,6 @@ __all__ = [
 ]
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
-_SHARD_RE = re.compile(r"^(?P<stem>.+)-\d{5}-of-\d{5}\.safetensors$")
 
 
 @dataclass(frozen=True)
@@ -94,7 +92,7 @@ def read_header(path: Path) -> SafetensorsHeader:
     except OSError as e:
         raise InputError(f"{path}: cannot read: {e.strerror or e}") from None
     try:
-        header = json.loads(raw, object_pairs_hook=_no_duplicate_keys)
+        header = json.loads(raw, object_pairs_hook=no_duplicate_keys)
     except (UnicodeDecodeError, ValueError) as e:
         raise InputError(f"{path}: header is not valid JSON ({e})") from None
     if not isinstance(header, dict):
@@ -147,24 +145,6 @@ def _tensor_info(path: Path, name: str, entry: object, data_start: int) -> Tenso
     return TensorInfo(name, dt, tuple(shape), path, data_start + begin, data_start + end)
 
 
-def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
-    """A JSON object hook that refuses a key given twice (plain json keeps the last one silently)."""
-    out: dict = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"key {key!r} appears twice")
-        out[key] = value
-    return out
-
-
-def confined_path(root: Path, relative: str, what: str) -> Path:
-    """`root / relative`, refusing absolute paths and paths that leave `root`."""
-    rel = Path(relative)
-    if rel.is_absolute() or ".." in rel.parts or not relative:
-        raise InputError(f"{what}: path {relative!r} leaves the checkpoint directory {root}")
-    return root / rel
-
-
 @dataclass
 class Component:
     """One model's weights inside a checkpoint directory."""
@@ -199,20 +179,7 @@ class Component:
 def open_component(root: Path, rel: str = ".") -> Component:
     """Find and validate one component's shards, index and config, reading headers only."""
     root = Path(root)
-    comp_dir = root if rel == "." else confined_path(root, rel, f"component {rel!r}")
-    if not comp_dir.is_dir():
-        raise InputError(f"{comp_dir}: component directory not found")
-    indexes = sorted(comp_dir.glob("*" + INDEX_SUFFIX))
-    if len(indexes) > 1:
-        names = ", ".join(p.name for p in indexes)
-        raise InputError(f"{comp_dir}: more than one safetensors index ({names}); keep one")
-    if indexes:
-        index_path = indexes[0]
-        stem = index_path.name[: -len(INDEX_SUFFIX)]
-        shards, owner = _shards_from_index(comp_dir, index_path)
-    else:
-        index_path, owner = None, None
-        shards, stem = _shards_without_index(comp_dir)
+    comp_dir, index_path, stem, shards, owner = component_files(root, rel)  # then every header is checked
     tensors: dict[str, TensorInfo] = {}
     metadata: dict[Path, dict[str, str]] = {}
     for p in shards:
@@ -236,49 +203,6 @@ def open_component(root: Path, rel: str = ".") -> Component:
         raise InputError(f"{comp_dir}: the checkpoint holds no tensors")
     config = _read_config(comp_dir / CONFIG_NAME)
     return Component(root, rel, shards, tensors, index_path, stem, config, metadata)
-
-
-def _shards_without_index(comp_dir: Path) -> tuple[list[Path], str]:
-    """One ``*.safetensors`` file, or one complete ``STEM-0000i-of-0000n`` set; anything else is ambiguous."""
-    files = sorted(comp_dir.glob("*.safetensors"))
-    if not files:
-        raise InputError(f"{comp_dir}: no *.safetensors files and no {INDEX_SUFFIX} here")
-    if len(files) == 1:
-        m = _SHARD_RE.match(files[0].name)
-        return files, m["stem"] if m else files[0].name[: -len(".safetensors")]
-    m = _SHARD_RE.match(files[0].name)
-    expected = (
-        [f"{m['stem']}-{i:05d}-of-{len(files):05d}.safetensors" for i in range(1, len(files) + 1)]
-        if m
-        else []
-    )
-    if [f.name for f in files] != expected:
-        names = ", ".join(f.name for f in files)
-        raise InputError(
-            f"{comp_dir}: several safetensors files and no {INDEX_SUFFIX} to say which form the model ({names}): "
-            "add the index, or move the other files away"
-        )
-    return files, m["stem"]
-
-
-def _shards_from_index(comp_dir: Path, index_path: Path) -> tuple[list[Path], dict[str, str]]:
-    try:
-        index = json.loads(index_path.read_text(), object_pairs_hook=_no_duplicate_keys)
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise InputError(f"{index_path}: not a readable JSON index ({e})") from None
-    weight_map = index.get("weight_map") if isinstance(index, dict) else None
-    if not isinstance(weight_map, dict) or not weight_map:
-        raise InputError(f"{index_path}: has no 'weight_map'")
-    shards: list[Path] = []
-    for name, file in weight_map.items():
-        if not isinstance(file, str):
-            raise InputError(f"{index_path}: tensor {name!r} maps to {file!r}, not a file name")
-        path = confined_path(comp_dir, file, str(index_path))
-        if path not in shards:
-            if not path.is_file():
-                raise InputError(f"{index_path}: names shard {file!r}, which does not exist")
-            shards.append(path)
-    return sorted(shards), {k: Path(v).as_posix() for k, v in weight_map.items()}
 
 
 def _read_config(path: Path) -> dict | None:

@@ -289,32 +289,37 @@ def convert_cmd(
     base_model: str | None,
 ) -> None:
     """Convert the safetensors checkpoint SOURCE (a folder or a Hub repo id) into OUTPUT following RECIPE."""
-    from .converter import convert, parse_size
+    from .hashing import FileHasher
     from .hub import recipe_files, resolve_source
-    from .process import tune_for_streaming
+    from .layout import files_of_components
     from .recipes import load_recipe
 
-    tune_for_streaming()
-
     loaded = load_recipe(recipe)
-    size = parse_size(max_shard_size)
     folder, name, repo_id = resolve_source(source, recipe_files(loaded.recipe))
-    progress = _progress("convert")
     t0 = time.monotonic()
-    try:
-        manifest = convert(
-            folder,
-            output,
-            loaded,
-            overwrite=overwrite,
-            max_shard_size=size,
-            workers=workers,
-            progress=progress,
-            source_name=name,
-            base_model=base_model or repo_id,
-        )
-    finally:
-        progress.stop()
+    with FileHasher(min(2, max(1, workers or 2))) as hasher:
+        for f in files_of_components(folder, loaded.recipe.components):
+            hasher.submit(f, background=True)  # while torch is imported, a core has nothing else to do
+        from .converter import convert, parse_size
+        from .process import tune_for_streaming
+
+        tune_for_streaming()
+        progress = _progress("convert")
+        try:
+            manifest = convert(
+                folder,
+                output,
+                loaded,
+                overwrite=overwrite,
+                max_shard_size=parse_size(max_shard_size),
+                workers=workers,
+                progress=progress,
+                source_name=name,
+                base_model=base_model or repo_id,
+                hasher=hasher,
+            )
+        finally:
+            progress.stop()
     elapsed = time.monotonic() - t0
     src = sum(c.source_bytes for c in manifest.components)
     dst = sum(c.output_bytes for c in manifest.components)

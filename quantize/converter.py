@@ -16,7 +16,6 @@ import math
 import os
 import platform
 import shutil
-import threading
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -28,7 +27,7 @@ from . import __version__
 from .card import CARD_NAME, CardFacts, pipeline_tag, render_card, source_card_metadata
 from .checkpoint import CONFIG_NAME
 from .errors import ConversionError, InputError
-from .hashing import sha256_file
+from .hashing import FileHasher
 from .layout import SHARD_METADATA, group_by_size, index_json, index_name, shard_names
 from .manifest import (
     MANIFEST_NAME,
@@ -83,11 +82,14 @@ def convert(
     progress: Progress | None = None,
     source_name: str | None = None,
     base_model: str | None = None,
+    hasher: FileHasher | None = None,
 ) -> Manifest:
     """Convert `source` into the checkpoint directory `out`; `recipe` is a loaded recipe, a file or a bundled name.
 
     source_name: how the manifest and the model card name the source (default: its folder's name; a Hub
     repo id when it came from the Hub). base_model: the Hub repo id the card's metadata names as the base.
+    hasher: a `FileHasher` already hashing the source's files (`layout.files_of_components` lists them); the caller
+    closes it. Default: one of the conversion's own.
 
     >>> # manifest = convert("Wan2.1-T2V-1.3B", "Wan2.1-T2V-1.3B-fp8", "wan-fp8.yaml", workers=2)
     """
@@ -115,7 +117,7 @@ def convert(
                 source_metadata=source_card_metadata(source),
             )
             manifest = _write_checkpoint(
-                plan, loaded, tmp, max_bytes, workers, progress, source_name or source.name, facts
+                plan, loaded, tmp, max_bytes, workers, progress, source_name or source.name, facts, hasher
             )
             publish(tmp, out, overwrite)
     except OSError as e:  # the disk, not the input: name the file
@@ -128,29 +130,20 @@ def convert(
 
 @dataclass
 class _Work:
-    """Shared state of one conversion: the pools, and file hashes keyed by inode (a hard link is hashed once).
+    """Shared state of one conversion: the converting pool, the file hasher, the shards left to flush.
 
-    Hashing is a third of the CPU a conversion spends, so where it runs matters: the source files are
-    hashed by threads at the lowest scheduling priority, which use the cycles the converting workers
-    leave (waits on the disk and the GIL, the end of the run); each output shard is hashed, and flushed
+    Source files are hashed in the background (see `hashing`); each output shard is hashed, and flushed
     to disk, as soon as it is complete, while the next shard is converted and the source hashing ends.
     """
 
     pool: ThreadPoolExecutor
-    background: ThreadPoolExecutor  # source files, at low priority
-    foreground: ThreadPoolExecutor  # output files
+    hasher: FileHasher
     syncer: ThreadPoolExecutor  # fsync of finished shards
     progress: Progress
-    hashes: dict[tuple[int, int], Future] = field(default_factory=dict)
     syncs: list[Future] = field(default_factory=list)
 
     def hash_later(self, path: Path, background: bool = False) -> Future:
-        st = path.stat()
-        key = (st.st_dev, st.st_ino)
-        if key not in self.hashes:
-            pool = self.background if background else self.foreground
-            self.hashes[key] = pool.submit(sha256_file, path)
-        return self.hashes[key]
+        return self.hasher.submit(path, background)
 
     def sync_later(self, path: Path) -> None:
         self.syncs.append(self.syncer.submit(fsync_path, path))
@@ -168,18 +161,6 @@ class _Work:
             for f, h in futures
         ]
 
-    def shutdown(self) -> None:
-        for pool in (self.pool, self.background, self.foreground, self.syncer):
-            pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _lowest_priority() -> None:
-    """Run the calling thread at nice 19 (Linux: a thread is a task of its own); elsewhere, as it is."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except (AttributeError, OSError):
-        pass
-
 
 def _write_checkpoint(
     plan: Plan,
@@ -190,16 +171,15 @@ def _write_checkpoint(
     progress: Progress,
     source_name: str,
     facts: CardFacts,
+    hasher: FileHasher | None,
 ) -> Manifest:
     saved_threads = torch.get_num_threads()
+    own_hasher = hasher is None
     work = _Work(
         pool=ThreadPoolExecutor(
             workers, thread_name_prefix="quantize", initializer=torch.set_num_threads, initargs=(1,)
         ),
-        background=ThreadPoolExecutor(
-            min(2, workers), thread_name_prefix="sha256-source", initializer=_lowest_priority
-        ),
-        foreground=ThreadPoolExecutor(1, thread_name_prefix="sha256"),
+        hasher=FileHasher(min(2, workers)) if hasher is None else hasher,
         syncer=ThreadPoolExecutor(1, thread_name_prefix="fsync"),
         progress=progress,
     )
@@ -240,7 +220,10 @@ def _write_checkpoint(
         write_file(tmp / MANIFEST_NAME, manifest.to_json())
         return manifest
     finally:
-        work.shutdown()
+        for pool in (work.pool, work.syncer):
+            pool.shutdown(wait=True, cancel_futures=True)
+        if own_hasher:
+            work.hasher.close()
         torch.set_num_threads(saved_threads)
 
 

@@ -1,10 +1,15 @@
-"""How a checkpoint is laid out on disk: shard grouping, shard names, the index. Used by every writer."""
+"""How a checkpoint is laid out on disk: shard grouping, shard names, the index (used by every writer),
+and which files form a component (used by every reader). Imports no torch."""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from pathlib import Path
+from typing import NamedTuple, TypeVar
+
+from .errors import InputError
 
 __all__ = [
     "INDEX_SUFFIX",
@@ -14,6 +19,11 @@ __all__ = [
     "shard_names",
     "index_name",
     "index_json",
+    "ComponentFiles",
+    "component_files",
+    "files_of_components",
+    "confined_path",
+    "no_duplicate_keys",
 ]
 
 INDEX_SUFFIX = ".safetensors.index.json"
@@ -23,6 +33,7 @@ CONFIG_NAME = "config.json"
 SHARD_METADATA = {"format": "pt"}
 
 T = TypeVar("T")
+_SHARD_RE = re.compile(r"^(?P<stem>.+)-\d{5}-of-\d{5}\.safetensors$")
 
 
 def group_by_size(items: Iterable[T], size: Callable[[T], int], max_bytes: int) -> list[list[T]]:
@@ -58,3 +69,108 @@ def index_json(weight_map: dict[str, str], total_size: int) -> str:
         )
         + "\n"
     )
+
+
+# --- reading: which files a component is made of (no tensor data, no torch) -----------------------
+
+
+class ComponentFiles(NamedTuple):
+    dir: Path
+    index: Path | None
+    stem: str  # shard name stem, e.g. "diffusion_pytorch_model"
+    shards: list[Path]
+    owner: dict[str, str] | None  # tensor -> shard file, from the index
+
+
+def component_files(root: Path, rel: str = ".") -> ComponentFiles:
+    """Which files make up the component `rel` of the checkpoint `root`, from the directory listing and the
+    index alone (`checkpoint.open_component` then reads and checks the headers).
+
+    Raises `InputError` for a missing directory, several indexes, or shards that cannot be told apart.
+    """
+    comp_dir = root if rel == "." else confined_path(root, rel, f"component {rel!r}")
+    if not comp_dir.is_dir():
+        raise InputError(f"{comp_dir}: component directory not found")
+    indexes = sorted(comp_dir.glob("*" + INDEX_SUFFIX))
+    if len(indexes) > 1:
+        names = ", ".join(p.name for p in indexes)
+        raise InputError(f"{comp_dir}: more than one safetensors index ({names}); keep one")
+    if indexes:
+        shards, owner = _shards_from_index(comp_dir, indexes[0])
+        return ComponentFiles(comp_dir, indexes[0], indexes[0].name[: -len(INDEX_SUFFIX)], shards, owner)
+    shards, stem = _shards_without_index(comp_dir)
+    return ComponentFiles(comp_dir, None, stem, shards, None)
+
+
+def files_of_components(root: Path, components: list[str]) -> list[Path]:
+    """The shards and indexes of `components` (those that can be read: `open_component` reports the others),
+    e.g. to start hashing them before the conversion, and torch, start."""
+    files: list[Path] = []
+    for rel in components:
+        try:
+            found = component_files(Path(root), rel)
+        except InputError:
+            continue
+        files += found.shards + ([found.index] if found.index else [])
+    return files
+
+
+def _shards_without_index(comp_dir: Path) -> tuple[list[Path], str]:
+    """One ``*.safetensors`` file, or one complete ``STEM-0000i-of-0000n`` set; anything else is ambiguous."""
+    files = sorted(comp_dir.glob("*.safetensors"))
+    if not files:
+        raise InputError(f"{comp_dir}: no *.safetensors files and no {INDEX_SUFFIX} here")
+    if len(files) == 1:
+        m = _SHARD_RE.match(files[0].name)
+        return files, m["stem"] if m else files[0].name[: -len(".safetensors")]
+    m = _SHARD_RE.match(files[0].name)
+    expected = (
+        [f"{m['stem']}-{i:05d}-of-{len(files):05d}.safetensors" for i in range(1, len(files) + 1)]
+        if m
+        else []
+    )
+    if [f.name for f in files] != expected:
+        names = ", ".join(f.name for f in files)
+        raise InputError(
+            f"{comp_dir}: several safetensors files and no {INDEX_SUFFIX} to say which form the model ({names}): "
+            "add the index, or move the other files away"
+        )
+    return files, m["stem"]
+
+
+def _shards_from_index(comp_dir: Path, index_path: Path) -> tuple[list[Path], dict[str, str]]:
+    try:
+        index = json.loads(index_path.read_text(), object_pairs_hook=no_duplicate_keys)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise InputError(f"{index_path}: not a readable JSON index ({e})") from None
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise InputError(f"{index_path}: has no 'weight_map'")
+    shards: list[Path] = []
+    for name, file in weight_map.items():
+        if not isinstance(file, str):
+            raise InputError(f"{index_path}: tensor {name!r} maps to {file!r}, not a file name")
+        path = confined_path(comp_dir, file, str(index_path))
+        if path not in shards:
+            if not path.is_file():
+                raise InputError(f"{index_path}: names shard {file!r}, which does not exist")
+            shards.append(path)
+    return sorted(shards), {k: Path(v).as_posix() for k, v in weight_map.items()}
+
+
+def confined_path(root: Path, relative: str, what: str) -> Path:
+    """`root / relative`, refusing absolute paths and paths that leave `root`."""
+    rel = Path(relative)
+    if rel.is_absolute() or ".." in rel.parts or not relative:
+        raise InputError(f"{what}: path {relative!r} leaves the checkpoint directory {root}")
+    return root / rel
+
+
+def no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object hook that refuses a key given twice (plain json keeps the last one silently)."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} appears twice")
+        out[key] = value
+    return out

@@ -6,10 +6,11 @@
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Iterator, Mapping
 from types import ModuleType
 
 from ..errors import InputError
-from . import fp8_channel, nf4, torchao_fp8
 from .base import Format, NonFiniteWeightError, PartSpec, UnsupportedShapeError, part_key
 
 __all__ = [
@@ -23,11 +24,28 @@ __all__ = [
     "part_key",
 ]
 
-FORMATS: dict[str, ModuleType] = {
-    fp8_channel.NAME: fp8_channel,
-    torchao_fp8.NAME: torchao_fp8,
-    nf4.NAME: nf4,
-}
+#: format name -> module of this package defining it (its `NAME`)
+_MODULES = {"fp8_channel": "fp8_channel", "torchao_fp8": "torchao_fp8", "nf4": "nf4"}
+
+
+class _Formats(Mapping[str, ModuleType]):
+    """Name -> format module, each imported when first looked up: the names alone (what a recipe is
+    checked against) come without importing torch."""
+
+    def __getitem__(self, name: str) -> ModuleType:
+        return importlib.import_module(f"{__name__}.{_MODULES[name]}")
+
+    def __contains__(self, name: object) -> bool:
+        return name in _MODULES
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_MODULES)
+
+    def __len__(self) -> int:
+        return len(_MODULES)
+
+
+FORMATS: Mapping[str, ModuleType] = _Formats()
 
 
 def get_format(name: str) -> Format:

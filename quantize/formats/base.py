@@ -6,9 +6,10 @@ full key is ``<module>.<part>``, built only by `part_key`.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import torch
+if TYPE_CHECKING:  # the table of formats is read (by recipes, for instance) without importing torch
+    import torch
 
 __all__ = ["Format", "PartSpec", "NonFiniteWeightError", "UnsupportedShapeError", "part_key"]
 
@@ -48,7 +49,7 @@ class Format(Protocol):
     def decode(
         self,
         parts: dict[str, torch.Tensor],
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype = ...,  # float32
         rows: tuple[int, int] | None = None,
     ) -> torch.Tensor:
         """The dequantized weight, or only its rows [r0, r1)."""
