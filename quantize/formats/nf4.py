@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import sys
 
 import torch
 
@@ -59,6 +60,7 @@ HP_DTYPE = torch.bfloat16
 WEIGHT = "weight"
 _STATE_PARTS = ("absmax", "quant_map", "nested_absmax", "nested_quant_map", "quant_state.bitsandbytes__nf4")
 QUANT_STATE = "weight.quant_state.bitsandbytes__nf4"
+_HIGH_HALF = 1 if sys.byteorder == "little" else 0  # of a float32 seen as two uint16
 _CHUNK_ELEMS = BLOCKSIZE * 16384  # one million values a step: stays in cache, amortizes calls
 
 
@@ -161,7 +163,8 @@ def _bucket_table() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 def _codes(scaled: torch.Tensor) -> torch.Tensor:
     """`torch.bucketize(scaled, edges)` as uint8, through the cell tables."""
     _, base, edge = _bucket_table()
-    cell = (scaled.view(torch.int32) >> 16) & 0xFFFF
+    # the top 16 bits of each float32: the high half of its two 16-bit halves (one strided pass, no shift, no mask)
+    cell = scaled.contiguous().view(torch.uint16).view(-1, 2)[:, _HIGH_HALF].int()
     q = base.index_select(0, cell)
     return q.add_(scaled > edge.index_select(0, cell))
 
@@ -187,8 +190,16 @@ def _first_stage(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         codes[full:n] = _codes(torch.clamp(x / am, -1, 1))
     if not bool(torch.isfinite(absmax).all()):
         raise NonFiniteWeightError("holds NaN or Inf values")
-    packed = (codes[0::2] << 4) | codes[1::2]
-    return packed.unsqueeze(1), absmax
+    return _pack_pairs(codes).unsqueeze(1), absmax
+
+
+def _pack_pairs(codes: torch.Tensor) -> torch.Tensor:
+    """Two 4-bit codes a byte, the first in the high nibble: ``(codes[0::2] << 4) | codes[1::2]``, computed on
+    the codes seen as int16 pairs (4x faster than the stride-2 byte ops): the low byte of (v << 4) | (v >> 8)."""
+    if sys.byteorder != "little":
+        return (codes[0::2] << 4) | codes[1::2]
+    pairs = codes.view(torch.int16)  # little-endian: low byte = first code, high byte = second
+    return ((pairs << 4) | (pairs >> 8)).to(torch.uint8)  # the cast keeps the low byte
 
 
 def encode(weight: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -281,7 +292,7 @@ def decode(
     b0, b1 = start // BLOCKSIZE, -(-end // BLOCKSIZE)
     absmax = _block_absmax(parts, float(fields["nested_offset"]), b0, b1)
     packed = parts[WEIGHT].view(-1)[b0 * BLOCKSIZE // 2 : -(-b1 * BLOCKSIZE // 2)]
-    values = _pair_table(parts["weight.quant_map"]).index_select(0, packed.int()).view(-1)
+    values = _pair_table(parts["weight.quant_map"]).index_select(0, packed.int()).view(torch.float32)
     values = _per_block(values, BLOCKSIZE).mul_(absmax.view(-1, 1)).view(-1)
     first = b0 * BLOCKSIZE
     return values[start - first : end - first].view(r1 - r0, in_features).to(dtype)
@@ -306,9 +317,12 @@ def _per_block(values: torch.Tensor, blocksize: int) -> torch.Tensor:
 
 
 def _pair_table(code: torch.Tensor) -> torch.Tensor:
-    """Per packed byte, its two decoded code values (high nibble first): one lookup decodes two weights."""
-    nibbles = torch.arange(256)
-    return torch.stack([code[nibbles >> 4], code[nibbles & 0xF]], dim=1)
+    """Per packed byte, its two decoded code values (high nibble first), as one 8-byte item: one 1-D lookup
+    decodes two weights (`.view(torch.float32)` after it). A [256, 2] table would be gathered row by row
+    with a memcpy each, 2.5x slower."""
+    nibbles = torch.arange(256, device=code.device)
+    pairs = torch.stack([code[nibbles >> 4], code[nibbles & 0xF]], dim=1).float()
+    return pairs.view(torch.int64).view(-1)
 
 
 def quantization_config(kept_linears: list[str]) -> dict:
