@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 
 import torch
 
@@ -30,11 +31,27 @@ def dequantize_rows(
 ) -> torch.Tensor:
     """q.float() * scale (one scale per row), cast to `dtype`; only `rows` [r0, r1) if given.
 
-    The float8 values come from a 256-entry table: exact, and several times faster on the CPU
-    than torch's float8 -> float32 cast.
+    The float8 values come from a lookup table: exact, and several times faster on the CPU than torch's
+    float8 -> float32 cast. On the CPU, two at a time (a 64K-entry table of value pairs, gathered as
+    8-byte items), which halves the cost again.
     """
     if rows is not None:
         q, scale = q[rows[0] : rows[1]], scale[rows[0] : rows[1]]
-    table = _VALUES if q.device.type == "cpu" else _values_on(q.device)
-    values = table.index_select(0, q.reshape(-1).view(torch.uint8).int()).view(q.shape)
+    if q.device.type == "cpu" and q.is_contiguous() and q.shape[-1] % 2 == 0:
+        pairs = q.view(torch.uint16).reshape(-1).int()
+        values = _pair_values().index_select(0, pairs).view(torch.float32).view(q.shape)
+    else:
+        table = _VALUES if q.device.type == "cpu" else _values_on(q.device)
+        values = table.index_select(0, q.reshape(-1).view(torch.uint8).int()).view(q.shape)
     return values.mul_(scale).to(dtype)
+
+
+@functools.cache
+def _pair_values() -> torch.Tensor:
+    """For each uint16 view of two adjacent float8 values, both values as float32, packed in one int64."""
+    halves = torch.arange(1 << 16, dtype=torch.int32).view(-1, 1).view(torch.uint8)  # the uint16's 2 bytes
+    first, second = (
+        (0, 1) if sys.byteorder == "little" else (2, 3)
+    )  # little-endian int32: bytes 0, 1 = uint16
+    pairs = torch.stack([_VALUES[halves[:, first].int()], _VALUES[halves[:, second].int()]], dim=1)
+    return pairs.contiguous().view(torch.int64).view(-1)
