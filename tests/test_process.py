@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from quantize.converter import _lowest_priority
+from quantize.hashing import FileHasher, lowest_priority, sha256_file
 
 LINUX_GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 
@@ -56,7 +56,7 @@ def test_source_hashing_threads_run_at_lowest_priority():
     seen = {}
 
     def probe():
-        _lowest_priority()
+        lowest_priority()
         seen["nice"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
     t = threading.Thread(target=probe)
@@ -64,3 +64,44 @@ def test_source_hashing_threads_run_at_lowest_priority():
     t.join()
     assert seen["nice"] == 19
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) != 19  # the caller is untouched
+
+
+def test_file_hasher_hashes_each_file_once_and_background_work_runs_niced(tmp_path, monkeypatch):
+    a = tmp_path / "a.bin"
+    a.write_bytes(b"x" * 100_000)
+    os.link(a, tmp_path / "b.bin")  # the same file under two names
+    (tmp_path / "c.bin").write_bytes(b"y")
+    calls, nice = [], {}
+
+    def counted(path):
+        calls.append(path.name)
+        nice[path.name] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        return sha256_file(path)
+
+    monkeypatch.setattr("quantize.hashing.sha256_file", counted)
+    with FileHasher() as hasher:
+        first = hasher.submit(a, background=True)
+        assert hasher.submit(tmp_path / "b.bin") is first  # by inode: not hashed again
+        third = hasher.submit(tmp_path / "c.bin")
+        assert first.result() == sha256_file(a) and third.result() == sha256_file(tmp_path / "c.bin")
+    assert sorted(calls) == ["a.bin", "c.bin"]
+    if platform.system() == "Linux":
+        assert nice["a.bin"] == 19 and nice["c.bin"] != 19
+
+
+def test_recipes_and_the_files_to_hash_come_without_torch(tmp_path):
+    """The command line starts hashing the source before it imports torch (a second of start-up)."""
+    code = (
+        "import sys; from quantize.recipes import load_recipe; from quantize.layout import files_of_components; "
+        "from quantize.hashing import FileHasher; from quantize.hub import resolve_source; "
+        f"r = load_recipe('wan-fp8.yaml'); print(len(files_of_components({str(tmp_path)!r}, r.recipe.components))); "
+        "print('torch' in sys.modules)"
+    )
+    from quantize.synthetic import write_wan_example
+
+    write_wan_example(tmp_path / "src", "tiny", "t2v")
+    code = code.replace(repr(str(tmp_path)), repr(str(tmp_path / "src")))
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out == ["1", "False"]
