@@ -441,7 +441,8 @@ def startup_note(results: list[Result]) -> str | None:
     outside = statistics.median(w - rep for w, rep in pairs)
     return (
         f"The converter's own timer (its `wrote OUT: ... in N s` line) misses about {outside:.1f} s per run: "
-        f"process start-up, torch import, recipe loading (wall time minus reported, median)."
+        f"Python start-up, the command line's imports, recipe loading (its timer starts before torch is imported, "
+        f"when the source starts being hashed; wall time minus reported, median)."
     )
 
 
