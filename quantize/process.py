@@ -22,7 +22,7 @@ _M_MMAP_THRESHOLD = -3
 #: allocations above this get pages of their own (and give them back when freed): above any row chunk
 MMAP_THRESHOLD = 32 << 20
 #: free memory at the top of a heap kept for reuse rather than trimmed
-TRIM_THRESHOLD = 256 << 20
+TRIM_THRESHOLD = 64 << 20
 
 
 def tune_for_streaming() -> bool:
