@@ -19,8 +19,9 @@ __all__ = ["tune_for_streaming", "MMAP_THRESHOLD", "TRIM_THRESHOLD"]
 
 _M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
 _M_MMAP_THRESHOLD = -3
-#: allocations above this get pages of their own (and give them back when freed): above any row chunk
-MMAP_THRESHOLD = 32 << 20
+#: allocations above this get pages of their own (and give them back when freed): twice a 4 MB row chunk,
+#: so whole-weight arrays (nf4 encodes a weight at once) are not kept by the allocator after use
+MMAP_THRESHOLD = 8 << 20
 #: free memory at the top of a heap kept for reuse rather than trimmed
 TRIM_THRESHOLD = 64 << 20
 
