@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
@@ -291,16 +292,21 @@ def convert_cmd(
     """Convert the safetensors checkpoint SOURCE (a folder or a Hub repo id) into OUTPUT following RECIPE."""
     from .hashing import FileHasher
     from .hub import recipe_files, resolve_source
-    from .layout import files_of_components
+    from .layout import files_of_components, parse_size
+    from .output import claimed_output
     from .recipes import load_recipe
 
     loaded = load_recipe(recipe)
-    folder, name, repo_id = resolve_source(source, recipe_files(loaded.recipe))
-    t0 = time.monotonic()
-    with FileHasher(min(2, max(1, workers or 2))) as hasher:
+    with contextlib.ExitStack() as held:
+        # refused in a blink, before any download or torch: an existing or busy output
+        held.enter_context(claimed_output(Path(source), output, overwrite))
+        max_bytes = parse_size(max_shard_size, "--max-shard-size")
+        folder, name, repo_id = resolve_source(source, recipe_files(loaded.recipe))
+        t0 = time.monotonic()
+        hasher = held.enter_context(FileHasher(min(2, max(1, workers or 2))))
         for f in files_of_components(folder, loaded.recipe.components):
             hasher.submit(f, background=True)  # while torch is imported, a core has nothing else to do
-        from .converter import convert, parse_size
+        from .converter import convert
         from .process import tune_for_streaming
 
         tune_for_streaming()
@@ -311,7 +317,7 @@ def convert_cmd(
                 output,
                 loaded,
                 overwrite=overwrite,
-                max_shard_size=parse_size(max_shard_size),
+                max_shard_size=max_bytes,
                 workers=workers,
                 progress=progress,
                 source_name=name,
@@ -534,14 +540,18 @@ def example_cmd(output: Path, preset: str, layout: str, dtype: str, max_shard_si
     """Write a random-weight checkpoint with the original Wan key names, to try the tool on."""
     import torch
 
-    from .converter import parse_size
     from .errors import OutputExistsError
+    from .layout import parse_size
     from .synthetic import write_wan_example
 
     if output.exists():
         raise OutputExistsError(f"{output}: already exists; remove it or pick another path")
     write_wan_example(
-        output, preset, layout, dtype=getattr(torch, dtype), max_shard_size=parse_size(max_shard_size)
+        output,
+        preset,
+        layout,
+        dtype=getattr(torch, dtype),
+        max_shard_size=parse_size(max_shard_size, "--max-shard-size"),
     )
     out.print(f"wrote a {preset} Wan-shaped {layout} checkpoint ({dtype}, random weights) to {output}")
 
@@ -549,13 +559,35 @@ def example_cmd(output: Path, preset: str, layout: str, dtype: str, max_shard_si
 # --- entry point -------------------------------------------------------------------------------
 
 
-def _on_sigterm(signum, frame):
-    raise SystemExit(143)
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM: unwinds like KeyboardInterrupt (every cleanup runs), exits 128 + the signal number.
+
+    Not a KeyboardInterrupt, which click would turn into an anonymous Abort."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _on_signal(signum, frame):
+    _ignore_stop_signals()  # the first signal stops the run; more must not cut short the cleanup it starts
+    raise Interrupted(signum)
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: one-line errors, DESIGN.md's exit codes, tracebacks only with --debug."""
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, _on_signal)
+    try:
+        _run(argv)
+    except Interrupted as e:  # one that came in while an error was being reported
+        sys.exit(128 + e.signum)
+
+
+def _run(argv: list[str] | None) -> None:
     try:
         code = cli.main(args=argv, prog_name="quantize", standalone_mode=False)
     except QuantizeError as e:
@@ -566,21 +598,37 @@ def main(argv: list[str] | None = None) -> None:
             f"{e.format_message()} (see quantize --help)",
             2 if isinstance(e, click.UsageError) else e.exit_code,
         )
-    except (KeyboardInterrupt, click.Abort):
-        err.print("interrupted: no partial output was left behind")
-        sys.exit(130)
+    except (Interrupted, KeyboardInterrupt, click.Abort) as e:
+        signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
+        _fail(
+            e,
+            f"interrupted by {signal.Signals(signum).name}: stopped; nothing partial was left behind",
+            128 + signum,
+        )
     except Exception as e:  # a bug, or an environment problem we did not foresee
         _fail(e, f"{type(e).__name__}: {e} (run with --debug for the traceback)", 1)
-    sys.exit(code if isinstance(code, int) else 0)
+    _exit(code if isinstance(code, int) else 0)
+
+
+def _exit(code: int) -> None:
+    _ignore_stop_signals()  # the work is over: a late signal must not change the exit code
+    sys.exit(code)
+
+
+def _ignore_stop_signals() -> None:
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def _fail(e: BaseException, message: str, code: int) -> None:
+    _ignore_stop_signals()
     from .hub import scrub
 
     if _state["debug"]:
         err.print(scrub("".join(traceback.format_exception(e))), markup=False, highlight=False)
-    err.print(f"[red]error:[/] {escape(scrub(message))}", soft_wrap=True)
-    sys.exit(code)
+    one_line = " ".join(message.split())  # a library's message may span lines (YAML's, the OS's)
+    err.print(f"[red]error:[/] {escape(scrub(one_line))}", soft_wrap=True)
+    _exit(code)
 
 
 if __name__ == "__main__":

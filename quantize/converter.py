@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import errno
 import json
-import math
 import os
 import platform
 import shutil
@@ -28,7 +27,15 @@ from .card import CARD_NAME, CardFacts, pipeline_tag, render_card, source_card_m
 from .checkpoint import CONFIG_NAME
 from .errors import ConversionError, InputError
 from .hashing import FileHasher
-from .layout import SHARD_METADATA, group_by_size, index_json, index_name, shard_names
+from .layout import (
+    DEFAULT_MAX_SHARD_SIZE,
+    SHARD_METADATA,
+    group_by_size,
+    index_json,
+    index_name,
+    parse_size,
+    shard_names,
+)
 from .manifest import (
     MANIFEST_NAME,
     RECIPE_NAME,
@@ -38,7 +45,14 @@ from .manifest import (
     RecipeEntry,
     TensorEntry,
 )
-from .output import check_output_location, fsync_path, publish, staging_dir, write_file
+from .output import (
+    NO_SPACE_ERRNOS,
+    claimed_output,
+    fsync_path,
+    publish,
+    staging_dir,
+    write_file,
+)
 from .plan import ComponentPlan, Plan, TensorPlan, make_plan
 from .progress import NoProgress, Progress
 from .quantizer import ErrorStats, write_tensor
@@ -46,29 +60,6 @@ from .recipes import LoadedRecipe, dump_recipe, load_recipe
 from .writer import ShardWriter
 
 __all__ = ["convert", "Progress", "parse_size", "DEFAULT_MAX_SHARD_SIZE"]
-
-DEFAULT_MAX_SHARD_SIZE = 5 * 10**9
-_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
-_SIZE_UNITS |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
-
-def parse_size(text: str | int) -> int:
-    """'5GB' -> 5_000_000_000, '512MiB' -> 536_870_912, '1000' -> 1000 (bytes, at least 1)."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        value, unit = float(text), ""
-    else:
-        s = str(text).strip().upper().replace(" ", "")
-        num = s.rstrip("KMGTIB")
-        unit = s[len(num) :]
-        try:
-            value = float(num)
-        except ValueError:
-            value = math.nan
-    if unit not in _SIZE_UNITS or not math.isfinite(value) or value * _SIZE_UNITS[unit] < 1:
-        raise InputError(
-            f"size {text!r}: expected a positive number of bytes with an optional unit such as 5GB or 512MiB"
-        )
-    return int(value * _SIZE_UNITS[unit])
 
 
 def convert(
@@ -99,16 +90,10 @@ def convert(
     workers = (os.cpu_count() or 1) if workers is None else workers
     if workers < 1:
         raise InputError(f"--workers must be at least 1, got {workers}")
-    check_output_location(source, out, overwrite)
-    plan = make_plan(source, loaded.recipe)
-    for cp in plan.components:
-        if cp.component.config and "quantization_config" in cp.component.config:
-            raise InputError(
-                f"{cp.component.config_path}: has a quantization_config already: the source is quantized"
-            )
-    progress = progress or NoProgress()
-    progress.start(plan.source_bytes, plan.tensor_count)
-    try:
+    with claimed_output(source, out, overwrite):
+        plan = make_plan(source, loaded.recipe)
+        progress = progress or NoProgress()
+        progress.start(plan.source_bytes, plan.tensor_count)
         with staging_dir(out) as tmp:
             facts = CardFacts(
                 classes={cp.rel: (cp.component.config or {}).get("_class_name") for cp in plan.components},
@@ -116,13 +101,29 @@ def convert(
                 base_model=base_model,
                 source_metadata=source_card_metadata(source),
             )
-            manifest = _write_checkpoint(
-                plan, loaded, tmp, max_bytes, workers, progress, source_name or source.name, facts, hasher
-            )
-            publish(tmp, out, overwrite)
-    except OSError as e:  # the disk, not the input: name the file
-        raise ConversionError(f"{e.filename or out}: {e.strerror or e}") from None
+            try:
+                manifest = _write_checkpoint(
+                    plan, loaded, tmp, max_bytes, workers, progress, source_name or source.name, facts, hasher
+                )
+                publish(tmp, out, overwrite)
+            except OSError as e:
+                raise _output_error(_io_problem(e, out, "writing the output"), tmp, out) from None
+            except ConversionError as e:
+                raise _output_error(str(e), tmp, out) from None
     return manifest
+
+
+def _io_problem(e: OSError, fallback: Path, doing: str) -> str:
+    """An OSError as one line: the file, what failed, what was being done, and what to do about a full disk."""
+    message = f"{e.filename or fallback}: {e.strerror or e} ({doing})"
+    if e.errno in NO_SPACE_ERRNOS:
+        message += ": free some space, or pick another disk, and run it again"
+    return message
+
+
+def _output_error(message: str, tmp: Path, out: Path) -> ConversionError:
+    """A failed write, naming files where they would have been in OUT (the temporary directory is gone)."""
+    return ConversionError(f"{message.replace(str(tmp), str(out))}; {out} is unchanged")
 
 
 # --- writing -----------------------------------------------------------------------------------
@@ -303,7 +304,7 @@ def _convert_one(tp: TensorPlan, fmt, writer: ShardWriter, progress: Progress) -
         stats = write_tensor(tp, fmt, writer)
     except OSError as e:
         raise ConversionError(
-            f"{writer.path}: converting {tp.name!r} from {tp.info.file}: {e.strerror or e}"
+            _io_problem(e, writer.path, f"converting {tp.name!r} from {tp.info.file}")
         ) from None
     progress.advance(tp.info.nbytes)
     return stats

@@ -5,7 +5,7 @@ The library raises these; only the CLI prints them and turns them into exit code
 
 from __future__ import annotations
 
-__all__ = ["QuantizeError", "InputError", "ConversionError", "OutputExistsError"]
+__all__ = ["QuantizeError", "InputError", "ConversionError", "OutputExistsError", "OutputBusyError"]
 
 
 class QuantizeError(Exception):
@@ -28,3 +28,7 @@ class ConversionError(QuantizeError):
     """The work itself failed (exit code 1): a write, a check."""
 
     exit_code = 1
+
+
+class OutputBusyError(InputError):
+    """Another conversion is writing the same output directory."""

@@ -16,17 +16,24 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-__all__ = ["sha256_file", "FileHasher", "lowest_priority"]
+__all__ = ["sha256_file", "FileHasher", "HashingStopped", "lowest_priority"]
 
 _CHUNK = 8 << 20
 
 
-def sha256_file(path: Path) -> str:
+class HashingStopped(Exception):
+    """The hasher was closed before this file was hashed to the end."""
+
+
+def sha256_file(path: Path, stop: threading.Event | None = None) -> str:
+    """The hex SHA-256 of a file, read in 8 MB chunks; `stop` set ends it early (`HashingStopped`)."""
     h = hashlib.sha256()
     buf = bytearray(_CHUNK)
     view = memoryview(buf)
     with open(path, "rb", buffering=0) as f:
         while n := f.readinto(buf):
+            if stop is not None and stop.is_set():
+                raise HashingStopped(str(path))
             h.update(view[:n])
     return h.hexdigest()
 
@@ -52,6 +59,7 @@ class FileHasher:
         self._foreground = ThreadPoolExecutor(1, thread_name_prefix="sha256")
         self._futures: dict[tuple[int, int], Future] = {}
         self._lock = threading.Lock()
+        self._stop = threading.Event()
 
     def submit(self, path: Path, background: bool = False) -> Future:
         """The digest of `path`, computed once; `background`: at the lowest priority (if not queued already)."""
@@ -60,11 +68,13 @@ class FileHasher:
         with self._lock:
             if key not in self._futures:
                 pool = self._background if background else self._foreground
-                self._futures[key] = pool.submit(sha256_file, Path(path))
+                self._futures[key] = pool.submit(sha256_file, Path(path), self._stop)
             return self._futures[key]
 
     def close(self) -> None:
-        """Stop: files not started are dropped, running ones finish."""
+        """Stop at once (an interrupted conversion does not wait for a 5 GB shard's hash): files not started
+        are dropped, running ones stop at their next chunk. Digests already delivered are unaffected."""
+        self._stop.set()
         for pool in (self._background, self._foreground):
             pool.shutdown(wait=True, cancel_futures=True)
 

@@ -4,6 +4,7 @@ and which files form a component (used by every reader). Imports no torch."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -15,6 +16,8 @@ __all__ = [
     "INDEX_SUFFIX",
     "CONFIG_NAME",
     "SHARD_METADATA",
+    "DEFAULT_MAX_SHARD_SIZE",
+    "parse_size",
     "group_by_size",
     "shard_names",
     "index_name",
@@ -31,6 +34,30 @@ CONFIG_NAME = "config.json"
 
 #: `__metadata__` of every shard we write (what transformers and diffusers expect).
 SHARD_METADATA = {"format": "pt"}
+
+DEFAULT_MAX_SHARD_SIZE = 5 * 10**9
+_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_SIZE_UNITS |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_size(text: str | int, what: str = "size") -> int:
+    """'5GB' -> 5_000_000_000, '512MiB' -> 536_870_912, '1000' -> 1000 (bytes, at least 1)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value, unit = float(text), ""
+    else:
+        s = str(text).strip().upper().replace(" ", "")
+        num = s.rstrip("KMGTIB")
+        unit = s[len(num) :]
+        try:
+            value = float(num)
+        except ValueError:
+            value = math.nan
+    if unit not in _SIZE_UNITS or not math.isfinite(value) or value * _SIZE_UNITS[unit] < 1:
+        raise InputError(
+            f"{what} {text!r}: expected a positive number of bytes with an optional unit such as 5GB or 512MiB"
+        )
+    return int(value * _SIZE_UNITS[unit])
+
 
 T = TypeVar("T")
 _SHARD_RE = re.compile(r"^(?P<stem>.+)-\d{5}-of-\d{5}\.safetensors$")

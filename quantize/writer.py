@@ -15,6 +15,7 @@ reserved for it. Shards without late tensors are unaffected.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -112,14 +113,26 @@ class ShardWriter:
         try:
             if not self._late_names:
                 self._pwrite(memoryview(header), 0)
-            os.ftruncate(self._fd, self._fixed_end)
+            try:
+                os.ftruncate(self._fd, self._fixed_end)
+            except OSError as e:
+                raise self._named(e) from None
         except BaseException:
             os.close(self._fd)
             raise
 
+    def _named(self, e: OSError) -> OSError:
+        """`e` naming this file (os.pwrite, ftruncate and fsync errors name none)."""
+        return OSError(e.errno, e.strerror, str(self.path))
+
     def _pwrite(self, data: memoryview, offset: int) -> None:
         while len(data):
-            n = os.pwrite(self._fd, data, offset)
+            try:
+                n = os.pwrite(self._fd, data, offset)
+            except OSError as e:
+                raise self._named(e) from None
+            if n == 0:
+                raise self._named(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
             data, offset = data[n:], offset + n
 
     def write(self, name: str, tensor: torch.Tensor, row_start: int = 0) -> None:
@@ -174,7 +187,10 @@ class ShardWriter:
             if self._late_names:
                 data_bytes += self._finish_late()
             if sync:
-                os.fsync(self._fd)
+                try:
+                    os.fsync(self._fd)
+                except OSError as e:
+                    raise self._named(e) from None
             return data_bytes
         finally:
             os.close(self._fd)

@@ -73,10 +73,10 @@ def test_file_hasher_hashes_each_file_once_and_background_work_runs_niced(tmp_pa
     (tmp_path / "c.bin").write_bytes(b"y")
     calls, nice = [], {}
 
-    def counted(path):
+    def counted(path, stop=None):
         calls.append(path.name)
         nice[path.name] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-        return sha256_file(path)
+        return sha256_file(path, stop)
 
     monkeypatch.setattr("quantize.hashing.sha256_file", counted)
     with FileHasher() as hasher:
