@@ -20,7 +20,14 @@ import torch
 
 from . import dtypes
 from .errors import InputError
-from .layout import CONFIG_NAME, INDEX_SUFFIX, component_files, confined_path, no_duplicate_keys
+from .layout import (
+    CONFIG_NAME,
+    INDEX_SUFFIX,
+    component_files,
+    confined_path,
+    no_duplicate_keys,
+    read_json_object,
+)
 
 __all__ = [
     "TensorInfo",
@@ -95,6 +102,8 @@ def read_header(path: Path) -> SafetensorsHeader:
         header = json.loads(raw, object_pairs_hook=no_duplicate_keys)
     except (UnicodeDecodeError, ValueError) as e:
         raise InputError(f"{path}: header is not valid JSON ({e})") from None
+    except RecursionError:
+        raise InputError(f"{path}: header is not valid JSON (nested too deeply)") from None
     if not isinstance(header, dict):
         raise InputError(f"{path}: header is not a JSON object")
     metadata = header.pop("__metadata__", None) or {}
@@ -208,13 +217,7 @@ def open_component(root: Path, rel: str = ".") -> Component:
 def _read_config(path: Path) -> dict | None:
     if not path.is_file():
         return None
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(config, dict):
-        raise InputError(f"{path}: must hold a JSON object")
-    return config
+    return read_json_object(path)
 
 
 def tensor_bytes(t: torch.Tensor) -> memoryview:

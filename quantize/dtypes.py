@@ -12,7 +12,7 @@ import torch
 
 from .errors import InputError
 
-__all__ = ["DType", "DTYPES", "by_name", "by_torch", "FLOAT_SOURCE_DTYPES"]
+__all__ = ["DType", "DTYPES", "by_name", "by_torch", "FLOAT_SOURCE_DTYPES", "FLOAT_DTYPES"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,8 @@ _BY_TORCH = {d.torch: d for d in DTYPES}
 
 #: Source dtypes a weight may be quantized from.
 FLOAT_SOURCE_DTYPES = frozenset({"F32", "F16", "BF16"})
+#: High-precision floats (what a source's weights are; F8 means a quantized checkpoint).
+FLOAT_DTYPES = FLOAT_SOURCE_DTYPES | {"F64"}
 
 
 def by_name(name: str) -> DType:

@@ -10,7 +10,6 @@ two float32 copies of the model: meant for the small and medium models, or a mac
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch
 from .checkpoint import CONFIG_NAME, Component, open_component, read_tensor
 from .errors import InputError
 from .formats import Format, part_key
+from .layout import read_json_object
 from .plan import ComponentPlan, Plan
 from .recipes import Recipe
 
@@ -64,8 +64,8 @@ MODEL_INPUTS: dict[str, Callable[[dict, torch.Generator], dict]] = {
 
 def _class_name(component_dir: Path) -> str | None:
     try:
-        return json.loads((component_dir / CONFIG_NAME).read_text()).get("_class_name")
-    except (OSError, ValueError, AttributeError):
+        return read_json_object(component_dir / CONFIG_NAME).get("_class_name")
+    except InputError:
         return None
 
 

@@ -7,7 +7,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Iterable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import NamedTuple, TypeVar
 
 from .errors import InputError
@@ -26,7 +26,9 @@ __all__ = [
     "component_files",
     "files_of_components",
     "confined_path",
+    "relative_path_problem",
     "no_duplicate_keys",
+    "read_json_object",
 ]
 
 INDEX_SUFFIX = ".safetensors.index.json"
@@ -166,11 +168,8 @@ def _shards_without_index(comp_dir: Path) -> tuple[list[Path], str]:
 
 
 def _shards_from_index(comp_dir: Path, index_path: Path) -> tuple[list[Path], dict[str, str]]:
-    try:
-        index = json.loads(index_path.read_text(), object_pairs_hook=no_duplicate_keys)
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise InputError(f"{index_path}: not a readable JSON index ({e})") from None
-    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    index = read_json_object(index_path)
+    weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise InputError(f"{index_path}: has no 'weight_map'")
     shards: list[Path] = []
@@ -185,12 +184,38 @@ def _shards_from_index(comp_dir: Path, index_path: Path) -> tuple[list[Path], di
     return sorted(shards), {k: Path(v).as_posix() for k, v in weight_map.items()}
 
 
+def read_json_object(path: Path) -> dict:
+    """A JSON object from a file (an index, a config.json); duplicate keys, bad JSON or nesting too deep for the
+    parser are one `InputError` naming the file."""
+    try:
+        data = json.loads(path.read_text(), object_pairs_hook=no_duplicate_keys)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise InputError(f"{path}: not readable JSON ({e})") from None
+    except RecursionError:
+        raise InputError(f"{path}: not readable JSON (nested too deeply)") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: must hold a JSON object, not {type(data).__name__}")
+    return data
+
+
+def relative_path_problem(relative: object) -> str | None:
+    """Why `relative` is not a path inside a checkpoint (POSIX separators, no ``..``, not absolute), or None."""
+    if not isinstance(relative, str) or not relative:
+        return "is not a file name"
+    if "\0" in relative or "\\" in relative:
+        return "is not a POSIX relative path"
+    path = PurePosixPath(relative)
+    if path.is_absolute() or ".." in path.parts:
+        return "leaves the checkpoint directory"
+    return None
+
+
 def confined_path(root: Path, relative: str, what: str) -> Path:
     """`root / relative`, refusing absolute paths and paths that leave `root`."""
-    rel = Path(relative)
-    if rel.is_absolute() or ".." in rel.parts or not relative:
-        raise InputError(f"{what}: path {relative!r} leaves the checkpoint directory {root}")
-    return root / rel
+    problem = relative_path_problem(relative)
+    if problem is not None:
+        raise InputError(f"{what}: path {relative!r} {problem} ({root})")
+    return root / relative
 
 
 def no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import InputError
+from .layout import relative_path_problem
 
 __all__ = [
     "MANIFEST_NAME",
@@ -33,10 +34,19 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _inside_checkpoint(path: str) -> str:
+    problem = relative_path_problem(path)
+    if problem is not None:
+        raise ValueError(f"path {path!r} {problem}")
+    return path
+
+
 class FileEntry(_Strict):
     path: str  # relative to the checkpoint (or source) root, POSIX separators
-    size: int
-    sha256: str
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+    _confined = field_validator("path")(_inside_checkpoint)
 
 
 class TensorEntry(_Strict):
@@ -65,6 +75,8 @@ class ComponentEntry(_Strict):
     kept_linears: list[str]
     source_bytes: int
     output_bytes: int
+
+    _confined = field_validator("path")(_inside_checkpoint)
 
 
 class Manifest(_Strict):

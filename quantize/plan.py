@@ -10,7 +10,6 @@ pattern must match at least one key in every component.
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import re
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from . import dtypes
 from .checkpoint import CONFIG_NAME, Component, TensorInfo, open_component
 from .errors import InputError
 from .formats import Format, UnsupportedShapeError, get_format, part_key
+from .layout import read_json_object
 from .manifest import MANIFEST_NAME, RECIPE_NAME
 from .recipes import Recipe
 from .writer import TensorSpec
@@ -149,7 +149,40 @@ def _check_quantizable(info: TensorInfo, pattern: str, where: str) -> None:
         )
 
 
+#: Names of the parts quantized weights are stored as (compressed-tensors, torchao, bitsandbytes, GPTQ/AWQ).
+_QUANTIZED_PART = re.compile(
+    r".*\.(weight_scale|weight_zero_point|weight_packed|weight_shape|_weight_qdata|_weight_scale|qweight|qzeros|SCB"
+    r"|weight\.(absmax|quant_map|nested_absmax|nested_quant_map|quant_state\..+))"
+)
+_ALREADY_QUANTIZED = (
+    "this checkpoint is already quantized: convert from the original F32, F16 or BF16 weights"
+)
+
+
+def check_not_quantized(component: Component) -> None:
+    """Refuse a quantized checkpoint as a source, told by its config, or by fp8, integer or quantized-part tensors
+    (a Linear weight is always a float; other integer tensors are copied as they are)."""
+    config = component.config or {}
+    if "quantization_config" in config:
+        qc = config["quantization_config"]
+        method = qc.get("quant_method") if isinstance(qc, dict) else None
+        raise InputError(
+            f"{component.config_path}: has a quantization_config ({method}): {_ALREADY_QUANTIZED}"
+        )
+    for info in component.tensors.values():
+        if info.dtype.startswith("F8_"):
+            what = f"is {info.dtype}"
+        elif _QUANTIZED_PART.fullmatch(info.name):
+            what = f"({info.dtype}) is a part of a quantized weight"
+        elif info.name.endswith(WEIGHT_SUFFIX) and info.dtype not in dtypes.FLOAT_DTYPES:
+            what = f"is {info.dtype}, an integer weight"
+        else:
+            continue
+        raise InputError(f"{info.file}: tensor {info.name!r} {what}: {_ALREADY_QUANTIZED}")
+
+
 def plan_component(component: Component, recipe: Recipe) -> ComponentPlan:
+    check_not_quantized(component)
     fmt = get_format(recipe.format)
     targets = [re.compile(p) for p in recipe.targets]
     ignores = [re.compile(p) for p in recipe.ignore]
@@ -229,8 +262,8 @@ def _check_no_unconverted_twin(source: Path, components: list[Component], files:
         if f.name != CONFIG_NAME or not any(f.parent.glob("*.safetensors")):
             continue
         try:
-            cls = json.loads(f.read_text()).get("_class_name")
-        except (OSError, ValueError, AttributeError):
+            cls = read_json_object(f).get("_class_name")
+        except InputError:
             continue
         if cls in classes:
             rel = f.parent.relative_to(source).as_posix()

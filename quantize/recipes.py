@@ -48,6 +48,12 @@ class Checks(_Strict):
     min_forward_sqnr_db: float | None = None  # `verify --forward`; 20 dB when not set
 
 
+_ONE_FORMAT = (
+    "a recipe has one format, for every target of every component: diffusers and compressed-tensors load one "
+    "quantization_config per model, so a model mixing formats would not load; for two formats, write two recipes"
+)
+
+
 class Recipe(_Strict):
     format: str
     targets: list[str] = Field(min_length=1)
@@ -58,6 +64,20 @@ class Recipe(_Strict):
     keep_dtype: Literal["source", "bfloat16", "float32"] = "source"
     copy_other_files: bool = False
     checks: Checks = Field(default_factory=Checks)
+
+    @field_validator("format", mode="before")
+    @classmethod
+    def _one_format(cls, v: object) -> object:
+        if isinstance(v, (list, dict)):
+            raise ValueError(_ONE_FORMAT)
+        return v
+
+    @field_validator("targets", mode="before")
+    @classmethod
+    def _targets_without_formats(cls, v: object) -> object:
+        if isinstance(v, dict):
+            raise ValueError(f"a list of patterns, not a mapping: {_ONE_FORMAT}")
+        return v
 
     @field_validator("format")
     @classmethod
@@ -129,7 +149,10 @@ def parse_recipe(text: str, origin: str = "recipe") -> Recipe:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise InputError(f"{origin}: not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None
+        problem = " ".join(str(getattr(e, "problem", None) or e).split())
+        raise InputError(f"{origin}: not valid YAML{where}: {problem}") from None
+    except RecursionError:
+        raise InputError(f"{origin}: nested too deeply to be a recipe") from None
     if not isinstance(data, dict):
         raise InputError(f"{origin}: a recipe is a YAML mapping with at least 'format' and 'targets'")
     try:
