@@ -7,10 +7,11 @@ import platform
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
-from quantize.hashing import FileHasher, lowest_priority, sha256_file
+from quantize.hashing import FileHasher, HashingStopped, lowest_priority, sha256_file
 
 LINUX_GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 
@@ -105,3 +106,16 @@ def test_recipes_and_the_files_to_hash_come_without_torch(tmp_path):
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.split()
     assert out == ["1", "False"]
+
+
+def test_closing_the_hasher_stops_a_file_being_hashed(tmp_path):
+    """An interrupted conversion does not wait for a 5 GB shard's hash to finish."""
+    big = tmp_path / "big.bin"
+    with open(big, "wb") as f:
+        f.truncate(4 << 30)  # sparse: 4 GB of zeros, no disk used, seconds of SHA-256
+    hasher = FileHasher()
+    future = hasher.submit(big)
+    while not future.running():
+        time.sleep(0.001)
+    hasher.close()
+    assert isinstance(future.exception(), HashingStopped)
