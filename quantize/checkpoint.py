@@ -140,9 +140,7 @@ def _tensor_info(path: Path, name: str, entry: object, data_start: int) -> Tenso
     if not (isinstance(shape, list) and all(type(s) is int and s >= 0 for s in shape)):  # not bool
         raise InputError(f"{path}: tensor {name!r} has a malformed shape {shape!r}")
     if not (
-        isinstance(offsets, list)
-        and len(offsets) == 2
-        and all(type(o) is int and o >= 0 for o in offsets)
+        isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int and o >= 0 for o in offsets)
     ):
         raise InputError(f"{path}: tensor {name!r} has malformed data_offsets {offsets!r}")
     numel = math.prod(shape)

@@ -299,7 +299,7 @@ def convert_cmd(
     loaded = load_recipe(recipe)
     with contextlib.ExitStack() as held:
         # refused in a blink, before any download or torch: an existing or busy output
-        held.enter_context(claimed_output(Path(source), output, overwrite))
+        held.enter_context(claimed_output(Path(source), output, overwrite, report=_report_recovery))
         max_bytes = parse_size(max_shard_size, "--max-shard-size")
         folder, name, repo_id = resolve_source(source, recipe_files(loaded.recipe))
         t0 = time.monotonic()
@@ -337,6 +337,10 @@ def convert_cmd(
     )
     if sqnrs:
         out.print(f"weight SQNR: min {min(sqnrs):.1f} dB, median {statistics.median(sqnrs):.1f} dB")
+
+
+def _report_recovery(step: str) -> None:
+    err.print(f"convert: {escape(step)}, left by a conversion that was killed")
 
 
 @cli.command("verify")

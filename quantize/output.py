@@ -19,7 +19,7 @@ import secrets
 import shutil
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -140,11 +140,15 @@ def recover_interrupted(out: Path) -> list[str]:
 
 
 @contextmanager
-def claimed_output(source: Path, out: Path, overwrite: bool) -> Iterator[None]:
-    """Hold OUT for this conversion (`output_lock`), clean up after a killed one (`recover_interrupted`), and
-    check that OUT may be written (`check_output_location`)."""
+def claimed_output(
+    source: Path, out: Path, overwrite: bool, report: Callable[[str], None] | None = None
+) -> Iterator[None]:
+    """Hold OUT for this conversion (`output_lock`), clean up after a killed one (`recover_interrupted`, each
+    step told to `report`), and check that OUT may be written (`check_output_location`)."""
     with output_lock(out):
-        recover_interrupted(out)
+        for step in recover_interrupted(out):
+            if report is not None:
+                report(step)
         check_output_location(source, out, overwrite)
         yield
 

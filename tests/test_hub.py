@@ -146,6 +146,9 @@ def test_no_token_or_a_wrong_one_is_a_clean_error_that_never_shows_it(converted,
     assert wrong not in proc.stdout + proc.stderr
     errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
     assert len(errors) == 1 and errors[0].startswith("error: upload to someone/tiny failed: ")
+    debug = run_cli("--debug", "upload", converted, "someone/tiny", env={**hub_env, "HF_TOKEN": wrong})
+    assert debug.returncode == 1 and "Traceback" in debug.stderr  # the traceback is scrubbed too
+    assert wrong not in debug.stdout + debug.stderr
 
 
 def test_a_bad_repo_id_is_refused_before_anything(converted, hub, hub_env):
