@@ -250,8 +250,16 @@ def test_manifest_reader_never_crashes(text):
             _clean_error(e)
 
 
-def test_a_manifest_path_outside_the_checkpoint_is_refused(tmp_path):
-    entry = {"path": "../../etc/passwd", "size": 1, "sha256": "0" * 64}
-    (tmp_path / MANIFEST_NAME).write_text(json.dumps({"output_files": [entry]}))
-    with pytest.raises(InputError, match="invalid manifest"):
-        read_manifest(tmp_path)
+@pytest.mark.parametrize("field", ["output_files", "source_files", "components"])
+def test_a_manifest_path_outside_the_checkpoint_is_refused(wan_tiny, tmp_path, field):
+    from quantize.converter import convert
+
+    out = tmp_path / "out"
+    convert(wan_tiny, out, "wan-fp8", workers=1)
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    manifest[field][0]["path"] = "../../etc/passwd"
+    (out / MANIFEST_NAME).write_text(json.dumps(manifest))
+    with pytest.raises(
+        InputError, match=rf"invalid manifest at {field}\.0\.path: .*'\.\./\.\./etc/passwd' leaves"
+    ):
+        read_manifest(out)
