@@ -215,9 +215,10 @@ def upload(
     """Publish a verified checkpoint to `repo_id` (created if needed); returns the commit's URL.
 
     huggingface_hub's `upload_folder` does the transfer: with hf_xet installed (a dependency of
-    huggingface_hub) it is its resumable pipeline (chunks deduplicated, re-running resumes). The data
-    goes first; the manifest and the card go in a last commit, so the repo shows a complete checkpoint
-    or no manifest at all.
+    huggingface_hub) it is its resumable pipeline (chunks deduplicated, re-running resumes). Every file
+    goes in one commit, made only once all the data is up: the repo shows the whole checkpoint or what
+    it showed before, never a part (an interrupted upload leaves uploaded chunks unreferenced, and the
+    next run reuses them).
     """
     from huggingface_hub import HfApi
     from huggingface_hub import errors as hf_errors
@@ -226,27 +227,17 @@ def upload(
     if not has_token():
         raise InputError("no Hugging Face token: set HF_TOKEN or run `hf auth login` (nothing was sent)")
     files = [f.path for f in upload_files(checkpoint)]
-    last = [MANIFEST_NAME, CARD_NAME]
-    data = [f for f in files if f not in last]
     message = message or f"Upload {read_manifest(checkpoint).format} checkpoint (dit-quantize)"
     api = HfApi()
     try:
         api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
         if revision and revision != "main":
             api.create_branch(repo_id, branch=revision, exist_ok=True)
-        if data:
-            api.upload_folder(
-                repo_id=repo_id,
-                folder_path=checkpoint,
-                revision=revision,
-                allow_patterns=[_literal(f) for f in data],
-                commit_message=f"{message}: data",
-            )
         info = api.upload_folder(
             repo_id=repo_id,
             folder_path=checkpoint,
             revision=revision,
-            allow_patterns=[_literal(f) for f in last if f in files],
+            allow_patterns=[_literal(f) for f in files],
             commit_message=message,
         )
     except (hf_errors.HfHubHTTPError, _transport_errors(), OSError) as e:

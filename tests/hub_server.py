@@ -227,6 +227,8 @@ class HubStandIn:
         self.endpoint = ""
         self.requests: list[dict] = []
         self.errors: list[str] = []  # unexpected server-side exceptions (tracebacks): should stay empty
+        #: a path: any commit that would write it fails with 500 (the connection dropping at the last moment)
+        self.fail_commits_touching: str | None = None
         self._lock = threading.RLock()
         self._repos: dict[tuple[str, str], _Repo] = {}
         self._uploads: dict[str, tuple[tuple[str, str], str, int]] = {}
@@ -883,6 +885,9 @@ class _Handler(BaseHTTPRequestHandler):
         if parent is not None and parent != base_sha:
             raise _HttpError(412, "A commit has happened since. Please refresh and try again.")
 
+        touched = {(line.get("value") or {}).get("path") for line in lines[1:]}
+        if self.hub.fail_commits_touching in touched:
+            raise _HttpError(500, "Internal Error - We're working hard to fix this as soon as possible!")
         tree = dict(repo.trees[base_sha])
         changed: list[str] = []
         deleted: list[str] = []

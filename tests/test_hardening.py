@@ -422,7 +422,9 @@ def test_a_killed_conversion_is_cleaned_up_by_the_next_one(wan_small, wan_tiny, 
     os.rename(out, out.parent / f".{out.name}.old-deadbeef")
     proc = run_cli("convert", wan_tiny, out, "-r", "wan-fp8")
     assert_refused(proc, 2, "already exists", out=out, out_before=before)  # put back first, then refused
-    assert f"restored {out} from .{out.name}.old-deadbeef, left by a conversion that was killed" in proc.stderr
+    assert (
+        f"restored {out} from .{out.name}.old-deadbeef, left by a conversion that was killed" in proc.stderr
+    )
     assert f"removed .{out.name}.tmp-" in proc.stderr
 
 

@@ -6,6 +6,7 @@ The stand-in speaks the classic LFS upload protocol, so these runs set HF_HUB_DI
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -94,17 +95,38 @@ def test_the_card_is_the_same_for_the_same_source_and_recipe(converted, tmp_path
 # -- upload ----------------------------------------------------------------------------------------
 
 
-def test_upload_sends_every_file_byte_identical_and_the_manifest_last(converted, hub, hub_env):
+def test_upload_sends_every_file_byte_identical_in_one_commit(converted, hub, hub_env):
     proc = run_cli("upload", converted, "someone/Wan-tiny-fp8", "--private", env=hub_env)
     assert proc.returncode == 0, proc.stderr
     arrived = hub.files("someone/Wan-tiny-fp8")
     assert arrived == _files(converted)
     assert hub.repo("someone/Wan-tiny-fp8")["private"] is True
     commits = [c for c in hub.repo("someone/Wan-tiny-fp8")["commits"] if c["paths"]]
-    assert set(commits[-1]["paths"]) == {"quantize_manifest.json", "README.md"}  # the manifest lands last
-    assert next(converted.glob("*.safetensors")).name in commits[0]["paths"]
+    assert len(commits) == 1 and set(commits[0]["paths"]) == set(arrived)  # all or nothing
     assert f"uploaded {len(arrived)} files" in proc.stdout
     _assert_no_token(hub, proc.stdout, proc.stderr)
+
+
+def test_an_upload_that_fails_at_the_last_moment_leaves_the_repo_as_it_was(converted, hub, hub_env, tmp_path):
+    """The connection drops as the commit is made: the Hub still shows the previous checkpoint, whole."""
+    run_cli("upload", converted, "someone/tiny", env=hub_env, check=True)
+    before = hub.files("someone/tiny")
+    newer = tmp_path / "newer"
+    shutil.copytree(converted, newer)
+    manifest = json.loads((newer / "quantize_manifest.json").read_text())
+    (newer / "recipe.yaml").write_text((newer / "recipe.yaml").read_text() + "# edited\n")
+    manifest["recipe"]["text"] = (newer / "recipe.yaml").read_text()
+    entry = next(f for f in manifest["output_files"] if f["path"] == "recipe.yaml")
+    entry["size"] = (newer / "recipe.yaml").stat().st_size
+    entry["sha256"] = manifest["recipe"]["sha256"] = hashlib.sha256(
+        (newer / "recipe.yaml").read_bytes()
+    ).hexdigest()
+    (newer / "quantize_manifest.json").write_text(json.dumps(manifest, indent=2))
+    hub.fail_commits_touching = "quantize_manifest.json"
+    proc = run_cli("upload", newer, "someone/tiny", env=hub_env)
+    hub.fail_commits_touching = None
+    assert proc.returncode == 1 and "upload to someone/tiny failed" in proc.stderr
+    assert hub.files("someone/tiny") == before
 
 
 def test_upload_to_a_new_branch_leaves_main_alone(converted, hub, hub_env):
