@@ -27,7 +27,7 @@ from quantize.converter import convert
 from tests.conftest import QUANTIZE, run_cli
 
 TARGET = "blocks.0.ffn.0.weight"  # quantized by wan-fp8
-TARGET_SHARD = "diffusion_pytorch_model-00002-of-00003.safetensors"
+SHARD = "diffusion_pytorch_model-00002-of-00003.safetensors"  # holds TARGET
 
 
 def tree(root: Path) -> dict[str, str]:
@@ -104,7 +104,6 @@ def _set(mapping: dict, key: str, value) -> None:
 
 # --- the source ---------------------------------------------------------------------------------------
 
-SHARD = TARGET_SHARD
 SOURCE_CASES: dict[str, tuple[Callable[[Path], None], tuple[str, ...]]] = {
     "no safetensors": (
         lambda s: [p.unlink() for p in s.glob("diffusion_pytorch_model*")],
