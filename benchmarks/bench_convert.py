@@ -455,12 +455,11 @@ def display_command(argv: list[str]) -> str:
     return shlex.join(display_path(a) for a in argv)
 
 
-def report(results: list[Result], src: Path, preset: str, data_dir: Path, command: str) -> str:
-    """The Markdown section, without its markers."""
-    table = markdown_table(table_rows(results, source_bytes(src)))
+def section_head(title: str, command: str, data_dir: Path) -> list[str]:
+    """The opening lines of every benchmark section: title, when and how it was measured, the machine."""
     when = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-    lines = [
-        "## Convert: every format vs. plain read-and-write (and bitsandbytes for nf4)",
+    return [
+        f"## {title}",
         "",
         f"Measured {when} with:",
         "",
@@ -469,6 +468,16 @@ def report(results: list[Result], src: Path, preset: str, data_dir: Path, comman
         "```",
         "",
         *(f"- {line}" for line in machine_lines(data_dir)),
+    ]
+
+
+def report(results: list[Result], src: Path, preset: str, data_dir: Path, command: str) -> str:
+    """The Markdown section, without its markers."""
+    table = markdown_table(table_rows(results, source_bytes(src)))
+    lines = [
+        *section_head(
+            "Convert: every format vs. plain read-and-write (and bitsandbytes for nf4)", command, data_dir
+        ),
         f"- Checkpoint: {checkpoint_line(src, preset)}",
         f"- Converter: `{display_command(results[1].case.argv)}`, plus the options in the case name",
         f"- Baseline: `{BASELINE}` (this script's `--read-and-write` mode): each shard opened with "

@@ -17,7 +17,6 @@ On a Wan2.1-small-shaped source (generated, about 8 MB), each case its own proce
 from __future__ import annotations
 
 import argparse
-import datetime
 import shutil
 import signal
 import statistics
@@ -31,9 +30,9 @@ from bench_convert import (  # noqa: E402
     REPO,
     display_command,
     log,
-    machine_lines,
     markdown_table,
     quantize_command,
+    section_head,
     update_section,
 )
 
@@ -148,18 +147,13 @@ def main(argv: list[str] | None = None) -> None:
     table = markdown_table(rows, columns)
     print(table)
     if args.write:
-        when = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
         body = "\n".join(
             [
-                "## Faults: how fast a conversion says no, and how fast it stops",
-                "",
-                f"Measured {when} with:",
-                "",
-                "```",
-                display_command([sys.executable, *sys.argv]),
-                "```",
-                "",
-                *[f"- {line}" for line in machine_lines(args.data_dir.absolute())],
+                *section_head(
+                    "Faults: how fast a conversion says no, and how fast it stops",
+                    display_command([sys.executable, *sys.argv]),
+                    args.data_dir.absolute(),
+                ),
                 f"- {args.runs} runs each; a Wan2.1-small-shaped bf16 source (8.4 MB); signals sent to an nf4 "
                 "conversion on one worker after its first progress line",
                 "",

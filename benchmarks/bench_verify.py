@@ -19,7 +19,6 @@ The hashing rate is verify's own figure (bytes hashed / seconds spent hashing, f
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import shutil
 import statistics
@@ -34,10 +33,10 @@ from bench_convert import (  # noqa: E402
     ensure_checkpoint,
     gb,
     log,
-    machine_lines,
     markdown_table,
     quantize_command,
     run_process,
+    section_head,
     update_section,
     warm_page_cache,
 )
@@ -127,18 +126,13 @@ def main(argv: list[str] | None = None) -> None:
     table = markdown_table(rows, columns)
     print(table)
     if args.write:
-        when = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
         body = "\n".join(
             [
-                "## Verify: `quantize verify` beside `sha256sum`",
-                "",
-                f"Measured {when} with:",
-                "",
-                "```",
-                display_command([sys.executable, *sys.argv]),
-                "```",
-                "",
-                *(f"- {line}" for line in machine_lines(data_dir)),
+                *section_head(
+                    "Verify: `quantize verify` beside `sha256sum`",
+                    display_command([sys.executable, *sys.argv]),
+                    data_dir,
+                ),
                 f"- Checkpoint: the Wan2.1-{args.preset}-shaped source of the convert benchmark, converted with wan-fp8.yaml "
                 f"({gb(out_bytes)} GB in {len(files_of(out))} files)",
                 "",

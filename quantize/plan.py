@@ -10,6 +10,7 @@ pattern must match at least one key in every component.
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import re
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ import torch
 from . import dtypes
 from .checkpoint import CONFIG_NAME, Component, TensorInfo, open_component
 from .errors import InputError
-from .formats import Format, UnsupportedShapeError, get_format, part_key
+from .formats import FORMATS, Format, UnsupportedShapeError, get_format, part_key
 from .layout import read_json_object
 from .manifest import MANIFEST_NAME, RECIPE_NAME
 from .recipes import Recipe
@@ -149,11 +150,26 @@ def _check_quantizable(info: TensorInfo, pattern: str, where: str) -> None:
         )
 
 
-#: Names of the parts quantized weights are stored as (compressed-tensors, torchao, bitsandbytes, GPTQ/AWQ).
-_QUANTIZED_PART = re.compile(
-    r".*\.(weight_scale|weight_zero_point|weight_packed|weight_shape|_weight_qdata|_weight_scale|qweight|qzeros|SCB"
-    r"|weight\.(absmax|quant_map|nested_absmax|nested_quant_map|quant_state\..+))"
+#: Parts other libraries store quantized weights as (ours come from the formats themselves).
+_FOREIGN_PARTS = (
+    "weight_zero_point",  # compressed-tensors
+    "weight_packed",
+    "weight_shape",
+    "qweight",  # GPTQ / AWQ
+    "qzeros",
+    "SCB",  # bitsandbytes int8
+    "weight.quant_state.bitsandbytes__fp4",
 )
+_PROBE_SHAPE = (64, 64)  # a Linear weight shape every format accepts
+
+
+@functools.cache
+def _quantized_part_suffixes() -> tuple[str, ...]:
+    """``.weight_scale``, ``._weight_qdata``, ``.weight.absmax``, ...: what only a quantized checkpoint holds."""
+    ours = {part for fmt in FORMATS.values() for part in fmt.parts(_PROBE_SHAPE)} - {"weight"}
+    return tuple(sorted(f".{part}" for part in ours | set(_FOREIGN_PARTS)))
+
+
 _ALREADY_QUANTIZED = (
     "this checkpoint is already quantized: convert from the original F32, F16 or BF16 weights"
 )
@@ -172,7 +188,7 @@ def check_not_quantized(component: Component) -> None:
     for info in component.tensors.values():
         if info.dtype.startswith("F8_"):
             what = f"is {info.dtype}"
-        elif _QUANTIZED_PART.fullmatch(info.name):
+        elif info.name.endswith(_quantized_part_suffixes()):
             what = f"({info.dtype}) is a part of a quantized weight"
         elif info.name.endswith(WEIGHT_SUFFIX) and info.dtype not in dtypes.FLOAT_DTYPES:
             what = f"is {info.dtype}, an integer weight"

@@ -160,6 +160,13 @@ SOURCE_CASES: dict[str, tuple[Callable[[Path], None], tuple[str, ...]]] = {
         lambda s: _edit_tensors(s / SHARD, lambda t: _set(t, TARGET, t[TARGET].to(torch.float8_e4m3fn))),
         (SHARD, f"tensor {TARGET!r} is F8_E4M3", "already quantized"),
     ),
+    "a quantized weight's part": (
+        lambda s: (
+            _edit_tensors(s / SHARD, lambda t: _set(t, f"{TARGET}_scale", torch.ones(t[TARGET].shape[0], 1))),
+            _edit_index(s, lambda m: _set(m, f"{TARGET}_scale", SHARD)),
+        ),
+        (SHARD, f"tensor '{TARGET}_scale' (F32) is a part of a quantized weight", "already quantized"),
+    ),
     "an empty model": (
         lambda s: (
             [p.unlink() for p in s.glob("diffusion_pytorch_model*")],
