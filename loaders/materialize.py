@@ -25,7 +25,7 @@ from torch import nn
 
 from quantize.checkpoint import CONFIG_NAME, Component, TensorInfo, open_component
 from quantize.errors import InputError
-from quantize.formats import Format, format_of_config, part_key
+from quantize.formats import Format, format_of_config, quantized_parts
 
 from .blocks import find_blocks
 from .host import TensorReader, remember_source
@@ -174,8 +174,10 @@ def _match(model: nn.Module, comp: Component, fmt: Format) -> dict[str, _Entry]:
                     f"{comp.dir}: the model's {fmt.NAME} layer {name!r} is not quantized in it"
                 )
             entry.quantized = module_for(fmt)
-            for part in fmt.parts((module.out_features, module.in_features)):
-                entry.tensors[part] = keys.pop(part_key(name, part))
+            for part, (key, _) in quantized_parts(
+                fmt, name, (module.out_features, module.in_features)
+            ).items():
+                entry.tensors[part] = keys.pop(key)
             if module.bias is not None:
                 entry.tensors["bias"] = _take(keys, name, "bias", module.bias, comp)
         else:
@@ -202,14 +204,14 @@ def _is_quantized(
 ) -> bool:
     """Whether the checkpoint holds `linear` in `fmt`'s parts (all of them, as specified), or as a plain weight."""
     try:
-        specs = fmt.parts((linear.out_features, linear.in_features))
+        specs = quantized_parts(fmt, name, (linear.out_features, linear.in_features))
     except ValueError:  # the format cannot hold this shape: it must be kept
         return False
-    present = {p: keys.get(part_key(name, p)) for p in specs}
-    if not any(info is not None and info.dtype == specs[p][0] for p, info in present.items()):
+    present = {p: keys.get(key) for p, (key, _) in specs.items()}
+    if not any(info is not None and info.dtype == specs[p][1][0] for p, info in present.items()):
         return False
-    for part, (dtype, shape) in specs.items():
-        info, key = present[part], part_key(name, part)
+    for part, (key, (dtype, shape)) in specs.items():
+        info = present[part]
         if info is None:
             raise CheckpointMismatchError(
                 f"{comp.dir}: {key!r} is missing: {fmt.NAME} stores Linear {name!r} in {sorted(specs)}"

@@ -19,8 +19,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from quantize import dtypes
+from quantize.errors import InputError
 from quantize.formats import Format, fp8_channel, nf4, torchao_fp8
-from quantize.formats._e4m3 import FP8_DTYPE, FP8_MAX
+from quantize.formats._e4m3 import FP8_DTYPE, FP8_MAX, row_absmax
+from quantize.formats._e4m3 import quantize_rows as e4m3_rows
+
+from . import bnb
 
 __all__ = ["QuantizedLinear", "FP8Linear", "Float8Linear", "NF4Linear", "MODULES", "module_for", "set_param"]
 
@@ -216,9 +220,8 @@ class FP8Linear(QuantizedLinear):
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Dynamic per-row float8 quantization of 2-D activations: (float32 scale [rows, 1], float8 values)."""
     xf = x.float()
-    scale = xf.abs().amax(dim=1, keepdim=True).div_(FP8_MAX)
-    scale = torch.where(scale == 0, 1.0, scale)
-    return scale, torch.div(xf, scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    q, scale = e4m3_rows(xf, row_absmax(xf).div_(FP8_MAX))
+    return scale, q
 
 
 class Float8Linear(QuantizedLinear):
@@ -271,11 +274,13 @@ class NF4Linear(QuantizedLinear):
     def _quant_state(self):
         if self._fields is None:
             raise RuntimeError("NF4Linear has no weight yet: load it with loaders.load_quantized")
-        return nf4.quant_state(self.stored(), self._fields, self._buffers["nested_offset"])
+        return bnb.quant_state(self.stored(), self._fields, self._buffers["nested_offset"])
 
     def _bnb_weight(self) -> torch.Tensor:
         """The weight as bitsandbytes dequantizes it for a matmul on the CPU (in the quant state's dtype, bf16)."""
-        return nf4._bnb().dequantize_4bit(self._buffers[nf4.WEIGHT], self._quant_state(), quant_type="nf4")
+        return bnb.functional().dequantize_4bit(
+            self._buffers[nf4.WEIGHT], self._quant_state(), quant_type="nf4"
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x_dtype = x.dtype
@@ -285,17 +290,21 @@ class NF4Linear(QuantizedLinear):
             y = F.linear(x, self._bnb_weight().to(self.compute_dtype), bias)
         else:
             weight = self._buffers[nf4.WEIGHT].t()
-            y = nf4.bitsandbytes().matmul_4bit(x, weight, bias=bias, quant_state=self._quant_state())
+            y = bnb.bitsandbytes().matmul_4bit(x, weight, bias=bias, quant_state=self._quant_state())
         return y.to(x_dtype)
 
 
-#: format name -> the module that computes with it
+#: format name -> the module that computes with it (each class names its format)
 MODULES: dict[str, type[QuantizedLinear]] = {
-    fp8_channel.NAME: FP8Linear,
-    torchao_fp8.NAME: Float8Linear,
-    nf4.NAME: NF4Linear,
+    cls.FORMAT.NAME: cls for cls in (FP8Linear, Float8Linear, NF4Linear)
 }
 
 
 def module_for(fmt: Format) -> type[QuantizedLinear]:
-    return MODULES[fmt.NAME]
+    """The quantized Linear for `fmt`; a format without one cannot be loaded here."""
+    try:
+        return MODULES[fmt.NAME]
+    except KeyError:
+        raise InputError(
+            f"format {fmt.NAME} has no quantized module in loaders (it runs in: {', '.join(sorted(MODULES))})"
+        ) from None

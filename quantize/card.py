@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from .formats import format_info
 from .manifest import Manifest
 
 __all__ = ["CARD_NAME", "CardFacts", "source_card_metadata", "pipeline_tag", "render_card"]
@@ -22,12 +23,6 @@ __all__ = ["CARD_NAME", "CardFacts", "source_card_metadata", "pipeline_tag", "re
 CARD_NAME = "README.md"
 _FRONT_MATTER = re.compile(r"\A---\s*\n(.*?)\n---\s*(\n|\Z)", re.S)
 
-#: per format: the words for it, the tag, and the library whose layout it is
-_FORMATS = {
-    "fp8_channel": ("FP8 (e4m3, one scale per output channel)", "fp8", "compressed-tensors"),
-    "torchao_fp8": ("TorchAO Float8 (PerRow weights, dynamic PerRow activations)", "fp8", "torchao"),
-    "nf4": ("NF4 (bitsandbytes 4-bit, blocksize 64, double quantization)", "nf4", "bitsandbytes"),
-}
 _DIFFUSERS_CLASSES = {"WanTransformer3DModel", "Kandinsky5Transformer3DModel"}
 
 
@@ -76,7 +71,7 @@ def pipeline_tag(configs: list[dict | None]) -> str | None:
 def _metadata(manifest: Manifest, facts: CardFacts) -> str:
     from huggingface_hub import ModelCardData
 
-    _, tag, library = _FORMATS[manifest.format]
+    info = format_info(manifest.format)
     source = facts.source_metadata
     extra = {k: source[k] for k in ("license_name", "license_link") if isinstance(source.get(k), str)}
     data = ModelCardData(
@@ -85,7 +80,7 @@ def _metadata(manifest: Manifest, facts: CardFacts) -> str:
         library_name="diffusers" if _diffusers_layout(facts) else None,
         license=source.get("license") if isinstance(source.get("license"), str) else None,
         pipeline_tag=facts.pipeline_tag,
-        tags=["quantized", tag, manifest.format.replace("_", "-"), library, "dit-quantize"],
+        tags=["quantized", info.tag, manifest.format.replace("_", "-"), info.layout_library, "dit-quantize"],
         **extra,
     )
     return data.to_yaml()
@@ -101,7 +96,7 @@ def _gb(n: int) -> str:
 
 def render_card(manifest: Manifest, facts: CardFacts) -> str:
     """The README.md text for a checkpoint described by `manifest`."""
-    words, _, library = _FORMATS[manifest.format]
+    words = format_info(manifest.format).words
     title = f"{manifest.source['name']} ({manifest.format})"
     lines = ["---", _metadata(manifest, facts).rstrip(), "---", "", f"# {title}", ""]
     lines += [
@@ -192,12 +187,9 @@ def _loading_section(manifest: Manifest, facts: CardFacts) -> list[str]:
     )
     folder = name if comp == "." else f"{name}/{comp}"
     out = ["## How to load", "", f"`{name}` below is this folder, or the Hub repo it was uploaded to.", ""]
-    if manifest.format in ("torchao_fp8", "nf4") and _diffusers_layout(facts):
-        needs = (
-            "torchao"
-            if manifest.format == "torchao_fp8"
-            else "bitsandbytes (and a GPU: its quantizer refuses to start without one)"
-        )
+    info = format_info(manifest.format)
+    if info.diffusers_needs is not None and _diffusers_layout(facts):
+        needs = info.diffusers_needs
         sub = "" if comp == "." else f', subfolder="{comp}"'
         out += [
             f"With diffusers and {needs}:",
@@ -209,11 +201,8 @@ def _loading_section(manifest: Manifest, facts: CardFacts) -> list[str]:
             "```",
             "",
         ]
-    if manifest.format == "fp8_channel":
-        out += [
-            "The weights are in the compressed-tensors `float-quantized` layout; its decompressor reads them.",
-            "",
-        ]
+    if info.card_note is not None:
+        out += [info.card_note, ""]
     if _diffusers_layout(facts):
         build = [f"from diffusers import {cls}", ""]
         target = cls

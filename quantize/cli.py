@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import signal
@@ -113,8 +112,18 @@ class _PlainProgress:
         pass
 
 
-def _progress(label: str, unit: str = "tensors"):
-    return _RichProgress(label, unit) if err.is_terminal else _PlainProgress(label, unit)
+def _progress(label: str, unit: str = "tensors", on_start=None):
+    """The progress display for this terminal or log; `on_start()` runs when the work starts (after the plan)."""
+    progress = _RichProgress(label, unit) if err.is_terminal else _PlainProgress(label, unit)
+    if on_start is not None:
+        start = progress.start
+
+        def started(total_bytes: int, total_items: int) -> None:
+            on_start()
+            start(total_bytes, total_items)
+
+        progress.start = started
+    return progress
 
 
 def _gb(n: float) -> str:
@@ -290,42 +299,27 @@ def convert_cmd(
     base_model: str | None,
 ) -> None:
     """Convert the safetensors checkpoint SOURCE (a folder or a Hub repo id) into OUTPUT following RECIPE."""
-    from .hashing import FileHasher
-    from .hub import recipe_files, resolve_source
-    from .layout import files_of_components, parse_size
-    from .output import claimed_output
-    from .recipes import load_recipe
+    from .converter import convert
+    from .layout import parse_size
+    from .process import tune_for_streaming
 
-    loaded = load_recipe(recipe)
-    with contextlib.ExitStack() as held:
-        # refused in a blink, before any download or torch: an existing or busy output
-        held.enter_context(claimed_output(Path(source), output, overwrite, report=_report_recovery))
-        max_bytes = parse_size(max_shard_size, "--max-shard-size")
-        folder, name, repo_id = resolve_source(source, recipe_files(loaded.recipe))
-        t0 = time.monotonic()
-        hasher = held.enter_context(FileHasher(min(2, max(1, workers or 2))))
-        for f in files_of_components(folder, loaded.recipe.components):
-            hasher.submit(f, background=True)  # while torch is imported, a core has nothing else to do
-        from .converter import convert
-        from .process import tune_for_streaming
-
-        tune_for_streaming()
-        progress = _progress("convert")
-        try:
-            manifest = convert(
-                folder,
-                output,
-                loaded,
-                overwrite=overwrite,
-                max_shard_size=max_bytes,
-                workers=workers,
-                progress=progress,
-                source_name=name,
-                base_model=base_model or repo_id,
-                hasher=hasher,
-            )
-        finally:
-            progress.stop()
+    max_bytes = parse_size(max_shard_size, "--max-shard-size")
+    t0 = time.monotonic()
+    progress = _progress("convert", on_start=tune_for_streaming)  # started once torch is imported and planned
+    try:
+        manifest = convert(
+            source,
+            output,
+            recipe,
+            overwrite=overwrite,
+            max_shard_size=max_bytes,
+            workers=workers,
+            progress=progress,
+            base_model=base_model,
+            on_recovery=_report_recovery,
+        )
+    finally:
+        progress.stop()
     elapsed = time.monotonic() - t0
     src = sum(c.source_bytes for c in manifest.components)
     dst = sum(c.output_bytes for c in manifest.components)

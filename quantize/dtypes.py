@@ -2,25 +2,31 @@
 
 `rank` is the position in safetensors' own dtype enum; within a file, safetensors lays tensors
 out by descending rank, then by name, which keeps every tensor aligned to its item size.
+
+A *block* type stores `block` values of a row in `itemsize` bytes (GGML's quantized types: 32 or 256
+values a block); every safetensors dtype is a block of one. Byte counts come from `nbytes` alone, so a
+part of a quantized weight may be of either kind.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from .errors import InputError
 
-__all__ = ["DType", "DTYPES", "by_name", "by_torch", "FLOAT_SOURCE_DTYPES", "FLOAT_DTYPES"]
+__all__ = ["DType", "DTYPES", "by_name", "by_torch", "nbytes", "FLOAT_SOURCE_DTYPES", "FLOAT_DTYPES"]
 
 
 @dataclass(frozen=True)
 class DType:
     name: str  # as spelled in a safetensors header
     torch: torch.dtype
-    itemsize: int
+    itemsize: int  # bytes of one block
     rank: int  # safetensors' enum order; higher ranks are laid out first
+    block: int = 1  # values a block holds along a row
 
 
 DTYPES: tuple[DType, ...] = (
@@ -57,6 +63,16 @@ def by_name(name: str) -> DType:
     except KeyError:
         known = ", ".join(sorted(_BY_NAME))
         raise InputError(f"unsupported safetensors dtype {name!r} (known: {known})") from None
+
+
+def nbytes(name: str, shape: tuple[int, ...]) -> int:
+    """Bytes of a tensor of dtype `name` and `shape` (rows of a block type must be whole blocks)."""
+    row = by_name(name)
+    if row.block > 1 and (not shape or shape[-1] % row.block):
+        raise InputError(
+            f"{name} stores rows in blocks of {row.block} values; a row of shape {list(shape)} is not"
+        )
+    return row.itemsize * math.prod(shape) // row.block
 
 
 def by_torch(dtype: torch.dtype) -> DType:

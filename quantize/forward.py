@@ -2,8 +2,8 @@
 
 For the model classes we know how to feed (diffusers' `WanTransformer3DModel` and
 `Kandinsky5Transformer3DModel`, named by config.json's `_class_name`): both models are built in
-float32 from the component's config, the source with its own weights, the other with every stored
-tensor decoded by the checkpoint's format; the same fixed random inputs go through both and the
+float32 from the component's config, the source with its own weights (read through the plan: every
+step applied), the other with every stored tensor decoded by the checkpoint's format; the same fixed random inputs go through both and the
 output SQNR must reach the recipe's `checks.min_forward_sqnr_db` (default 20 dB). It needs memory for
 two float32 copies of the model: meant for the small and medium models, or a machine with the RAM.
 """
@@ -16,9 +16,10 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import CONFIG_NAME, Component, open_component, read_tensor
+from .checkpoint import CONFIG_NAME, Component, read_tensor
+from .containers import get_container
 from .errors import InputError
-from .formats import Format, part_key
+from .formats import Format, format_info
 from .layout import read_json_object
 from .plan import ComponentPlan, Plan
 from .recipes import Recipe
@@ -103,9 +104,12 @@ def _forward_sqnr(cp: ComponentPlan, name: str, checkpoint: Path, fmt: Format) -
     import diffusers
 
     model_cls = getattr(diffusers, name)
-    reference = model_cls.from_pretrained(cp.component.dir, torch_dtype=torch.float32).eval()
+    reference = model_cls.from_config(cp.component.config).to(torch.float32).eval()
+    # the source as the plan reads it (every step applied), not the files as they lie
+    reference.load_state_dict({tp.name: tp.source.read().float() for tp in cp.tensors}, strict=True)
     quantized = model_cls.from_config(reference.config).to(torch.float32).eval()
-    quantized.load_state_dict(_dequantized_state(cp, open_component(checkpoint, cp.rel), fmt), strict=True)
+    stored = get_container(format_info(fmt.NAME).container).open_stored(checkpoint, cp.rel)
+    quantized.load_state_dict(_dequantized_state(cp, stored, fmt), strict=True)
     inputs = MODEL_INPUTS[name](dict(reference.config), torch.Generator().manual_seed(0))
     with torch.no_grad():
         want = reference(**inputs)[0].float()
@@ -115,14 +119,12 @@ def _forward_sqnr(cp: ComponentPlan, name: str, checkpoint: Path, fmt: Format) -
 
 
 def _dequantized_state(cp: ComponentPlan, stored: Component, fmt: Format) -> dict[str, torch.Tensor]:
+    """The stored checkpoint decoded to float32, under the source's names (the model class is the source's)."""
     state = {}
     for tp in cp.tensors:
-        if tp.quantize:
-            parts = {
-                part: read_tensor(stored.tensors[part_key(tp.module, part)])
-                for part in fmt.parts(tp.info.shape)
-            }
-            state[tp.name] = fmt.decode(parts, torch.float32)
-        else:
-            state[tp.name] = read_tensor(stored.tensors[tp.name]).float()
+        parts = {
+            part: read_tensor(stored.tensors[spec.name])
+            for part, spec in zip(tp.parts, tp.outputs, strict=True)
+        }
+        state[tp.name] = fmt.decode(parts, torch.float32) if tp.quantize else parts[""].float()
     return state

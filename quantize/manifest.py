@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import InputError
 from .layout import relative_path_problem
+from .names import split_manifest_key
 
 __all__ = [
     "MANIFEST_NAME",
@@ -90,6 +91,16 @@ class Manifest(_Strict):
     components: list[ComponentEntry]
     tensors: dict[str, TensorEntry] = Field(description="keyed by '<component>/<tensor name>'")
     output_files: list[FileEntry]
+
+    @field_validator("tensors")
+    @classmethod
+    def _tensor_keys(cls, tensors: dict[str, TensorEntry]) -> dict[str, TensorEntry]:
+        for key in tensors:
+            try:
+                split_manifest_key(key)
+            except InputError as e:
+                raise ValueError(str(e)) from None
+        return tensors
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=False) + "\n"

@@ -50,8 +50,7 @@ def _sibling(out: Path, kind: str) -> str:
 
 @contextmanager
 def output_lock(out: Path) -> Iterator[None]:
-    """Hold OUT for one conversion: refuse with `OutputBusyError` while another holds it. Reentrant within a
-    process (the command line takes it before importing torch, `convert` again).
+    """Hold OUT for one conversion: refuse with `OutputBusyError` while another (this process included) holds it.
 
     The lock file ``.OUT.lock`` (holding the owner's pid) is removed on release; one left by a killed run is
     harmless, since the lock itself (flock) dies with its process.
@@ -60,29 +59,15 @@ def output_lock(out: Path) -> Iterator[None]:
     if not out.parent.is_dir():
         raise InputError(f"{out.parent}: the output's parent directory does not exist")
     path = out.parent / _sibling(out, "lock")
-    with _held_lock:
-        if path in _held:
-            _held[path] += 1
-            fd = None
-        else:
-            fd = _acquire(path, out)
-            _held[path] = 1
+    fd = _acquire(path, out)
     try:
         yield
     finally:
-        with _held_lock:
-            _held[path] -= 1
-            if fd is not None:
-                del _held[path]
-                try:
-                    os.unlink(path)  # still holding the lock, so no one else has this file locked
-                except OSError:
-                    pass
-                os.close(fd)
-
-
-_held: dict[Path, int] = {}  # lock files this process holds, and how many times
-_held_lock = threading.Lock()
+        try:
+            os.unlink(path)  # still holding the lock, so no one else has this file locked
+        except OSError:
+            pass
+        os.close(fd)
 
 
 def _acquire(path: Path, out: Path) -> int:

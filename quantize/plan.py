@@ -1,10 +1,14 @@
 """The plan: what each source tensor becomes, computed from safetensors headers alone.
 
-Rules (DESIGN.md "Recipes"): a tensor's *match key* is its name without a trailing ``.weight``
-(``blocks.0.ffn.0.weight`` -> ``blocks.0.ffn.0``), or its full name for anything else (biases,
-``scale_shift_table``, ``modulation``). Patterns are applied with `re.fullmatch`. A tensor hit by a
+Rules (DESIGN.md "Recipes"): a tensor's *match key* is its module name (`names.module_name`: without a
+trailing ``.weight``), matched against the recipe's patterns with `re.fullmatch`. A tensor hit by a
 target and by no ignore pattern is quantized, and must then be a 2-D float Linear weight; every
 pattern must match at least one key in every component.
+
+The plan is where the pipeline's seams meet: each tensor's `TensorSource` (the only way its values are
+read, with the steps that change it), its output keys (the format's parts under the output names of the
+format's name table: `TensorPlan.outputs` is the one place output keys come from), and the format and
+container that will encode and store it.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import difflib
 import functools
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,15 +26,24 @@ import torch
 from . import dtypes
 from .checkpoint import CONFIG_NAME, Component, TensorInfo, open_component
 from .errors import InputError
-from .formats import FORMATS, Format, UnsupportedShapeError, get_format, part_key
+from .formats import FORMATS, Format, UnsupportedShapeError, format_info, get_format, quantized_parts
 from .layout import read_json_object
 from .manifest import MANIFEST_NAME, RECIPE_NAME
+from .names import IDENTITY, WEIGHT_SUFFIX, NameTable, get_name_table, manifest_key, module_name
 from .recipes import Recipe
+from .source import TensorSource, TensorStep
 from .writer import TensorSpec
 
-__all__ = ["TensorPlan", "ComponentPlan", "Plan", "make_plan", "match_key", "other_files", "KEEP_DTYPES"]
+__all__ = [
+    "TensorPlan",
+    "ComponentPlan",
+    "Plan",
+    "make_plan",
+    "plan_component",
+    "other_files",
+    "KEEP_DTYPES",
+]
 
-WEIGHT_SUFFIX = ".weight"
 SKIP_DIRS = frozenset({".git", ".cache", ".huggingface"})
 #: Files the output writes at its root; the source's own are not copied over them.
 OUTPUT_ROOT_FILES = frozenset({"README.md", MANIFEST_NAME, RECIPE_NAME})
@@ -38,19 +51,24 @@ OUTPUT_ROOT_FILES = frozenset({"README.md", MANIFEST_NAME, RECIPE_NAME})
 KEEP_DTYPES = {name: dtypes.by_torch(getattr(torch, name)).name for name in ("bfloat16", "float32")}
 
 
-def match_key(tensor_name: str) -> str:
-    """The name recipe patterns are matched against: the module name for a ``.weight``, else the tensor name."""
-    return tensor_name[: -len(WEIGHT_SUFFIX)] if tensor_name.endswith(WEIGHT_SUFFIX) else tensor_name
-
-
 @dataclass(frozen=True)
 class TensorPlan:
-    """One source tensor: kept (copied or cast) or quantized, and the tensors it becomes."""
+    """One source tensor: kept (copied or cast) or quantized, and the tensors it becomes.
 
-    info: TensorInfo
+    `outputs` are the output tensors by key, in the format's part order; `parts` names the format part each
+    one is (``""`` for a kept tensor, which is one output).
+    """
+
+    source: TensorSource
     quantize: bool
     pattern: str | None  # the target that quantizes it, or the ignore pattern that keeps it
+    output_name: str  # the tensor's name in the output (the format's name table applied)
     outputs: tuple[TensorSpec, ...]
+    parts: tuple[str, ...]
+
+    @property
+    def info(self) -> TensorInfo:
+        return self.source.info
 
     @property
     def name(self) -> str:
@@ -58,7 +76,16 @@ class TensorPlan:
 
     @property
     def module(self) -> str:
-        return match_key(self.info.name)
+        """The source module name (what recipe patterns match)."""
+        return module_name(self.info.name)
+
+    @property
+    def output_module(self) -> str:
+        return module_name(self.output_name)
+
+    def output(self, part: str = "") -> TensorSpec:
+        """The output tensor of format part `part` (``""``: the kept tensor)."""
+        return self.outputs[self.parts.index(part)]
 
     @property
     def output_bytes(self) -> int:
@@ -83,8 +110,17 @@ class ComponentPlan:
         return (t for t in self.tensors if t.quantize)
 
     def kept_linears(self) -> list[str]:
-        """Modules with a 2-D weight that stay in high precision (compressed-tensors' `ignore`)."""
-        return [t.module for t in self.tensors if not t.quantize and t.is_linear_weight]
+        """Modules with a 2-D weight that stay in high precision (compressed-tensors' `ignore`), output names."""
+        return [t.output_module for t in self.tensors if not t.quantize and t.is_linear_weight]
+
+    def manifest_key(self, tp: TensorPlan) -> str:
+        """How the manifest keys `tp`: its component and its output name."""
+        return manifest_key(self.rel, tp.output_name)
+
+    def metadata_entries(self) -> list[tuple[str, tuple[int, ...] | None]]:
+        """(output tensor name, shape if quantized else None) of every tensor: what a format's file metadata
+        is made from (`Format.checkpoint_metadata`)."""
+        return [(t.output_name, t.info.shape if t.quantize else None) for t in self.tensors]
 
     @property
     def source_bytes(self) -> int:
@@ -105,6 +141,11 @@ class Plan:
     @property
     def format(self) -> Format:
         return get_format(self.recipe.format)
+
+    @property
+    def container(self) -> str:
+        """How each component's tensors become files (`quantize.containers`)."""
+        return format_info(self.recipe.format).container
 
     @property
     def source_bytes(self) -> int:
@@ -130,11 +171,11 @@ def _first_match(patterns: list[re.Pattern], key: str) -> str | None:
     return None
 
 
-def _kept_spec(info: TensorInfo, keep_dtype: str) -> TensorSpec:
+def _kept_spec(info: TensorInfo, output_name: str, keep_dtype: str) -> TensorSpec:
     dt = info.dtype
     if keep_dtype != "source" and dt in dtypes.FLOAT_SOURCE_DTYPES:
         dt = KEEP_DTYPES[keep_dtype]
-    return TensorSpec(info.name, dt, info.shape)
+    return TensorSpec(output_name, dt, info.shape)
 
 
 def _check_quantizable(info: TensorInfo, pattern: str, where: str) -> None:
@@ -197,7 +238,11 @@ def check_not_quantized(component: Component) -> None:
         raise InputError(f"{info.file}: tensor {info.name!r} {what}: {_ALREADY_QUANTIZED}")
 
 
-def plan_component(component: Component, recipe: Recipe) -> ComponentPlan:
+def plan_component(
+    component: Component, recipe: Recipe, names: NameTable = IDENTITY, steps: Sequence[TensorStep] = ()
+) -> ComponentPlan:
+    """Decide each tensor of `component`: its fate under `recipe`, its output keys (source names through
+    `names`), and its source (stored values, then the transforms `steps` give it)."""
     check_not_quantized(component)
     fmt = get_format(recipe.format)
     targets = [re.compile(p) for p in recipe.targets]
@@ -207,24 +252,27 @@ def plan_component(component: Component, recipe: Recipe) -> ComponentPlan:
     where = f"{component.dir}"
     plans = []
     for info in component.tensors.values():
-        key = match_key(info.name)
+        key = module_name(info.name)
         for p in compiled:
             if p.fullmatch(key):
                 matches[p.pattern] += 1
         target = _first_match(targets, key)
         ignored = _first_match(ignores, key)
+        source = _source(component, info, steps)
+        out_name = names.output_name(info.name)
         if target is not None and ignored is None:
             _check_quantizable(info, target, where)
             try:
-                specs = fmt.parts(info.shape)
+                parts = quantized_parts(fmt, module_name(out_name), info.shape)
             except UnsupportedShapeError as e:
                 raise InputError(
                     f"{where}: tensor {info.name!r} {e}: add it to the recipe's ignore"
                 ) from None
-            outs = tuple(TensorSpec(part_key(key, part), dt, shape) for part, (dt, shape) in specs.items())
-            plans.append(TensorPlan(info, True, target, outs))
+            outs = tuple(TensorSpec(k, dt, shape) for k, (dt, shape) in parts.values())
+            plans.append(TensorPlan(source, True, target, out_name, outs, tuple(parts)))
         else:
-            plans.append(TensorPlan(info, False, ignored, (_kept_spec(info, recipe.keep_dtype),)))
+            kept = _kept_spec(info, out_name, recipe.keep_dtype)
+            plans.append(TensorPlan(source, False, ignored, out_name, (kept,), ("",)))
     _check_every_pattern_matches(component, recipe, matches)
     if not any(t.quantize for t in plans):
         raise InputError(
@@ -234,8 +282,15 @@ def plan_component(component: Component, recipe: Recipe) -> ComponentPlan:
     return ComponentPlan(component, tuple(plans), matches)
 
 
+def _source(component: Component, info: TensorInfo, steps: Sequence[TensorStep]) -> TensorSource:
+    transforms = tuple(
+        t for t in (step.transform_for(component.rel, info) for step in steps) if t is not None
+    )
+    return TensorSource(info, transforms)
+
+
 def _check_every_pattern_matches(component: Component, recipe: Recipe, matches: dict[str, int]) -> None:
-    keys = [match_key(n) for n in component.tensors]
+    keys = [module_name(n) for n in component.tensors]
     for field, patterns in (("targets", recipe.targets), ("ignore", recipe.ignore)):
         for p in patterns:
             if matches[p] == 0:
@@ -289,11 +344,15 @@ def _check_no_unconverted_twin(source: Path, components: list[Component], files:
             )
 
 
-def make_plan(source: Path, recipe: Recipe) -> Plan:
-    """Open every component the recipe names and decide each tensor's fate, reading headers only."""
+def make_plan(source: Path, recipe: Recipe, *, steps: Sequence[TensorStep] = ()) -> Plan:
+    """Open every component the recipe names and decide each tensor's fate, reading headers only.
+
+    steps: per-tensor steps (`source.TensorStep`) whose transforms each tensor's source applies.
+    """
     source = Path(source)
     if not source.is_dir():
         raise InputError(f"{source}: source directory not found")
+    names = get_name_table(format_info(recipe.format).names)
     components = []
     for rel in recipe.components:
         comp_dir = source if rel == "." else source / rel
@@ -304,7 +363,9 @@ def make_plan(source: Path, recipe: Recipe) -> Plan:
                 else ""
             )
             raise InputError(f"{source}: component folder {rel!r} named by the recipe is missing{hint}")
-        components.append(plan_component(open_component(source, rel), recipe))
+        components.append(plan_component(open_component(source, rel), recipe, names, steps))
+    for step in steps:
+        step.finish()
     copied: list[Path] = []
     if recipe.copy_other_files:
         copied = other_files(source, [cp.component for cp in components])

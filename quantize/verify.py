@@ -34,16 +34,17 @@ from pathlib import Path
 
 import torch
 
-from . import dtypes
-from .checkpoint import Component, confined_path, open_component, read_rows, read_tensor
+from .checkpoint import Component, confined_path, read_rows, read_tensor
+from .containers import get_container
+from .encode import encode_and_measure, kept_rows
 from .errors import InputError, QuantizeError
-from .formats import Format, get_format, part_key
+from .formats import Format, format_info, get_format, quantized_parts
 from .forward import check_forward, require_known_models
 from .hashing import sha256_file
 from .manifest import MANIFEST_NAME, RECIPE_NAME, ComponentEntry, Manifest, TensorEntry, read_manifest
-from .plan import Plan, TensorPlan, make_plan
+from .names import module_name, split_manifest_key
+from .plan import ComponentPlan, Plan, TensorPlan, make_plan
 from .progress import NoProgress, Progress
-from .quantizer import ErrorStats, row_chunks
 from .recipes import Recipe, parse_recipe
 
 __all__ = ["verify", "Report", "CheckResult", "CATEGORIES"]
@@ -152,7 +153,7 @@ def verify(
     with _pool(workers) as pool:
         _check_files(checkpoint, manifest, report, pool, progress)
         _check_recipe(checkpoint, manifest, recipe, report)
-        components = {c.path: _open(checkpoint, c, report) for c in manifest.components}
+        components = {c.path: _open(checkpoint, c, fmt, report) for c in manifest.components}
         # manifest keys ("<component>/<tensor>") whose stored parts do not fit the format: parity skips them
         damaged: set[str] = set()
         if fmt is not None:
@@ -322,10 +323,12 @@ def _check_recipe(checkpoint: Path, manifest: Manifest, recipe: Recipe | None, r
     )
 
 
-def _open(root: Path, entry: ComponentEntry, report: Report) -> Component | None:
-    """The component's headers and index, validated; a failure is recorded, not raised."""
+def _open(root: Path, entry: ComponentEntry, fmt: Format | None, report: Report) -> Component | None:
+    """The component as its format's container stored it, validated; a failure is recorded, not raised."""
+    if fmt is None:
+        return None
     try:
-        component = open_component(root, entry.path)
+        component = get_container(format_info(fmt.NAME).container).open_stored(root, entry.path)
     except InputError as e:
         report.fail("integrity", "headers and index", str(e))
         return None
@@ -339,16 +342,14 @@ def _check_layout(
     """Each quantized tensor's parts have its format's dtypes and shapes; the key count adds up; shard metadata
     and config.json are the format's. Returns the modules whose parts do not fit (parity skips them)."""
     stored = component.tensors
-    prefix = f"{entry.path}/"
     expected_parts = 0
     damaged = set()
     for key, t in manifest.tensors.items():
-        if not key.startswith(prefix):
+        rel, name = split_manifest_key(key)
+        if rel != entry.path:
             continue
-        name = key[len(prefix) :]
-        module = name.removesuffix(".weight")
         try:
-            parts = fmt.parts(tuple(t.shape))
+            parts = quantized_parts(fmt, module_name(name), tuple(t.shape))
         except ValueError as e:
             report.fail(
                 "integrity",
@@ -357,9 +358,8 @@ def _check_layout(
             )
             damaged.add(key)
             continue
-        for part, (dt, shape) in parts.items():
+        for full, (dt, shape) in parts.values():
             expected_parts += 1
-            full = part_key(module, part)
             info = stored.get(full)
             fits = (
                 info is not None
@@ -484,12 +484,11 @@ def _check_parity(
                 stored,
                 fmt,
                 recipe,
-                manifest.tensors.get(f"{cp.rel}/{tp.name}"),
+                manifest.tensors.get(cp.manifest_key(tp)),
                 progress,
             )
             for tp in cp.tensors
-            if all(spec.name in stored.tensors for spec in tp.outputs)
-            and f"{cp.rel}/{tp.name}" not in damaged
+            if all(spec.name in stored.tensors for spec in tp.outputs) and cp.manifest_key(tp) not in damaged
         ]
         for future in futures:
             for category, name, ok, failure in future.result():
@@ -497,9 +496,9 @@ def _check_parity(
     return plan
 
 
-def _check_format_metadata(cp, stored: Component, fmt: Format, report: Report) -> None:
-    """The format's entries (torchao's tensor JSON, say) are in every shard's __metadata__, as written."""
-    expected = fmt.checkpoint_metadata([(t.name, t.info.shape if t.quantize else None) for t in cp.tensors])
+def _check_format_metadata(cp: ComponentPlan, stored: Component, fmt: Format, report: Report) -> None:
+    """The format's entries (torchao's tensor JSON, say) are in every file's metadata, as written."""
+    expected = get_container(format_info(fmt.NAME).container).file_metadata(fmt, cp)
     for shard in stored.shards:
         have = stored.metadata[shard]
         ok = all(have.get(k) == v for k, v in expected.items())
@@ -563,21 +562,20 @@ def _db(x: float | None) -> str:
 def _check_quantized(
     rel: str, tp: TensorPlan, stored: Component, fmt: Format, recipe: Recipe, entry: TensorEntry | None
 ) -> list[Result]:
-    infos = {part: stored.tensors[part_key(tp.module, part)] for part in fmt.parts(tp.info.shape)}
-    rows, cols = tp.info.shape
-    stats, identical = ErrorStats(), True
-    if fmt.ROW_SEPARABLE:
-        for r0, r1 in row_chunks(rows, cols):
-            w = read_rows(tp.info, r0, r1)
-            mine = {part: read_rows(info, r0, r1) for part, info in infos.items()}
-            identical &= all(_same_part(part, fmt, t, mine[part]) for part, t in fmt.encode(w).items())
-            stats.add(w, fmt.decode(mine, torch.float32))
-    else:
-        w = read_rows(tp.info, 0, rows)
-        mine = {part: read_tensor(info) for part, info in infos.items()}
-        identical = all(_same_part(part, fmt, t, mine[part]) for part, t in fmt.encode(w).items())
-        for r0, r1 in row_chunks(rows, cols):
-            stats.add(w[r0:r1], fmt.decode(mine, torch.float32, rows=(r0, r1)))
+    infos = {part: stored.tensors[spec.name] for part, spec in zip(tp.parts, tp.outputs, strict=True)}
+    identical = True
+
+    def compare(parts: dict[str, torch.Tensor], rows: tuple[int, int] | None) -> dict[str, torch.Tensor]:
+        """Requantized parts against the stored ones (the same rows); the stored ones are what is measured."""
+        nonlocal identical
+        mine = {
+            part: read_tensor(info) if rows is None else read_rows(info, *rows)
+            for part, info in infos.items()
+        }
+        identical &= all(_same_part(part, fmt, t, mine[part]) for part, t in parts.items())
+        return mine
+
+    stats = encode_and_measure(tp, fmt, compare)
     shard = infos[next(iter(infos))].file.name
     where = f"{rel}/{shard} -> {tp.name}"
     results: list[Result] = [
@@ -639,7 +637,7 @@ def _close_figures(entry: TensorEntry, sqnr: float | None, cosine: float, max_ab
 
 
 def _check_kept(rel: str, tp: TensorPlan, stored: Component) -> Result:
-    (spec,) = tp.outputs
+    spec = tp.output()
     info = stored.tensors[spec.name]
     where = f"{rel}/{info.file.name} -> {spec.name}"
     if info.dtype != spec.dtype or info.shape != tp.info.shape:
@@ -649,11 +647,6 @@ def _check_kept(rel: str, tp: TensorPlan, stored: Component) -> Result:
             False,
             f"{where}: is {info.dtype}{list(info.shape)}, expected {spec.dtype}{list(tp.info.shape)}",
         )
-    target = dtypes.by_name(spec.dtype).torch
-    rows = tp.info.shape[0] if tp.info.shape else 1
-    ok = all(
-        _same(read_rows(tp.info, r0, r1).to(target), read_rows(info, r0, r1))
-        for r0, r1 in row_chunks(rows, max(1, tp.info.numel // max(1, rows)))
-    )
+    ok = all(_same(rows, read_rows(info, r0, r1)) for r0, r1, rows in kept_rows(tp))
     what = "bit-exact copy" if spec.dtype == tp.info.dtype else f"exact cast to {spec.dtype}"
     return ("parity", "kept tensors", ok, "" if ok else f"{where}: is not a {what} of the source")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import errno
 import json
-import math
 import os
 import struct
 import threading
@@ -53,7 +52,7 @@ class TensorSpec:
         """Exact bytes; for a late tensor, the most it may take."""
         if self.shape is None:
             return LATE_MAX_BYTES
-        return dtypes.by_name(self.dtype).itemsize * math.prod(self.shape)
+        return dtypes.nbytes(self.dtype, self.shape)
 
 
 def shard_layout(specs: Iterable[TensorSpec]) -> list[TensorSpec]:

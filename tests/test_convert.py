@@ -339,16 +339,53 @@ def test_python_api_takes_a_recipe_name(wan_tiny, tmp_path):
     assert (tmp_path / "out" / "quantize_manifest.json").read_text() == manifest.to_json()
 
 
+def _chunk_spies(monkeypatch, chunk_bytes: int) -> tuple[list[tuple[int, int, list]], list[int]]:
+    """Set the converter's row-chunk size to `chunk_bytes`; record each `row_chunks(rows, row_elems)` it asks
+    for, with the ranges it got, and the rows of each weight (chunk) that it hands fp8_channel to encode."""
+    import quantize.encode as chunking  # the module that holds CHUNK_BYTES and row_chunks, and reads them
+
+    splits: list[tuple[int, int, list]] = []
+    encoded: list[int] = []
+    row_chunks, encode = chunking.row_chunks, fp8.encode
+
+    def split(rows, row_elems, *args):
+        ranges = row_chunks(rows, row_elems, *args)
+        splits.append((rows, row_elems, ranges))  # list.append: safe from the worker threads
+        return ranges
+
+    def encode_spy(w):
+        encoded.append(w.shape[0])
+        return encode(w)
+
+    monkeypatch.setattr(chunking, "CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(chunking, "row_chunks", split)
+    monkeypatch.setattr(fp8, "encode", encode_spy)
+    return splits, encoded
+
+
+def _chunk_rows(rows: int, step: int) -> list[int]:
+    return [min(step, rows - r) for r in range(0, rows, step)]
+
+
 def test_weights_larger_than_a_chunk_are_streamed_in_rows_bit_exactly(wan_tiny, tmp_path, monkeypatch):
     """Force many row chunks per weight: the output and the error figures must not change."""
-    import quantize.quantizer as quantizer
     from quantize import convert
 
     whole = convert(wan_tiny, tmp_path / "whole", "wan-fp8", workers=1)
-    monkeypatch.setattr(quantizer, "CHUNK_BYTES", 3 * 64 * 4)  # three rows of the tiny model's weights
+    src = load_all(wan_tiny)
+    shapes = [src[k.split("/", 1)[1]].shape for k in whole.tensors]  # the quantized weights'
+    chunk_bytes = 3 * 64 * 4  # three rows of the tiny model's weights
+    splits, encoded = _chunk_spies(monkeypatch, chunk_bytes)
     chunked = convert(wan_tiny, tmp_path / "chunked", "wan-fp8", workers=2)
-    quantized = {k.split("/", 1)[1].removesuffix(".weight") for k in whole.tensors}
-    check_component(wan_tiny, tmp_path / "chunked", quantized)
+    # each weight went through fp8_channel in chunks of `step` rows (the last one shorter): many chunks each
+    chunking = [(rows, max(1, chunk_bytes // (4 * cols))) for rows, cols in shapes]  # rows, rows a chunk
+    assert all(rows > step for rows, step in chunking)
+    assert sorted(encoded) == sorted(n for rows, step in chunking for n in _chunk_rows(rows, step))
+    assert all(len(ranges) > 1 for rows, cols, ranges in splits if (rows, cols) in shapes)
+    check_component(
+        wan_tiny, tmp_path / "chunked", {k.split("/", 1)[1].removesuffix(".weight") for k in whole.tensors}
+    )
+    assert _tree(tmp_path / "chunked") == _tree(tmp_path / "whole")  # byte for byte, manifest included
     for key, entry in whole.tensors.items():
         other = chunked.tensors[key]
         assert other.max_abs_error == entry.max_abs_error
@@ -358,7 +395,6 @@ def test_weights_larger_than_a_chunk_are_streamed_in_rows_bit_exactly(wan_tiny, 
 
 
 def test_keep_dtype_cast_of_chunked_and_scalar_tensors(tmp_path, monkeypatch):
-    import quantize.quantizer as quantizer
     from quantize import convert
 
     src = tmp_path / "src"
@@ -370,11 +406,16 @@ def test_keep_dtype_cast_of_chunked_and_scalar_tensors(tmp_path, monkeypatch):
     }
     save_file(tensors, src / "model.safetensors")
     (tmp_path / "r.yaml").write_text("format: fp8_channel\ntargets: [proj]\nkeep_dtype: bfloat16\n")
-    monkeypatch.setattr(quantizer, "CHUNK_BYTES", 4 * 8 * 7)  # seven rows of `table` a chunk
+    convert(src, tmp_path / "whole", tmp_path / "r.yaml")
+    splits, encoded = _chunk_spies(monkeypatch, 4 * 8 * 7)  # seven rows of `table` a chunk
     convert(src, tmp_path / "out", tmp_path / "r.yaml")
+    assert encoded == _chunk_rows(40, 3)  # proj.weight, 16 float32 a row: 13 chunks of three rows, then one
+    cast = [ranges for rows, cols, ranges in splits if (rows, cols) == (30, 8)]
+    assert cast == [[(0, 7), (7, 14), (14, 21), (21, 28), (28, 30)]]  # table, cast in five chunks
     got = load_all(tmp_path / "out")
     assert torch.equal(got["table"], tensors["table"].to(torch.bfloat16))
     assert got["step"].shape == () and torch.equal(got["step"], tensors["step"].to(torch.bfloat16))
+    assert _tree(tmp_path / "out") == _tree(tmp_path / "whole")  # as the unchunked conversion wrote it
 
 
 def test_copy_other_files_refuses_to_copy_an_unconverted_twin(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from quantize.formats import get_format, part_key
+from quantize.formats import format_info, get_format, part_key
 from quantize.recipes import load_recipe
 from tests.conftest import load_all, read_json, run_cli
 
@@ -30,7 +30,9 @@ def test_every_format_end_to_end(make_wan, tmp_path, recipe, layout, dtype):
     assert proc.returncode == 0, proc.stderr
     fmt = get_format(load_recipe(recipe).recipe.format)
     manifest = read_json(out / "quantize_manifest.json")
-    assert manifest["format"] == fmt.NAME and set(fmt.LIBRARIES) <= set(manifest["libraries"])
+    assert manifest["format"] == fmt.NAME and set(format_info(fmt.NAME).libraries) <= set(
+        manifest["libraries"]
+    )
     for comp in manifest["components"]:
         rel = comp["path"]
         src_dir, out_dir = (src, out) if rel == "." else (src / rel, out / rel)

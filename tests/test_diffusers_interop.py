@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import diffusers
 import pytest
 import torch
 
@@ -19,8 +20,6 @@ from quantize.recipes import load_recipe
 from tests import diffusers_models as models
 from tests.conftest import load_all, read_json, run_cli
 from tests.formats.test_torchao_fp8 import reference as float8_reference
-
-diffusers = pytest.importorskip("diffusers")
 
 
 def _wan(path: Path) -> Path:
@@ -116,7 +115,7 @@ def test_kandinsky5_recipe_quantizes_exactly_the_layers_of_the_kandinsky5_fp8_wo
 @pytest.fixture
 def bnb_on_cpu(monkeypatch):
     """Lift diffusers' GPU gate of its bitsandbytes quantizer (and nothing else)."""
-    pytest.importorskip("bitsandbytes")
+    import bitsandbytes  # noqa: F401  (a dev dependency: missing is a failure, not a skip)
     from diffusers.quantizers.bitsandbytes.bnb_quantizer import BnB4BitDiffusersQuantizer
 
     monkeypatch.setattr(BnB4BitDiffusersQuantizer, "validate_environment", lambda self, *a, **k: None)

@@ -448,13 +448,34 @@ def test_a_second_conversion_into_a_busy_output_is_refused(wan_tiny, tmp_path):
 
 
 def test_two_conversions_at_once_never_corrupt_the_output(wan_small, tmp_path):
+    """A second conversion into an OUT that a first one is writing is refused; the first then finishes intact.
+
+    The first is stopped (SIGSTOP) once it has written part of its output, so the two overlap for certain."""
     out = tmp_path / "out"
-    procs = [_start("convert", wan_small, out, "-r", r, "--overwrite") for r in ("wan-fp8", "wan-nf4")]
-    results = [p.communicate(timeout=300) + (p.returncode,) for p in procs]
-    codes = sorted(code for _, _, code in results)
-    for _, stderr, code in results:
-        assert code == 0 or (code == 2 and "another conversion" in stderr), stderr
-    assert 0 in codes
+    lock = tmp_path / ".out.lock"
+    first = _start("convert", wan_small, out, "-r", "wan-nf4", "--workers", "1", "--overwrite")
+    try:
+        _wait_for_progress(first, out)
+        os.kill(first.pid, signal.SIGSTOP)
+        assert first.poll() is None and lock.read_text().strip() == str(first.pid)
+        with open(lock) as probe, pytest.raises(BlockingIOError):  # the first holds the lock, stopped
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        beside = leftovers(out)
+        assert f".{out.name}.lock" in beside and any(".tmp-" in name for name in beside)
+
+        second = run_cli("convert", wan_small, out, "-r", "wan-fp8", "--overwrite")
+        assert second.returncode == 2, second.stderr
+        (line,) = second.stderr.splitlines()  # one line: no traceback, no progress
+        assert line.startswith(f"error: {out}: another conversion (pid {first.pid}) is writing it right now")
+        assert not out.exists() and leftovers(out) == beside  # the second left nothing, took nothing
+    except BaseException:
+        first.kill()  # stopped or not
+        first.communicate(timeout=60)
+        raise
+    os.kill(first.pid, signal.SIGCONT)
+    _, stderr = first.communicate(timeout=300)
+    assert first.returncode == 0, stderr
+    assert json.loads((out / "quantize_manifest.json").read_text())["format"] == "nf4"  # the first's output
     assert run_cli("verify", out).returncode == 0 and leftovers(out) == []
 
 

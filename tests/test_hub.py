@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -294,3 +297,25 @@ def test_the_hub_code_needs_no_torch():
     code = "import sys, quantize.hub; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_the_python_api_takes_a_repo_id_and_writes_what_the_cli_writes(hub, hub_env, tmp_path):
+    """`quantize.convert("org/name", ...)`: the API resolves the repo, claims OUT and hashes, as the CLI does."""
+    _seed_diffusers_repo(hub, tmp_path)
+    recipe = _transformer_only(tmp_path)
+    api_out, cli_out = tmp_path / "from-api", tmp_path / "from-cli"
+    code = (
+        "import sys; from quantize import convert; "
+        "m = convert('Wan-AI/Wan-tiny-Diffusers', sys.argv[1], sys.argv[2], workers=1); "
+        "print(m.source['name'], len(m.source_files))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(api_out), str(recipe)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **hub_env},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["Wan-AI/Wan-tiny-Diffusers", "2"]  # the transformer's config and shard
+    run_cli("convert", "Wan-AI/Wan-tiny-Diffusers", cli_out, "-r", recipe, env=hub_env, check=True)
+    assert _files(api_out) == _files(cli_out)  # manifest and card included: the same conversion

@@ -26,10 +26,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-from tests.hub_server import HubStandIn
-
-hf = pytest.importorskip("huggingface_hub")
 from huggingface_hub import HfApi, constants, hf_hub_download, snapshot_download  # noqa: E402
 from huggingface_hub.errors import (  # noqa: E402
     EntryNotFoundError,
@@ -37,6 +33,8 @@ from huggingface_hub.errors import (  # noqa: E402
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
+
+from tests.hub_server import HubStandIn
 
 REPO = "stand-in-org/tiny-model"
 

@@ -20,7 +20,7 @@ _CHUNK_LOOP = """
 import resource, sys, threading, torch
 from quantize.formats import fp8_channel
 from quantize.process import tune_for_streaming
-from quantize.quantizer import ErrorStats
+from quantize.encode import ErrorStats
 took = tune_for_streaming() if sys.argv[1] == "tuned" else None
 def chunks():  # the row chunks of a Wan attention and FFN weight, as the converter makes them
     for shape in [(682, 1536), (117, 8960)] * 20:

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from quantize.errors import InputError
-from quantize.plan import make_plan, match_key
+from quantize.names import module_name as match_key
+from quantize.plan import make_plan
 from quantize.recipes import bundled_recipes, dump_recipe, load_recipe, parse_recipe
 
 MINIMAL = "format: fp8_channel\ntargets: ['blocks\\.\\d+\\.ffn\\.0']\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import struct
 from pathlib import Path
 
 import pytest
@@ -283,7 +284,8 @@ def _diffusers_source(tmp_path: Path) -> Path:
     "recipe", ["wan-diffusers-fp8.yaml", "wan-diffusers-nf4.yaml", "wan-diffusers-torchao-fp8.yaml"]
 )
 def test_forward_parity(tmp_path, recipe):
-    pytest.importorskip("diffusers")
+    import diffusers  # noqa: F401  (a dev dependency: missing is a failure, not a skip)
+
     src = _diffusers_source(tmp_path)
     out = tmp_path / "out"
     run_cli("convert", src, out, "-r", recipe, check=True)
@@ -293,7 +295,8 @@ def test_forward_parity(tmp_path, recipe):
 
 
 def test_forward_threshold_exceeded(tmp_path):
-    pytest.importorskip("diffusers")
+    import diffusers  # noqa: F401  (a dev dependency: missing is a failure, not a skip)
+
     src = _diffusers_source(tmp_path)
     recipe = tmp_path / "strict.yaml"
     recipe.write_text(
@@ -384,22 +387,58 @@ def test_nan_in_a_quantized_weight_fails_finite(ckpt, wan_tiny):
     assert any(module in f for f in failures["weight finite"])
 
 
-def test_damaged_nf4_quant_state_is_a_failed_check_not_a_crash(make_wan, tmp_path):
+@pytest.mark.parametrize(
+    "damage, parity",
+    [
+        # one bit of one 4-bit code: the hash, and requantizing the source, both catch it
+        (
+            "packed weight",
+            {"requantize": "-> {tensor}: requantizing the source does not reproduce the stored bytes"},
+        ),
+        # the packed quant-state JSON made unparseable: the tensor cannot be decoded, a failed check, not a crash
+        ("quant state", {"decode": "/{tensor}: cannot be read back: JSONDecodeError"}),
+    ],
+)
+def test_a_flipped_byte_in_an_nf4_weight_fails_the_hash_and_parity(make_wan, tmp_path, damage, parity):
     src = make_wan("t2v")
     out = tmp_path / "nf4"
     run_cli("convert", src, out, "-r", "wan-nf4.yaml", check=True)
     shard = sorted(out.glob("*.safetensors"))[0]
     raw = bytearray(shard.read_bytes())
-    at = raw.rfind(b"nested_offset") + 20  # inside the packed quant-state JSON of the last weight
-    raw[at] = ord("x")
-    shard.write_bytes(bytes(raw))
-    proc = run_cli("verify", out, "--source", src, "--json")
-    report = json.loads(proc.stdout)
-    failures = _failures(report)
-    assert proc.returncode == 1 and any(
-        f.startswith(f"{shard.name}: SHA-256") for f in failures["file sha256"]
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + n])
+    state = max(  # the last weight of the shard
+        (k for k in header if k.endswith(".quant_state.bitsandbytes__nf4")),
+        key=lambda k: header[k]["data_offsets"],
     )
-    assert "decode" in failures or "requantize" in failures
+    tensor = state.removesuffix(".quant_state.bitsandbytes__nf4")
+    if damage == "packed weight":
+        start, end = header[tensor]["data_offsets"]
+        raw[8 + n + (start + end) // 2] ^= 0x10
+    else:
+        start, end = header[state]["data_offsets"]
+        at = raw.index(b'"nested_offset": ', 8 + n + start) + len(b'"nested_offset": ')
+        assert at < 8 + n + end
+        raw[at] = ord("x")
+    shard.write_bytes(bytes(raw))
+
+    code, report, _ = _verify(out)
+    assert code == 1 and _failures(report).keys() == {"file sha256"}
+    (hashed,) = _failures(report)["file sha256"]
+    assert hashed.startswith(f"{shard.name}: SHA-256") and "the file was changed or corrupted" in hashed
+
+    code, report, stderr = _verify(out, "--source", src)
+    failures = _failures(report)
+    assert code == 1 and "Traceback" not in stderr
+    assert failures.pop("file sha256") == [hashed]
+    ((check, message),) = parity.items()
+    (failure,) = failures.pop(check)
+    assert message.format(tensor=tensor) in failure, failure
+    if check == "requantize":  # the decoding changed too, so the manifest's error figures no longer hold
+        assert failures.pop("recorded error") == [
+            failure.split(": ")[0] + ": differs from the error figures the manifest records"
+        ]
+    assert failures == {}
 
 
 def test_edited_recipe_yaml(ckpt):

@@ -1,22 +1,34 @@
-"""The on-disk formats, each defined once; this table is the only way to look one up.
+"""The on-disk formats, each defined once, and the one table of facts about them.
 
->>> get_format("fp8_channel").NAME
-'fp8_channel'
+A format's module owns its numerics and part names (`parts`, `encode`, `decode`) and how it declares
+itself (`quantization_config`, `checkpoint_metadata`); everything else about it (the library whose
+layout it is, how the card names it, which container holds it, which name table its keys follow)
+is a row of `FORMAT_INFO`. That table is plain data: reading it (a recipe check, the card, `inspect`)
+imports no torch; the module is imported on first `get_format`.
+
+>>> get_format("fp8_channel").NAME, format_info("nf4").container
+('fp8_channel', 'sharded_safetensors')
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from types import ModuleType
 
 from ..errors import InputError
-from .base import Format, NonFiniteWeightError, PartSpec, UnsupportedShapeError, part_key
+from ..names import part_key
+from .base import Format, NonFiniteWeightError, PartSpec, UnsupportedShapeError
 
 __all__ = [
     "FORMATS",
+    "FORMAT_INFO",
+    "FormatInfo",
+    "format_info",
     "get_format",
     "format_of_config",
+    "quantized_parts",
     "Format",
     "PartSpec",
     "NonFiniteWeightError",
@@ -24,8 +36,74 @@ __all__ = [
     "part_key",
 ]
 
-#: format name -> module of this package defining it (its `NAME`)
-_MODULES = {"fp8_channel": "fp8_channel", "torchao_fp8": "torchao_fp8", "nf4": "nf4"}
+
+@dataclass(frozen=True)
+class FormatInfo:
+    """What is known of a format besides its numerics."""
+
+    name: str
+    module: str  # the module of this package that defines it
+    quant_method: str  # config.json quantization_config.quant_method: how a reader recognizes it
+    libraries: tuple[str, ...]  # packages whose numerics it follows (their versions go into the manifest)
+    container: str  # how a component's tensors become files (`quantize.containers`)
+    names: str  # the name table of its output keys (`quantize.names`)
+    words: str  # what the model card calls it
+    tag: str  # the Hub tag of its kind (fp8, nf4)
+    layout_library: str  # the library whose on-disk layout it is (a Hub tag too)
+    diffusers_needs: str | None  # what diffusers' from_pretrained needs to load it; None: it does not
+    card_note: str | None = None  # one more sentence for the card's "How to load"
+
+
+FORMAT_INFO: dict[str, FormatInfo] = {
+    info.name: info
+    for info in (
+        FormatInfo(
+            name="fp8_channel",
+            module="fp8_channel",
+            quant_method="compressed-tensors",
+            libraries=(),
+            container="sharded_safetensors",
+            names="source",
+            words="FP8 (e4m3, one scale per output channel)",
+            tag="fp8",
+            layout_library="compressed-tensors",
+            diffusers_needs=None,
+            card_note="The weights are in the compressed-tensors `float-quantized` layout; its decompressor reads them.",
+        ),
+        FormatInfo(
+            name="torchao_fp8",
+            module="torchao_fp8",
+            quant_method="torchao",
+            libraries=("torchao",),
+            container="sharded_safetensors",
+            names="source",
+            words="TorchAO Float8 (PerRow weights, dynamic PerRow activations)",
+            tag="fp8",
+            layout_library="torchao",
+            diffusers_needs="torchao",
+        ),
+        FormatInfo(
+            name="nf4",
+            module="nf4",
+            quant_method="bitsandbytes",
+            libraries=("bitsandbytes",),
+            container="sharded_safetensors",
+            names="source",
+            words="NF4 (bitsandbytes 4-bit, blocksize 64, double quantization)",
+            tag="nf4",
+            layout_library="bitsandbytes",
+            diffusers_needs="bitsandbytes (and a GPU: its quantizer refuses to start without one)",
+        ),
+    )
+}
+
+
+def format_info(name: str) -> FormatInfo:
+    """The table row of format `name`; the error lists the known names."""
+    try:
+        return FORMAT_INFO[name]
+    except KeyError:
+        raise InputError(f"unknown format {name!r} (known: {', '.join(sorted(FORMAT_INFO))})") from None
 
 
 class _Formats(Mapping[str, ModuleType]):
@@ -33,16 +111,16 @@ class _Formats(Mapping[str, ModuleType]):
     checked against) come without importing torch."""
 
     def __getitem__(self, name: str) -> ModuleType:
-        return importlib.import_module(f"{__name__}.{_MODULES[name]}")
+        return importlib.import_module(f"{__name__}.{FORMAT_INFO[name].module}")
 
     def __contains__(self, name: object) -> bool:
-        return name in _MODULES
+        return name in FORMAT_INFO
 
     def __iter__(self) -> Iterator[str]:
-        return iter(_MODULES)
+        return iter(FORMAT_INFO)
 
     def __len__(self) -> int:
-        return len(_MODULES)
+        return len(FORMAT_INFO)
 
 
 FORMATS: Mapping[str, ModuleType] = _Formats()
@@ -50,17 +128,21 @@ FORMATS: Mapping[str, ModuleType] = _Formats()
 
 def get_format(name: str) -> Format:
     """The format module registered under `name`; the error lists the known names."""
-    try:
-        return FORMATS[name]  # type: ignore[return-value]
-    except KeyError:
-        raise InputError(f"unknown format {name!r} (known: {', '.join(sorted(FORMATS))})") from None
+    return FORMATS[format_info(name).name]  # type: ignore[return-value]
 
 
 def format_of_config(quantization_config: dict, where: str) -> Format:
     """The format whose `quantization_config` this is (config.json of a converted checkpoint, at `where`)."""
     method = quantization_config.get("quant_method") if isinstance(quantization_config, dict) else None
-    for fmt in FORMATS.values():
-        if fmt.QUANT_METHOD == method:
-            return fmt  # type: ignore[return-value]
-    known = ", ".join(f"{f.QUANT_METHOD} ({f.NAME})" for f in FORMATS.values())
+    for info in FORMAT_INFO.values():
+        if info.quant_method == method:
+            return get_format(info.name)
+    known = ", ".join(f"{i.quant_method} ({i.name})" for i in FORMAT_INFO.values())
     raise InputError(f"{where}: quantization_config.quant_method is {method!r}; known: {known}")
+
+
+def quantized_parts(fmt: Format, module: str, shape: tuple[int, ...]) -> dict[str, tuple[str, PartSpec]]:
+    """Part name -> (output key, (dtype, shape)) of a weight of `shape` stored by `fmt` under the module name
+    `module` (already in the output's names): the one rule the plan, verify and the loaders share.
+    `UnsupportedShapeError` if the format cannot hold the shape."""
+    return {part: (part_key(module, part), spec) for part, spec in fmt.parts(shape).items()}

@@ -1,7 +1,9 @@
 """What every on-disk format provides. Each format is one module that satisfies `Format`.
 
 Names are local: a format speaks of the parts of one Linear (``weight``, ``weight_scale``); the
-full key is ``<module>.<part>``, built only by `part_key`.
+full key is ``<module>.<part>``, built only by `names.part_key` (through `formats.quantized_parts`).
+What else is known of a format (its libraries, container, name table, card words) is its row of
+`formats.FORMAT_INFO`, not an attribute of the module.
 """
 
 from __future__ import annotations
@@ -11,10 +13,10 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:  # the table of formats is read (by recipes, for instance) without importing torch
     import torch
 
-__all__ = ["Format", "PartSpec", "NonFiniteWeightError", "UnsupportedShapeError", "part_key"]
+__all__ = ["Format", "PartSpec", "NonFiniteWeightError", "UnsupportedShapeError"]
 
-#: A part of an encoded weight: (safetensors dtype name, shape).
-PartSpec = tuple[str, tuple[int, ...]]
+#: A part of an encoded weight: (dtype name from `quantize.dtypes`, shape; None for a late blob, see `writer`).
+PartSpec = tuple[str, tuple[int, ...] | None]
 
 
 class NonFiniteWeightError(ValueError):
@@ -25,18 +27,11 @@ class UnsupportedShapeError(ValueError):
     """The format cannot hold a weight of this shape; the message says why."""
 
 
-def part_key(module: str, part: str) -> str:
-    """The checkpoint key of one part of a quantized module, e.g. ``blocks.0.ffn.0.weight_scale``."""
-    return f"{module}.{part}"
-
-
 class Format(Protocol):
-    NAME: str
-    LIBRARIES: tuple[str, ...]  # the packages whose numerics the format follows
+    NAME: str  # its key in `formats.FORMAT_INFO`
     #: True when encoding any slice of rows gives those rows of the whole encoding, and every part
     #: has the weight's rows as its dim 0: the converter then streams a weight in row chunks.
     ROW_SEPARABLE: bool
-    QUANT_METHOD: str  # `quantization_config.quant_method` in config.json: how a reader recognizes the format
 
     def parts(self, shape: tuple[int, ...]) -> dict[str, PartSpec]:
         """The tensors a weight of `shape` becomes, by local part name; `UnsupportedShapeError` if it cannot."""
@@ -56,9 +51,11 @@ class Format(Protocol):
         ...
 
     def quantization_config(self, kept_linears: list[str]) -> dict:
-        """The `quantization_config` entry of config.json; `kept_linears` are the Linears left unquantized."""
+        """The `quantization_config` entry of config.json; `kept_linears` are the Linears left unquantized
+        (the container decides where it goes)."""
         ...
 
     def checkpoint_metadata(self, tensors: list[tuple[str, tuple[int, ...] | None]]) -> dict[str, str]:
-        """Entries every shard's ``__metadata__`` carries, from (source tensor name, shape if quantized else None)."""
+        """Entries a container's file metadata carries (every safetensors shard's ``__metadata__``), from
+        (output tensor name, shape if quantized else None) for every tensor of the component."""
         ...

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from ._e4m3 import FP8_DTYPE, FP8_MAX, dequantize_rows
+from . import format_info
+from ._e4m3 import FP8_MAX, dequantize_rows, quantize_rows
 from ._e4m3 import row_absmax as _row_absmax
 from .base import NonFiniteWeightError, PartSpec
 
@@ -34,9 +35,7 @@ __all__ = [
 ]
 
 NAME = "fp8_channel"
-LIBRARIES: tuple[str, ...] = ()  # recorded with their versions in the manifest
 ROW_SEPARABLE = True
-QUANT_METHOD = "compressed-tensors"  # config.json quantization_config.quant_method
 WEIGHT = "weight"
 SCALE = "weight_scale"
 
@@ -59,9 +58,7 @@ def encode(weight: torch.Tensor) -> dict[str, torch.Tensor]:
     amax = _row_absmax(w)
     if not bool(torch.isfinite(amax).all()):
         raise NonFiniteWeightError("holds NaN or Inf values")
-    scale = amax / FP8_MAX
-    scale = torch.where(scale == 0, 1.0, scale)
-    q = torch.div(w, scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    q, scale = quantize_rows(w, amax / FP8_MAX)
     return {WEIGHT: q, SCALE: scale}
 
 
@@ -90,7 +87,7 @@ def quantization_config(kept_linears: list[str]) -> dict:
         }
 
     return {
-        "quant_method": QUANT_METHOD,
+        "quant_method": format_info(NAME).quant_method,
         "format": "float-quantized",
         "quantization_status": "compressed",
         "config_groups": {

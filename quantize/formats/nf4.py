@@ -32,8 +32,8 @@ import sys
 
 import torch
 
+from . import format_info
 from ._bnb_lib import quantize_blockwise
-from ._quiet import silenced
 from .base import NonFiniteWeightError, PartSpec, UnsupportedShapeError
 
 __all__ = [
@@ -48,9 +48,7 @@ __all__ = [
 ]
 
 NAME = "nf4"
-LIBRARIES: tuple[str, ...] = ("bitsandbytes",)  # recorded with their versions in the manifest
 ROW_SEPARABLE = False
-QUANT_METHOD = "bitsandbytes"  # config.json quantization_config.quant_method
 #: Parts that are code books, not data: bitsandbytes builds them with float32 arithmetic whose last bit
 #: can differ between CPU instruction sets, so `verify` compares them to within a float32 rounding.
 CODE_TABLES = ("weight.quant_map", "weight.nested_quant_map")
@@ -58,7 +56,6 @@ BLOCKSIZE = 64
 NESTED_BLOCKSIZE = 256
 HP_DTYPE = torch.bfloat16
 WEIGHT = "weight"
-_STATE_PARTS = ("absmax", "quant_map", "nested_absmax", "nested_quant_map", "quant_state.bitsandbytes__nf4")
 QUANT_STATE = "weight.quant_state.bitsandbytes__nf4"
 _HIGH_HALF = 1 if sys.byteorder == "little" else 0  # of a float32 seen as two uint16
 _CHUNK_ELEMS = BLOCKSIZE * 16384  # one million values a step: stays in cache, amortizes calls
@@ -84,15 +81,6 @@ NF4_CODE = (
     0.7229568362236023,
     1.0,
 )
-
-
-@functools.cache
-def _bnb():
-    """`bitsandbytes.functional`, imported (slowly) only by the loader's `quant_state`."""
-    with silenced("bitsandbytes"):
-        import bitsandbytes.functional as F
-
-    return F
 
 
 @functools.cache
@@ -233,49 +221,9 @@ def _packed_fields(shape: tuple[int, ...], nested_offset: float) -> torch.Tensor
     return torch.frombuffer(bytearray(json.dumps(fields).encode()), dtype=torch.uint8)
 
 
-@functools.cache
-def bitsandbytes():
-    """The `bitsandbytes` package (for `matmul_4bit`), imported quietly."""
-    with silenced("bitsandbytes"):
-        import bitsandbytes
-
-    return bitsandbytes
-
-
 def state_fields(packed: torch.Tensor) -> dict:
     """The fixed fields of a weight's quant state (shape, dtype, blocksizes, nested offset), from its packed JSON part."""
     return json.loads(bytes(packed.cpu().tolist()).decode())
-
-
-def quant_state(
-    parts: dict[str, torch.Tensor], fields: dict | None = None, offset: torch.Tensor | None = None
-):
-    """bitsandbytes' `QuantState` from the stored parts, on their device, as `Linear4bit` builds it when loading.
-
-    `fields` (from `state_fields`) and `offset` (the nested offset as a 0-d float32 tensor on the parts' device)
-    can be given by a caller that keeps them, to avoid a device-to-host read of the JSON part on every call.
-    """
-    F = _bnb()
-    fields = fields if fields is not None else state_fields(parts[QUANT_STATE])
-    absmax = parts["weight.absmax"]
-    if offset is None:
-        offset = torch.tensor(float(fields["nested_offset"]), device=absmax.device)
-    nested = F.QuantState(
-        absmax=parts["weight.nested_absmax"],
-        code=parts["weight.nested_quant_map"],
-        blocksize=fields["nested_blocksize"],
-        dtype=getattr(torch, fields["nested_dtype"]),
-    )
-    return F.QuantState(
-        absmax=absmax,
-        shape=torch.Size(fields["shape"]),
-        code=parts["weight.quant_map"],
-        blocksize=fields["blocksize"],
-        quant_type=fields["quant_type"],
-        dtype=getattr(torch, fields["dtype"]),
-        offset=offset,
-        state2=nested,
-    )
 
 
 def decode(
@@ -329,7 +277,7 @@ def quantization_config(kept_linears: list[str]) -> dict:
     """diffusers' ``BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
     bnb_4bit_compute_dtype=torch.bfloat16, llm_int8_skip_modules=kept).to_dict()``."""
     return {
-        "quant_method": QUANT_METHOD,
+        "quant_method": format_info(NAME).quant_method,
         "_load_in_8bit": False,
         "_load_in_4bit": True,
         "llm_int8_threshold": 6.0,

@@ -26,7 +26,8 @@ import json
 
 import torch
 
-from ._e4m3 import FP8_DTYPE, FP8_MAX, dequantize_rows, row_absmax
+from . import format_info
+from ._e4m3 import FP8_DTYPE, FP8_MAX, dequantize_rows, quantize_rows, row_absmax
 from ._torchao import torchao
 from .base import NonFiniteWeightError, PartSpec, UnsupportedShapeError
 
@@ -43,9 +44,7 @@ __all__ = [
 ]
 
 NAME = "torchao_fp8"
-LIBRARIES: tuple[str, ...] = ("torchao",)  # recorded with their versions in the manifest
 ROW_SEPARABLE = True
-QUANT_METHOD = "torchao"  # config.json quantization_config.quant_method
 QDATA = "_weight_qdata"
 SCALE = "_weight_scale"
 HP_DTYPE = torch.bfloat16  # the precision torchao's PerRow config quantizes from
@@ -68,9 +67,8 @@ def encode(weight: torch.Tensor) -> dict[str, torch.Tensor]:
     amax = row_absmax(w)
     if not bool(torch.isfinite(amax).all()):
         raise NonFiniteWeightError("holds NaN or Inf values")
-    scale = (amax / FP8_MAX).float()  # the division in bf16, as torchao's _choose_scale_float8 does
-    scale = torch.where(scale == 0, 1.0, scale)
-    q = torch.div(w.float(), scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    # the division in bf16, as torchao's _choose_scale_float8 does
+    q, scale = quantize_rows(w.float(), (amax / FP8_MAX).float())
     return {QDATA: q, SCALE: scale}
 
 
@@ -90,14 +88,17 @@ def _config():
 def quantization_config(kept_linears: list[str]) -> dict:
     """diffusers' ``TorchAoConfig(Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())).to_dict()``."""
     return {
-        "quant_method": QUANT_METHOD,
+        "quant_method": format_info(NAME).quant_method,
         "quant_type": {"default": torchao().config_to_dict(_config())},
         "modules_to_not_convert": sorted(kept_linears) or None,
     }
 
 
 def to_float8_tensor(parts: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The stored parts as torchao's `Float8Tensor`, with the config's mm_config and activation quantization."""
+    """The stored parts as torchao's `Float8Tensor`, with the config's mm_config and activation quantization.
+
+    The format's own view of its parts, as torchao serializes them: `checkpoint_metadata` encodes one to get
+    torchao's JSON, and the loader's `Float8Linear` wraps its buffers in one (no copy) on each call."""
     ao, cfg = torchao(), _config()
     act_granularity, _ = cfg.granularity
     act_quant_kwargs = ao.QuantizeTensorToFloat8Kwargs(

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from quantize.encode import row_chunks
 from quantize.formats import FORMATS, get_format
 from quantize.formats import fp8_channel as fp8
 from quantize.formats.base import NonFiniteWeightError
-from quantize.quantizer import row_chunks
 
 # --- an independent reference: e4m3fn decoded from its bits, rounding done by hand -------------
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import bitsandbytes.functional as F
 import pytest
 import torch
 
+from loaders.bnb import quant_state
 from quantize.formats import nf4
 from quantize.formats.base import NonFiniteWeightError, UnsupportedShapeError
-
-F = pytest.importorskip("bitsandbytes.functional")
 
 
 @pytest.fixture(autouse=True)
@@ -59,7 +59,7 @@ def test_large_weight_crosses_many_chunks_bit_exactly():
 def test_decode_matches_bitsandbytes_and_row_ranges_agree():
     w = _weight((96, 256), torch.bfloat16)
     parts = nf4.encode(w)
-    state = nf4.quant_state(parts)
+    state = quant_state(parts)
     assert torch.equal(nf4.decode(parts, torch.bfloat16), F.dequantize_4bit(parts["weight"], state))
     whole = nf4.decode(parts)
     for rows in [(0, 1), (3, 17), (95, 96)]:
@@ -92,7 +92,8 @@ def test_non_finite_refused():
 
 
 def test_quantization_config_is_diffusers_bitsandbytes_config():
-    diffusers = pytest.importorskip("diffusers")
+    import diffusers
+
     kept = ["proj_out", "condition_embedder.time_proj"]
     theirs = diffusers.BitsAndBytesConfig(
         load_in_4bit=True,
@@ -113,7 +114,7 @@ def test_code_books_equal_bitsandbytes():
 def test_decode_is_bitsandbytes_dequantize_for_any_rows(shape):
     w = _weight(shape, torch.bfloat16, seed=2)
     parts = nf4.encode(w)
-    theirs = F.dequantize_4bit(parts["weight"], nf4.quant_state(parts), quant_type="nf4")
+    theirs = F.dequantize_4bit(parts["weight"], quant_state(parts), quant_type="nf4")
     whole = nf4.decode(parts, torch.float32)
     assert torch.equal(whole.to(torch.bfloat16), theirs)
     # (600, 128): 1200 blocks of 64, 5 groups of 256 absmaxes; these ranges start and end inside groups

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import diffusers  # noqa: F401  (a dev dependency: missing, the loaders' tests must fail, not skip)
 import pytest
 
 from quantize.recipes import bundled_recipes
 from tests import diffusers_models as models
 from tests.conftest import run_cli
-
-pytest.importorskip("diffusers")
 
 FORMATS = ["fp8_channel", "torchao_fp8", "nf4"]
 MODELS = {

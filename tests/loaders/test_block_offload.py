@@ -6,14 +6,13 @@ between calls."""
 
 from __future__ import annotations
 
+import diffusers
 import pytest
 import torch
 
 from loaders import enable_block_offload, find_block_lists, load_quantized
 from tests.conftest import load_all
 from tests.loaders.conftest import FORMATS, MODELS
-
-diffusers = pytest.importorskip("diffusers")
 
 
 def _load(converted, model: str, fmt: str, host: str = "mmap"):
@@ -173,9 +172,9 @@ def test_gpu_offload_equals_the_model_on_the_gpu_and_allocates_nothing_per_step(
 def fake_pinning(monkeypatch):
     """The pinned code paths on a machine without CUDA: CUDA reported present, page-locking a no-op."""
     import loaders.host
-    from quantize.formats import nf4
+    from loaders import bnb
 
-    nf4.bitsandbytes()  # imported before CUDA is faked: it probes CUDA at import
+    bnb.bitsandbytes()  # imported before CUDA is faked: it probes CUDA at import
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(loaders.host, "_register", lambda buf: None)
 

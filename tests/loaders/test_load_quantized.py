@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import diffusers
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -22,8 +23,6 @@ from quantize.formats import get_format, part_key
 from tests import diffusers_models as models
 from tests.conftest import load_all, run_cli
 from tests.loaders.conftest import FORMATS, MODELS
-
-diffusers = pytest.importorskip("diffusers")
 
 
 def _quantized_modules(checkpoint: Path, fmt) -> dict[str, dict[str, torch.Tensor]]:
@@ -292,15 +291,23 @@ def test_a_checkpoint_with_several_models_asks_which(converted, tmp_path):
             (tmp_path / "two" / name / f.name).symlink_to(f)
     with pytest.raises(InputError, match=r"holds several models \(transformer, transformer_2\)"):
         load_quantized(diffusers.WanTransformer3DModel, tmp_path / "two")
-    assert load_quantized(diffusers.WanTransformer3DModel, tmp_path / "two" / "transformer_2") is not None
-    assert load_quantized(diffusers.WanTransformer3DModel, out.parent) is not None  # one model: found
+    on_disk = load_all(out)
+    for where in (tmp_path / "two" / "transformer_2", out.parent):  # the model named; the one model, found
+        loaded = load_quantized(diffusers.WanTransformer3DModel, where)
+        assert type(loaded) is diffusers.WanTransformer3DModel and not loaded.training, where
+        state = loaded.state_dict()
+        assert set(state) == set(on_disk), where
+        for key, want in on_disk.items():  # the checkpoint's tensors, as stored (dtype=None keeps them)
+            got = state[key]
+            assert got.dtype == want.dtype and torch.equal(got.view(torch.uint8), want.view(torch.uint8)), key
 
 
 def test_loaders_import_no_converter_or_cli():
     code = (
         "import sys, loaders; "
         "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'quantize' and m.split('.')[1:2] "
-        "and m.split('.')[1] not in ('formats', 'checkpoint', 'dtypes', 'errors', 'layout')); print(bad)"
+        # the formats and the checkpoint reader, and what they are made of (names: the part-key rule)
+        "and m.split('.')[1] not in ('formats', 'checkpoint', 'dtypes', 'errors', 'layout', 'names')); print(bad)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from loaders import Float8Linear, FP8Linear, NF4Linear
+from loaders import Float8Linear, FP8Linear, NF4Linear, bnb
+from loaders.bnb import quant_state
 from loaders.modules import quantize_rows
 from quantize.formats import fp8_channel, nf4, torchao_fp8
 from tests.formats.test_torchao_fp8 import reference as float8_reference
@@ -96,7 +97,7 @@ def test_nf4_linear_computes_linear_with_bitsandbytes_dequantized_weight():
     m = make(NF4Linear, w, b)
     x = _x(dtype=torch.float32)
     parts = nf4.encode(w)
-    bnb_weight = nf4._bnb().dequantize_4bit(parts[nf4.WEIGHT], nf4.quant_state(parts), quant_type="nf4")
+    bnb_weight = bnb.functional().dequantize_4bit(parts[nf4.WEIGHT], quant_state(parts), quant_type="nf4")
     got = m(x)
     assert got.dtype == torch.float32  # computed in bf16 (the compute dtype), returned in the input's dtype
     assert torch.equal(got, F.linear(x.to(torch.bfloat16), bnb_weight, b).float())

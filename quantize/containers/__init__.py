@@ -1,0 +1,109 @@
+"""Containers: how a component's planned tensors become files. One module each, looked up by name.
+
+The format table (`formats.FORMAT_INFO`) says which container a format's output uses. A container module
+provides:
+
+- ``NAME``;
+- ``layout(cp, max_bytes) -> list[PlannedFile]``: the files of a component and the tensors each holds,
+  from the plan alone (sizes are known before anything is encoded);
+- ``open_file(path, file, cp, fmt) -> TensorWriter``: a writer for one of them (see `TensorWriter`);
+- ``finish(out_dir, cp, fmt, written) -> list[Path]``: the extras once every file is written (an index,
+  config.json), returning the paths it wrote;
+- ``component_config(fmt, config, kept_linears) -> dict``: the component's config.json as written (verify
+  compares it);
+- ``file_metadata(fmt, cp) -> dict[str, str]``: what every file's metadata carries for the format (verify
+  compares it);
+- ``open_stored(root, rel) -> Component``: a written component read back (verify).
+
+The converter, verify and forward do not know a container's name: a new one is a new module here and a
+row in `_MODULES`.
+
+>>> get_container("sharded_safetensors").NAME
+'sharded_safetensors'
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Protocol
+
+from ..errors import InputError
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..formats import Format
+    from ..plan import TensorPlan
+
+__all__ = [
+    "PlannedFile",
+    "WrittenFile",
+    "TensorWriter",
+    "get_container",
+    "config_with_quantization",
+    "config_text",
+]
+
+#: container name -> the module that defines it
+_MODULES = {"sharded_safetensors": f"{__name__}.sharded_safetensors"}
+
+
+@dataclass(frozen=True)
+class PlannedFile:
+    """One output file of a component: its name (relative to the component's folder) and the tensors it holds."""
+
+    name: str
+    tensors: tuple[TensorPlan, ...]
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    """A file once written: its plan and the bytes of tensor data it holds."""
+
+    file: PlannedFile
+    data_bytes: int
+
+
+class TensorWriter(Protocol):
+    """One output file being written; tensors, or row ranges of them, arrive from any thread, in any order."""
+
+    path: Path
+
+    def write(self, name: str, tensor: torch.Tensor, row_start: int = 0) -> None:
+        """Rows ``[row_start, row_start + len(tensor))`` of the planned tensor `name`."""
+        ...
+
+    def write_bytes(self, name: str, data: memoryview, offset: int = 0) -> None:
+        """Raw stored bytes at `offset` within the planned tensor `name` (an unchanged kept tensor)."""
+        ...
+
+    def close(self, sync: bool = True) -> int:
+        """Finish the file, checking that every planned byte was written; returns its tensor data bytes."""
+        ...
+
+    def abort(self) -> None:
+        """Give up on the file (the caller removes the staging directory)."""
+        ...
+
+
+def get_container(name: str) -> ModuleType:
+    """The container module registered under `name`; the error lists the known names."""
+    try:
+        return importlib.import_module(_MODULES[name])
+    except KeyError:
+        raise InputError(f"unknown container {name!r} (known: {', '.join(_MODULES)})") from None
+
+
+def config_with_quantization(fmt: Format, config: dict | None, kept_linears: list[str]) -> dict:
+    """A component's config.json: the source's, with the format's `quantization_config` added."""
+    out = dict(config or {})
+    out["quantization_config"] = fmt.quantization_config(kept_linears)
+    return out
+
+
+def config_text(config: dict) -> str:
+    return json.dumps(config, indent=2) + "\n"

@@ -1,0 +1,60 @@
+"""`sharded_safetensors`: a component as the source had it: safetensors shards of at most `max_bytes` of
+tensor data (``STEM-0000i-of-0000n.safetensors`` + ``STEM.safetensors.index.json``, or ``STEM.safetensors``
+alone when the source had one file and no index), and config.json with the format's `quantization_config`.
+
+Every shard's ``__metadata__`` carries ``{"format": "pt"}`` and the whole component's format metadata
+(diffusers merges the shards' metadata, so each shard carries all of it). Files are written streaming
+(`writer.ShardWriter`), byte-identical to what `safetensors.torch.save_file` writes from the same tensors.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..checkpoint import CONFIG_NAME, Component, open_component
+from ..formats import Format
+from ..layout import SHARD_METADATA, group_by_size, index_json, index_name, shard_names
+from ..output import write_file
+from ..plan import ComponentPlan
+from ..writer import ShardWriter
+from . import PlannedFile, WrittenFile, config_text, config_with_quantization
+
+__all__ = ["NAME", "layout", "open_file", "finish", "component_config", "file_metadata", "open_stored"]
+
+NAME = "sharded_safetensors"
+
+
+def layout(cp: ComponentPlan, max_bytes: int) -> list[PlannedFile]:
+    """Tensors in source order, a new shard whenever the next would push one past `max_bytes`; the source's stem."""
+    groups = group_by_size(cp.tensors, lambda tp: tp.output_bytes, max_bytes)
+    names = shard_names(cp.component.stem, len(groups), with_index=cp.component.index_path is not None)
+    return [PlannedFile(name, tuple(group)) for group, name in zip(groups, names, strict=True)]
+
+
+def file_metadata(fmt: Format, cp: ComponentPlan) -> dict[str, str]:
+    return {**SHARD_METADATA, **fmt.checkpoint_metadata(cp.metadata_entries())}
+
+
+def open_file(path: Path, file: PlannedFile, cp: ComponentPlan, fmt: Format) -> ShardWriter:
+    return ShardWriter(path, [spec for tp in file.tensors for spec in tp.outputs], file_metadata(fmt, cp))
+
+
+def component_config(fmt: Format, config: dict | None, kept_linears: list[str]) -> dict:
+    return config_with_quantization(fmt, config, kept_linears)
+
+
+def finish(out_dir: Path, cp: ComponentPlan, fmt: Format, written: list[WrittenFile]) -> list[Path]:
+    """The index (when there are several shards, or the source had one) and config.json."""
+    paths = []
+    if len(written) > 1 or cp.component.index_path is not None:
+        weight_map = {spec.name: w.file.name for w in written for tp in w.file.tensors for spec in tp.outputs}
+        total = sum(w.data_bytes for w in written)
+        paths.append(out_dir / index_name(cp.component.stem))
+        write_file(paths[-1], index_json(weight_map, total))
+    paths.append(out_dir / CONFIG_NAME)
+    write_file(paths[-1], config_text(component_config(fmt, cp.component.config, cp.kept_linears())))
+    return paths
+
+
+def open_stored(root: Path, rel: str) -> Component:
+    return open_component(root, rel)

@@ -1,0 +1,147 @@
+"""Encoding one planned tensor, and measuring what it costs: the loop convert and verify share.
+
+A quantized weight is read through its `TensorSource` and encoded by its format; row-separable formats
+are streamed in row chunks of about `CHUNK_BYTES` of float32, so a worker holds one chunk at a time
+whatever the size of the weight; other formats are encoded whole, then measured chunk by chunk, so that
+no float32 copy of the whole weight is ever made. `encode_and_measure` hands each encoding to its caller
+(convert writes it; verify compares it with what is stored and returns the stored parts) and measures the
+error of the parts the caller returns. The error figures are accumulated over the same chunks (float32
+within a chunk, float64 across), in a fixed order, so they too are reproducible to the bit, whatever the
+number of workers.
+
+A kept tensor is either its stored bytes (`copy_unchanged`) or its rows cast to the output dtype
+(`kept_rows`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from . import dtypes
+from .errors import InputError
+from .formats import Format, NonFiniteWeightError
+from .plan import TensorPlan
+
+__all__ = [
+    "ErrorStats",
+    "encode_and_measure",
+    "kept_rows",
+    "copy_unchanged",
+    "row_chunks",
+    "CHUNK_BYTES",
+    "TakeParts",
+]
+
+# float32 bytes of one row chunk: small enough to stay in cache, large enough to amortize per-call costs
+CHUNK_BYTES = 4 << 20
+
+
+@dataclass
+class ErrorStats:
+    """Running sums for SQNR, cosine similarity and max abs error between a weight and its decoding."""
+
+    signal: float = 0.0  # sum w^2
+    noise: float = 0.0  # sum (w - dq)^2
+    decoded: float = 0.0  # sum dq^2
+    max_abs: float = 0.0
+
+    def add(self, w: torch.Tensor, dq: torch.Tensor) -> None:
+        """Accumulate one chunk. `dq` (float32) is overwritten: the sums are taken without temporaries.
+
+        Sums are float32 per chunk, float64 across chunks, in a fixed order: reproducible to the bit.
+        """
+        if not w.numel():
+            return
+        w = w.float()
+        self.signal += float(torch.linalg.vector_norm(w)) ** 2
+        self.decoded += float(torch.linalg.vector_norm(dq)) ** 2
+        err = dq.sub_(w)
+        self.noise += float(torch.linalg.vector_norm(err)) ** 2
+        lo, hi = torch.aminmax(err)
+        chunk_max = max(-float(lo), float(hi)) if not bool(torch.isnan(lo) | torch.isnan(hi)) else math.nan
+        self.max_abs = (
+            math.nan if math.isnan(chunk_max) or math.isnan(self.max_abs) else max(self.max_abs, chunk_max)
+        )
+
+    @property
+    def sqnr_db(self) -> float | None:
+        """10·log10(signal / noise); None when the decoding is exact."""
+        if self.noise == 0:
+            return None
+        if self.signal == 0:
+            return -math.inf
+        return 10 * math.log10(self.signal / self.noise)
+
+    @property
+    def cosine(self) -> float:
+        """<w, dq> / (|w| |dq|), with <w, dq> = (|w|^2 + |dq|^2 - |w - dq|^2) / 2."""
+        denom = math.sqrt(self.signal * self.decoded)
+        if math.isnan(denom):
+            return math.nan
+        if denom == 0:
+            return 1.0 if self.signal == self.decoded else 0.0
+        value = (self.signal + self.decoded - self.noise) / (2 * denom)
+        return value if math.isnan(value) else min(1.0, value)
+
+
+def row_chunks(rows: int, row_elems: int, chunk_bytes: int | None = None) -> list[tuple[int, int]]:
+    """Row ranges of about `chunk_bytes` (default `CHUNK_BYTES`) of float32 each."""
+    step = max(1, (chunk_bytes or CHUNK_BYTES) // max(1, 4 * row_elems))
+    return [(r, min(rows, r + step)) for r in range(0, rows, step)]
+
+
+#: What a caller does with a fresh encoding: ``take(parts, rows)`` gets the parts of the weight's rows
+#: `rows` = (r0, r1) (row-separable formats; each part's rows r0..r1), or of the whole weight (`rows` None),
+#: and returns the parts whose decoding is measured (the same ones, or those stored).
+TakeParts = Callable[[dict[str, torch.Tensor], "tuple[int, int] | None"], dict[str, torch.Tensor]]
+
+
+def encode_and_measure(tp: TensorPlan, fmt: Format, take: TakeParts) -> ErrorStats:
+    """Encode the quantized tensor `tp` with `fmt`, hand each encoding to `take`, and measure the error of the
+    decoding of what `take` returns against the source values."""
+    stats = ErrorStats()
+    rows, cols = tp.info.shape
+    ranges = row_chunks(rows, cols)
+    if fmt.ROW_SEPARABLE:
+        for r0, r1 in ranges:
+            w = tp.source.read_rows(
+                r0, r1
+            ).float()  # one float32 copy, for the encoding and the error figures
+            measured = take(_encode(fmt, tp, w), (r0, r1))
+            stats.add(w, fmt.decode(measured, torch.float32))
+        return stats
+    w = tp.source.read()
+    measured = take(_encode(fmt, tp, w), None)
+    for r0, r1 in ranges:
+        stats.add(w[r0:r1], fmt.decode(measured, torch.float32, rows=(r0, r1)))
+    return stats
+
+
+def _encode(fmt: Format, tp: TensorPlan, w: torch.Tensor) -> dict[str, torch.Tensor]:
+    try:
+        return fmt.encode(w)
+    except NonFiniteWeightError as e:
+        raise InputError(f"{tp.info.file}: tensor {tp.name!r} {e}: refusing to quantize it") from None
+
+
+def kept_rows(tp: TensorPlan) -> Iterator[tuple[int, int, torch.Tensor]]:
+    """(r0, r1, rows [r0, r1)) of the kept tensor `tp` as the output holds it: the source's values (every step
+    applied), cast to the output dtype, in row chunks."""
+    (spec,) = tp.outputs
+    target = dtypes.by_name(spec.dtype).torch
+    rows = tp.source.rows
+    for r0, r1 in row_chunks(rows, tp.info.numel // max(1, rows)):
+        yield r0, r1, tp.source.read_rows(r0, r1).to(target)
+
+
+def copy_unchanged(tp: TensorPlan, write: Callable[[memoryview, int], None]) -> bool:
+    """Stream a kept tensor's stored bytes to `write(chunk, offset)` when the output holds them unchanged (same
+    dtype, no step changes it); returns False, writing nothing, when it must go through `kept_rows`."""
+    if tp.output().dtype != tp.info.dtype or tp.source.changed:
+        return False
+    tp.source.copy_bytes(write)
+    return True
