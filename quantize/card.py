@@ -34,6 +34,10 @@ class CardFacts:
     pipeline_tag: str | None = None
     base_model: str | None = None  # a Hub repo id
     source_metadata: dict = field(default_factory=dict)  # the front matter of the source's README.md
+    container: str = "sharded_safetensors"  # how the output is laid out (`quantize.containers`)
+    model_files: list[str] = field(
+        default_factory=list
+    )  # the files holding the models, relative to the output
 
 
 def source_card_metadata(source: Path) -> dict:
@@ -87,7 +91,12 @@ def _metadata(manifest: Manifest, facts: CardFacts) -> str:
 
 
 def _diffusers_layout(facts: CardFacts) -> bool:
-    return bool(facts.classes) and all(c in _DIFFUSERS_CLASSES for c in facts.classes.values())
+    """Whether the output is laid out as diffusers models (a ComfyUI file is not, whatever its source)."""
+    return (
+        bool(facts.classes)
+        and all(c in _DIFFUSERS_CLASSES for c in facts.classes.values())
+        and facts.container == "sharded_safetensors"
+    )
 
 
 def _gb(n: int) -> str:
@@ -203,6 +212,10 @@ def _loading_section(manifest: Manifest, facts: CardFacts) -> list[str]:
         ]
     if info.card_note is not None:
         out += [info.card_note, ""]
+    if "comfyui" in info.runs_in:
+        out += _comfyui_section(facts.model_files)
+    if "loaders" not in info.runs_in:
+        return out
     if _diffusers_layout(facts):
         build = [f"from diffusers import {cls}", ""]
         target = cls
@@ -222,6 +235,23 @@ def _loading_section(manifest: Manifest, facts: CardFacts) -> list[str]:
         "```",
     ]
     return out
+
+
+def _comfyui_section(files: list[str]) -> list[str]:
+    """Where each model file goes in ComfyUI, and the node that loads it."""
+    out = [
+        "In ComfyUI: put the model file in `ComfyUI/models/diffusion_models/` and load it with the stock "
+        "**Load Diffusion Model** node (weight_dtype `default`); the per-layer `comfy_quant` markers tell "
+        "ComfyUI the layout. Keys are Wan's native names, one file per model:",
+        "",
+    ]
+    out += [f"- `{f}`" for f in files]
+    if len(files) > 1:
+        out += [
+            "",
+            "Wan2.2 A14B: load the high-noise expert for the first steps and the low-noise one for the rest.",
+        ]
+    return [*out, ""]
 
 
 def _versions(manifest: Manifest) -> str:

@@ -3,10 +3,10 @@
 - A tensor's *module name* is its name without a trailing ``.weight`` (``blocks.0.ffn.0.weight`` ->
   ``blocks.0.ffn.0``), its full name for anything else (biases, ``scale_shift_table``). Recipe patterns
   are matched against it, and a quantized weight's parts are stored as ``<module>.<part>``.
-- A *name table* maps a source tensor name to the name it has in the output. It is applied once, at
-  plan time (`plan.TensorPlan.outputs` then holds every output key); converter, verify, forward and the
-  manifest read the keys from there. Today's formats write the source's own names (`IDENTITY`); a format
-  that writes another naming scheme (ComfyUI's native Wan names, say) names its table in the format table.
+- A *name table* maps a component's source tensor names to the names they have in the output
+  (`IDENTITY`; `WAN_NATIVE`: Wan's original names, from diffusers names or as they are). It is applied
+  once, at plan time (`plan.TensorPlan.outputs` then holds every output key); converter, verify, forward and the
+  manifest read the keys from there. Each format names its table in the format table.
 - The manifest keys tensors as ``<component>/<output tensor name>`` (`manifest_key`, `split_manifest_key`).
 
 No torch here: recipes and the format table use it before torch is imported.
@@ -19,7 +19,8 @@ No torch here: recipes and the format table use it before torch is imported.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .errors import InputError
@@ -32,6 +33,8 @@ __all__ = [
     "split_manifest_key",
     "NameTable",
     "IDENTITY",
+    "WAN_NATIVE",
+    "wan_native_name",
     "NAME_TABLES",
     "get_name_table",
 ]
@@ -62,22 +65,126 @@ def split_manifest_key(key: str) -> tuple[str, str]:
     return component, tensor
 
 
+Renamer = Callable[[str], str]
+
+
 @dataclass(frozen=True)
 class NameTable:
-    """A renaming of source tensor names into the output's naming scheme (applied at plan time)."""
+    """A renaming of source tensor names into the output's naming scheme (applied at plan time).
+
+    `renamer(names, where)` looks at a component's tensor names (which scheme they follow) and returns the
+    renaming for that component, or raises `InputError` naming `where` when the names have no form in the
+    table's scheme.
+    """
 
     name: str
-    rename: Callable[[str], str]
+    renamer: Callable[[Sequence[str], str], Renamer]
     description: str
 
-    def output_name(self, source_tensor: str) -> str:
-        return self.rename(source_tensor)
+
+def _identity(names: Sequence[str], where: str) -> Renamer:
+    return lambda name: name
 
 
-IDENTITY = NameTable("source", lambda name: name, "the source's own names")
+IDENTITY = NameTable("source", _identity, "the source's own names")
+
+
+# --- Wan: diffusers names -> the original ("native") names ComfyUI, GGUF files and LoRAs use -------------
+#
+# The inverse of diffusers' `convert_wan_transformer_to_diffusers` (diffusers.loaders.single_file_utils),
+# which the tests use as the oracle. Note the swap: diffusers' `norm2` (cross-attention norm, with weights)
+# is native `norm3`, and diffusers' parameter-free `norm3` is native `norm2`.
+
+#: diffusers module (outside the blocks) -> native module
+_WAN_ROOT_MODULES = {
+    "patch_embedding": "patch_embedding",
+    "condition_embedder.time_embedder.linear_1": "time_embedding.0",
+    "condition_embedder.time_embedder.linear_2": "time_embedding.2",
+    "condition_embedder.text_embedder.linear_1": "text_embedding.0",
+    "condition_embedder.text_embedder.linear_2": "text_embedding.2",
+    "condition_embedder.time_proj": "time_projection.1",
+    "condition_embedder.image_embedder.norm1": "img_emb.proj.0",
+    "condition_embedder.image_embedder.ff.net.0.proj": "img_emb.proj.1",
+    "condition_embedder.image_embedder.ff.net.2": "img_emb.proj.3",
+    "condition_embedder.image_embedder.norm2": "img_emb.proj.4",
+    "proj_out": "head.head",
+}
+#: diffusers tensor names that are not `<module>.weight|bias` -> native
+_WAN_ROOT_TENSORS = {"scale_shift_table": "head.modulation"}
+#: diffusers module inside block N (`blocks.N.<this>`) -> native module inside block N
+_WAN_BLOCK_MODULES = {
+    **{f"attn1.{d}": f"self_attn.{n}" for d, n in (("to_q", "q"), ("to_k", "k"), ("to_v", "v"))},
+    "attn1.to_out.0": "self_attn.o",
+    "attn1.norm_q": "self_attn.norm_q",
+    "attn1.norm_k": "self_attn.norm_k",
+    **{f"attn2.{d}": f"cross_attn.{n}" for d, n in (("to_q", "q"), ("to_k", "k"), ("to_v", "v"))},
+    "attn2.to_out.0": "cross_attn.o",
+    "attn2.norm_q": "cross_attn.norm_q",
+    "attn2.norm_k": "cross_attn.norm_k",
+    "attn2.add_k_proj": "cross_attn.k_img",
+    "attn2.add_v_proj": "cross_attn.v_img",
+    "attn2.norm_added_k": "cross_attn.norm_k_img",
+    "norm1": "norm1",
+    "norm2": "norm3",
+    "norm3": "norm2",
+    "ffn.net.0.proj": "ffn.0",
+    "ffn.net.2": "ffn.2",
+}
+_WAN_BLOCK_TENSORS = {"scale_shift_table": "modulation"}
+_BLOCK = re.compile(r"blocks\.(\d+)\.(.+)")
+_LEAVES = (".weight", ".bias")
+
+
+def wan_native_name(diffusers_name: str) -> str | None:
+    """The native Wan name of a diffusers `WanTransformer3DModel` tensor name, or None when it has none.
+
+    >>> wan_native_name("blocks.3.attn2.add_k_proj.weight"), wan_native_name("scale_shift_table")
+    ('blocks.3.cross_attn.k_img.weight', 'head.modulation')
+    """
+    block = _BLOCK.fullmatch(diffusers_name)
+    prefix, rest, modules, tensors = (
+        (f"blocks.{block[1]}.", block[2], _WAN_BLOCK_MODULES, _WAN_BLOCK_TENSORS)
+        if block
+        else ("", diffusers_name, _WAN_ROOT_MODULES, _WAN_ROOT_TENSORS)
+    )
+    if rest in tensors:
+        return prefix + tensors[rest]
+    for leaf in _LEAVES:
+        if rest.endswith(leaf) and rest[: -len(leaf)] in modules:
+            return prefix + modules[rest[: -len(leaf)]] + leaf
+    return None
+
+
+#: tensors only a diffusers-named Wan has, and only a native-named one has (how a component's scheme is told)
+_WAN_DIFFUSERS_MARKS = ("condition_embedder.", "blocks.0.attn1.")
+_WAN_NATIVE_MARKS = ("head.modulation", "blocks.0.self_attn.")
+
+
+def _wan_native(names: Sequence[str], where: str) -> Renamer:
+    if any(n.startswith(_WAN_NATIVE_MARKS) for n in names):
+        return lambda name: name  # already native (Wan2.1/2.2, A14B experts, LingBot-World)
+    if not any(n.startswith(_WAN_DIFFUSERS_MARKS) for n in names):
+        raise InputError(
+            f"{where}: the tensor names are neither Wan's native names nor diffusers' WanTransformer3DModel names "
+            "(e.g. no head.modulation, no condition_embedder): this format writes native Wan names, "
+            "so it takes only a Wan model"
+        )
+    renamed = {}
+    for name in names:
+        native = wan_native_name(name)
+        if native is None:
+            raise InputError(
+                f"{where}: tensor {name!r} has no native Wan name (not a WanTransformer3DModel tensor diffusers "
+                "maps from the original Wan names): this format writes native Wan names"
+            )
+        renamed[name] = native
+    return renamed.__getitem__
+
+
+WAN_NATIVE = NameTable("wan_native", _wan_native, "Wan's original names (ComfyUI, GGUF), from either naming")
 
 #: name table name -> table; the format table says which one each format writes
-NAME_TABLES: dict[str, NameTable] = {IDENTITY.name: IDENTITY}
+NAME_TABLES: dict[str, NameTable] = {t.name: t for t in (IDENTITY, WAN_NATIVE)}
 
 
 def get_name_table(name: str) -> NameTable:

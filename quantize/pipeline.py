@@ -9,6 +9,7 @@ flushed to disk while the next one is converted.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import platform
@@ -113,11 +114,12 @@ def write_checkpoint(
         for f in source_files:
             work.hash_later(f, background=True)  # hashed while the tensors are converted
         tensors: dict[str, TensorEntry] = {}
-        components = []
+        components, model_files = [], []
         for cp in plan.components:
-            entries, output_bytes = _write_component(cp, plan, tmp, max_bytes, work)
+            entries, written = _write_component(cp, plan, tmp, max_bytes, work)
             tensors.update(entries)
-            components.append(_component_entry(cp, output_bytes))
+            components.append(_component_entry(cp, sum(w.data_bytes for w in written)))
+            model_files += [(Path(cp.rel) / w.file.name).as_posix() for w in written]
         _copy_files(plan, tmp, work)
         recipe_text = dump_recipe(plan.recipe)
         write_file(tmp / RECIPE_NAME, recipe_text)
@@ -138,7 +140,8 @@ def write_checkpoint(
             tensors=dict(sorted(tensors.items())),
             output_files=[],
         )
-        write_file(tmp / CARD_NAME, render_card(manifest, facts))  # from everything but the output hashes
+        card = render_card(manifest, dataclasses.replace(facts, model_files=model_files))
+        write_file(tmp / CARD_NAME, card)  # from everything but the output hashes
         output_files = work.file_entries(tmp, [p for p in tmp.rglob("*") if p.is_file()])
         work.synced()
         manifest = manifest.model_copy(update={"output_files": output_files})
@@ -162,14 +165,14 @@ def _origin(loaded: LoadedRecipe) -> str:
 
 def _write_component(
     cp: ComponentPlan, plan: Plan, tmp: Path, max_bytes: int, work: _Work
-) -> tuple[dict[str, TensorEntry], int]:
-    """The files of one component, as its container lays them out; returns its tensor entries and tensor bytes."""
+) -> tuple[dict[str, TensorEntry], list[WrittenFile]]:
+    """The files of one component, as its container lays them out; returns its tensor entries and its files."""
     container, fmt = get_container(plan.container), plan.format
     out_dir = tmp if cp.rel == "." else tmp / cp.rel
     out_dir.mkdir(parents=True, exist_ok=True)
     entries: dict[str, TensorEntry] = {}
     written = []
-    for file in container.layout(cp, max_bytes):
+    for file in container.layout(cp, fmt, max_bytes):
         path = out_dir / file.name
         results, data_bytes = _write_file(container.open_file(path, file, cp, fmt), file.tensors, fmt, work)
         written.append(WrittenFile(file, data_bytes))
@@ -179,7 +182,7 @@ def _write_component(
         work.hash_later(path)
         work.sync_later(path)
     container.finish(out_dir, cp, fmt, written)
-    return entries, sum(w.data_bytes for w in written)
+    return entries, written
 
 
 def _write_file(writer: TensorWriter, tensors: tuple[TensorPlan, ...], fmt: Format, work: _Work):

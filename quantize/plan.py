@@ -250,6 +250,7 @@ def plan_component(
     matches = dict.fromkeys([*recipe.targets, *recipe.ignore], 0)
     compiled = [re.compile(p) for p in matches]
     where = f"{component.dir}"
+    rename = names.renamer(list(component.tensors), where)
     plans = []
     for info in component.tensors.values():
         key = module_name(info.name)
@@ -259,7 +260,7 @@ def plan_component(
         target = _first_match(targets, key)
         ignored = _first_match(ignores, key)
         source = _source(component, info, steps)
-        out_name = names.output_name(info.name)
+        out_name = rename(info.name)
         if target is not None and ignored is None:
             _check_quantizable(info, target, where)
             try:

@@ -4,7 +4,7 @@ The format table (`formats.FORMAT_INFO`) says which container a format's output 
 provides:
 
 - ``NAME``;
-- ``layout(cp, max_bytes) -> list[PlannedFile]``: the files of a component and the tensors each holds,
+- ``layout(cp, fmt, max_bytes) -> list[PlannedFile]``: the files of a component and the tensors each holds,
   from the plan alone (sizes are known before anything is encoded);
 - ``open_file(path, file, cp, fmt) -> TensorWriter``: a writer for one of them (see `TensorWriter`);
 - ``finish(out_dir, cp, fmt, written) -> list[Path]``: the extras once every file is written (an index,
@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 #: container name -> the module that defines it
-_MODULES = {"sharded_safetensors": f"{__name__}.sharded_safetensors"}
+_MODULES = {name: f"{__name__}.{name}" for name in ("sharded_safetensors", "single_safetensors")}
 
 
 @dataclass(frozen=True)

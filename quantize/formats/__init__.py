@@ -52,6 +52,9 @@ class FormatInfo:
     layout_library: str  # the library whose on-disk layout it is (a Hub tag too)
     diffusers_needs: str | None  # what diffusers' from_pretrained needs to load it; None: it does not
     card_note: str | None = None  # one more sentence for the card's "How to load"
+    runs_in: tuple[str, ...] = (
+        "loaders",
+    )  # what runs it, as the card's "How to load" shows: loaders, comfyui
 
 
 FORMAT_INFO: dict[str, FormatInfo] = {
@@ -93,6 +96,32 @@ FORMAT_INFO: dict[str, FormatInfo] = {
             tag="nf4",
             layout_library="bitsandbytes",
             diffusers_needs="bitsandbytes (and a GPU: its quantizer refuses to start without one)",
+        ),
+        FormatInfo(
+            name="comfy_fp8",
+            module="comfy_fp8",
+            quant_method="comfy_fp8",
+            libraries=(),
+            container="single_safetensors",
+            names="wan_native",
+            words="ComfyUI FP8 scaled (e4m3, one scale per tensor, `comfy_quant` markers)",
+            tag="fp8",
+            layout_library="comfyui",
+            diffusers_needs=None,
+            runs_in=("comfyui",),
+        ),
+        FormatInfo(
+            name="comfy_int8",
+            module="comfy_int8",
+            quant_method="comfy_int8",
+            libraries=(),
+            container="single_safetensors",
+            names="wan_native",
+            words="ComfyUI INT8 (one scale per output row, `comfy_quant` markers)",
+            tag="int8",
+            layout_library="comfyui",
+            diffusers_needs=None,
+            runs_in=("comfyui",),
         ),
     )
 }

@@ -1,0 +1,73 @@
+"""`comfy_fp8`: ComfyUI's "fp8 scaled" Linear: float8_e4m3fn weights with one float32 scale per tensor.
+
+On disk, per quantized Linear ``<m>`` (ComfyUI's native Wan names, one file per component):
+  ``<m>.weight``       float8_e4m3fn [out, in]
+  ``<m>.weight_scale`` float32 [] (one value: ComfyUI's CUDA path asserts a single scale)
+  ``<m>.comfy_quant``  uint8 [n]   UTF-8 JSON ``{"format": "float8_e4m3fn"}``
+
+Reference numerics (comfy-kitchen, bit for bit): in float32 from the stored values, scale = max|w| / 448;
+q = ``quantize_per_tensor_fp8(w.float(), scale)``: w times the float32 reciprocal of the scale, clamped
+to ±448, cast to e4m3 (round to nearest even). An all-zero weight gets scale 1 and exact zeros (the
+reference would divide by zero). Decoding: q.float() · scale, what comfy-kitchen's
+``TensorCoreFP8Layout.dequantize`` computes for a float32 ``orig_dtype``.
+
+The scale depends on the whole weight, so the weight is encoded whole (`ROW_SEPARABLE` is False).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _comfy
+from ._e4m3 import FP8_DTYPE, FP8_MAX, dequantize_rows
+from .base import NonFiniteWeightError, PartSpec
+
+__all__ = ["NAME", "ROW_SEPARABLE", "LAYOUT", "WEIGHT", "SCALE", "parts", "encode", "decode"]
+
+NAME = "comfy_fp8"
+ROW_SEPARABLE = False
+LAYOUT = "float8_e4m3fn"  # ComfyUI's name for the layout (comfy-kitchen TensorCoreFP8Layout)
+WEIGHT = "weight"
+SCALE = "weight_scale"
+_MARKER = _comfy.marker_bytes(LAYOUT)
+
+
+def parts(shape: tuple[int, ...]) -> dict[str, PartSpec]:
+    return {WEIGHT: ("F8_E4M3", tuple(shape)), SCALE: ("F32", ()), _comfy.MARKER: ("U8", (len(_MARKER),))}
+
+
+def encode(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Quantize a 2-D weight with one scale.
+
+    >>> p = encode(torch.tensor([[1.0, -2.0], [0.0, 448.0]]))
+    >>> float(p["weight_scale"]), decode(p).tolist()
+    (1.0, [[1.0, -2.0], [0.0, 448.0]])
+    """
+    if weight.dim() != 2:
+        raise ValueError(f"comfy_fp8 quantizes 2-D weights, got shape {list(weight.shape)}")
+    w = weight.float()
+    amax = w.abs().amax()
+    if not bool(torch.isfinite(amax)):
+        raise NonFiniteWeightError("holds NaN or Inf values")
+    scale = amax / FP8_MAX
+    if float(scale) == 0:
+        scale = torch.ones((), dtype=torch.float32)
+    q = torch.clamp(w * (1.0 / scale), -FP8_MAX, FP8_MAX).to(FP8_DTYPE)  # comfy-kitchen's order of operations
+    return {WEIGHT: q, SCALE: scale, _comfy.MARKER: _comfy.marker(LAYOUT)}
+
+
+def decode(
+    parts: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32, rows: tuple[int, int] | None = None
+) -> torch.Tensor:
+    """weight.float() * weight_scale, cast to `dtype`; only `rows` [r0, r1) of it if given."""
+    q = parts[WEIGHT]
+    return dequantize_rows(q, parts[SCALE].reshape(1, 1).expand(q.shape[0], 1), dtype, rows)
+
+
+def quantization_config(kept_linears: list[str]) -> dict:
+    return _comfy.quantization_config(NAME, LAYOUT, kept_linears)
+
+
+def checkpoint_metadata(tensors: list[tuple[str, tuple[int, ...] | None]]) -> dict[str, str]:
+    """Nothing: ComfyUI reads the per-layer markers."""
+    return {}

@@ -1,0 +1,126 @@
+"""comfy_fp8 and comfy_int8: bit-exact to comfy-kitchen's quantizers, and read back by comfy-kitchen's layouts.
+
+comfy-kitchen (ComfyUI's kernel library, its pure eager backend on the CPU) is a test dependency only.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from comfy_kitchen.backends.eager import quantization as ck
+from comfy_kitchen.tensor import QuantizedTensor
+from comfy_kitchen.tensor.fp8 import TensorCoreFP8Layout
+from comfy_kitchen.tensor.int8 import TensorWiseINT8Layout
+
+from quantize.formats import _comfy, comfy_fp8, comfy_int8, get_format
+from quantize.formats.base import NonFiniteWeightError
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+def _weight(shape, dtype, seed=0, outlier=True):
+    w = torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * 0.02
+    if outlier:
+        w[3, 5] = 0.9  # one large value: the per-tensor scale is set by it
+    return w.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fp8_is_bit_exact_to_comfy_kitchen(dtype):
+    w = _weight((96, 160), dtype)
+    parts = comfy_fp8.encode(w)
+    scale = w.float().abs().amax() / 448.0
+    theirs = ck.quantize_per_tensor_fp8(w.float(), scale)
+    assert parts["weight"].dtype == torch.float8_e4m3fn and parts["weight"].shape == w.shape
+    assert torch.equal(parts["weight"].view(torch.uint8), theirs.view(torch.uint8))
+    assert parts["weight_scale"].shape == () and torch.equal(parts["weight_scale"], scale)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_int8_is_bit_exact_to_comfy_kitchen(dtype):
+    w = _weight((96, 160), dtype, seed=1)
+    w[7] = 0  # an all-zero row
+    parts = comfy_int8.encode(w)
+    q, scale = ck.quantize_int8_rowwise(w.float())
+    assert torch.equal(parts["weight"], q) and parts["weight"].dtype == torch.int8
+    assert torch.equal(parts["weight_scale"], scale) and scale.shape == (96, 1)
+    assert bool((parts["weight"][7] == 0).all()) and torch.equal(
+        parts["weight_scale"][7], torch.tensor([1e-30])
+    )
+
+
+def test_int8_rounds_half_to_even_as_comfy_kitchen():
+    w = torch.tensor([[127.0, 0.5, 1.5, 2.5, -0.5, -2.5, 126.5, -127.0]])  # scale exactly 1
+    q = comfy_int8.encode(w)["weight"]
+    assert q.tolist() == [[127, 0, 2, 2, 0, -2, 126, -127]]
+    assert torch.equal(q, ck.quantize_int8_rowwise(w)[0])
+
+
+@pytest.mark.parametrize(
+    "fmt, layout",
+    [
+        (comfy_fp8, TensorCoreFP8Layout),
+        (comfy_int8, TensorWiseINT8Layout),
+    ],
+)
+def test_comfy_kitchens_layout_reads_our_parts_as_we_decode_them(fmt, layout):
+    """Our parts wrapped in comfy-kitchen's QuantizedTensor: its dequantize() and F.linear on the CPU."""
+    w = _weight((64, 96), torch.bfloat16, seed=2)
+    parts = fmt.encode(w)
+    params = layout.Params(scale=parts["weight_scale"], orig_dtype=torch.float32, orig_shape=tuple(w.shape))
+    qt = QuantizedTensor(parts["weight"], layout.__name__, params)
+    ours = fmt.decode(parts, torch.float32)
+    assert torch.equal(qt.dequantize(), ours)
+    x = torch.randn(5, 96, generator=torch.Generator().manual_seed(3))
+    bias = torch.randn(64, generator=torch.Generator().manual_seed(4))
+    if fmt is comfy_int8:  # an int8 matmul: the activations are quantized per row too (comfy-kitchen's way)
+        xq, xs = ck.quantize_int8_rowwise(x)
+        x = xq.float() * xs
+    assert torch.allclose(F.linear(x, qt, bias), F.linear(x, ours, bias), rtol=1e-5, atol=1e-5)
+    # in bf16, as ComfyUI computes: within bf16 rounding of our float32 decoding
+    params16 = layout.Params(
+        scale=parts["weight_scale"], orig_dtype=torch.bfloat16, orig_shape=tuple(w.shape)
+    )
+    deq16 = QuantizedTensor(parts["weight"], layout.__name__, params16).dequantize()
+    assert deq16.dtype == torch.bfloat16 and torch.allclose(deq16.float(), ours, rtol=2**-7, atol=0)
+
+
+@pytest.mark.parametrize("fmt", [comfy_fp8, comfy_int8])
+def test_the_marker_is_what_comfyui_reads(fmt):
+    parts = fmt.encode(_weight((16, 32), torch.bfloat16, outlier=False))
+    marker = parts["comfy_quant"]
+    assert marker.dtype == torch.uint8 and marker.dim() == 1
+    assert _comfy.read_marker(marker) == {"format": fmt.LAYOUT}
+    import json
+
+    assert json.loads(marker.numpy().tobytes()) == {"format": fmt.LAYOUT}  # ComfyUI's own reading (ops.py)
+    (dt, shape) = fmt.parts((16, 32))["comfy_quant"]
+    assert (dt, shape) == ("U8", (marker.numel(),))
+    assert {k: (v[0], v[1]) for k, v in fmt.parts((16, 32)).items()} == {
+        k: (get_format(fmt.NAME).parts((16, 32))[k][0], tuple(t.shape)) for k, t in parts.items()
+    }
+
+
+@pytest.mark.parametrize("fmt", [comfy_fp8, comfy_int8])
+def test_an_all_zero_weight_gets_a_finite_scale_and_zeros(fmt):
+    parts = fmt.encode(torch.zeros(16, 32, dtype=torch.bfloat16))
+    assert bool(torch.isfinite(parts["weight_scale"]).all())
+    assert not parts["weight"].float().any() and not fmt.decode(parts).any()
+
+
+@pytest.mark.parametrize("fmt", [comfy_fp8, comfy_int8])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_weight_is_refused(fmt, bad):
+    w = torch.ones(16, 32)
+    w[2, 3] = bad
+    with pytest.raises(NonFiniteWeightError):
+        fmt.encode(w)
+
+
+@pytest.mark.parametrize("fmt", [comfy_fp8, comfy_int8])
+def test_row_ranges_decode_as_the_whole(fmt):
+    parts = fmt.encode(_weight((40, 64), torch.float32, seed=5))
+    whole = fmt.decode(parts)
+    for rows in [(0, 1), (3, 17), (39, 40)]:
+        assert torch.equal(fmt.decode(parts, rows=rows), whole[rows[0] : rows[1]])

@@ -1,0 +1,224 @@
+"""ComfyUI checkpoints end to end, through the command line: one file per model in Wan's native names, with
+ComfyUI's markers, read back by the rules ComfyUI loads them with (DESIGN.md "Formats for where Wan users run
+it"; ComfyUI itself is not on PyPI): the marker parse, the Wan detection keys, kept layers holding real values.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from quantize.formats import comfy_fp8, comfy_int8
+from quantize.names import wan_native_name
+from tests.conftest import load_all, read_json, run_cli
+from tests.diffusers_models import WAN_TINY
+
+LAYOUTS = {comfy_fp8.LAYOUT: comfy_fp8, comfy_int8.LAYOUT: comfy_int8}
+
+
+def _file(out: Path, component: str = ".") -> Path:
+    folder = out if component == "." else out / component
+    (path,) = folder.glob("*.safetensors")
+    return path
+
+
+def _comfyui_reads(path: Path) -> dict:
+    """The file as ComfyUI's loader sees it: per module, its marker's JSON (or None) and its tensors."""
+    with safe_open(path, "pt") as f:
+        state = {k: f.get_tensor(k) for k in f.keys()}
+    markers = {
+        k.removesuffix(".comfy_quant"): json.loads(t.numpy().tobytes())  # comfy/ops.py reads it this way
+        for k, t in state.items()
+        if k.endswith(".comfy_quant")
+    }
+    return {"state": state, "markers": markers}
+
+
+def _comfyui_wan_config(state: dict) -> dict:
+    """What ComfyUI's model detection derives from a Wan state dict (comfy/model_detection.py)."""
+    assert "head.modulation" in state, "ComfyUI detects Wan by head.modulation"
+    n = 0
+    while any(k.startswith(f"blocks.{n}.") for k in state):
+        n += 1
+    return {
+        "dim": state["head.modulation"].shape[-1],
+        "out_dim": state["head.head.weight"].shape[0] // 4,
+        "ffn_dim": state["blocks.0.ffn.0.weight"].shape[0],
+        "num_layers": n,
+        "in_dim": state["patch_embedding.weight"].shape[1],
+        "model_type": "i2v" if "img_emb.proj.0.bias" in state else "t2v",
+    }
+
+
+def _check_comfy_file(path: Path, source_state: dict, fmt, rename=lambda n: n) -> dict:
+    """Every source tensor under its native name: quantized ones bit-exact to the format with a marker, kept
+    ones bit-exact (ComfyUI casts unmarked Linears, so they must hold real values); nothing else."""
+    seen = _comfyui_reads(path)
+    state, markers = seen["state"], seen["markers"]
+    expected = set()
+    for name, t in source_state.items():
+        native = rename(name)
+        module = native.removesuffix(".weight")
+        if module in markers:
+            assert markers[module] == {"format": fmt.LAYOUT}
+            ours = fmt.encode(t)
+            for part, value in ours.items():
+                key = f"{module}.{part}"
+                assert state[key].dtype == value.dtype and torch.equal(state[key], value), key
+                expected.add(key)
+        else:
+            assert torch.equal(state[native], t) and state[native].dtype == t.dtype, native
+            expected.add(native)
+    assert set(state) == expected
+    assert (
+        state["patch_embedding.weight"].dim() == 5 and state["patch_embedding.weight"].dtype == torch.bfloat16
+    )
+    return seen
+
+
+@pytest.mark.parametrize(
+    "layout, recipe, fmt",
+    [
+        ("t2v", "wan-comfy-fp8", comfy_fp8),
+        ("i2v", "wan-comfy-int8", comfy_int8),
+        ("t2v", "wan-comfy-fp8-all", comfy_fp8),
+    ],
+)
+def test_original_names_to_one_comfyui_file(make_wan, tmp_path, layout, recipe, fmt):
+    src = make_wan(layout)
+    out = tmp_path / "out"
+    run_cli("convert", src, out, "--recipe", recipe, check=True)
+    path = _file(out)
+    assert path.name == f"diffusion_model_{fmt.NAME}.safetensors"
+    seen = _check_comfy_file(path, load_all(src), fmt)
+    config = read_json(src / "config.json")
+    assert _comfyui_wan_config(seen["state"]) == {
+        k: config[k] for k in ("dim", "out_dim", "ffn_dim", "num_layers", "in_dim", "model_type")
+    }
+    quantized = set(seen["markers"])
+    ffn2 = {f"blocks.{i}.ffn.2" for i in range(config["num_layers"])}
+    if recipe.endswith("-all"):  # every block Linear, as Comfy's own releases
+        assert ffn2 <= quantized
+    else:  # the wan-fp8 split: ffn.2 kept
+        assert not ffn2 & quantized
+    if layout == "i2v":
+        assert {"blocks.0.cross_attn.k_img", "blocks.1.cross_attn.v_img"} <= quantized
+        assert "img_emb.proj.0.bias" in seen["state"] and "img_emb.proj.1" not in quantized
+    assert not {m for m in quantized if not m.startswith("blocks.")}  # embeddings, head: kept
+
+    # the checkpoint around the file: config.json, manifest, card; verify proves it, inspect reads it
+    assert read_json(out / "config.json")["quantization_config"]["layout"] == fmt.LAYOUT
+    manifest = read_json(out / "quantize_manifest.json")
+    assert manifest["format"] == fmt.NAME and path.name in {f["path"] for f in manifest["output_files"]}
+    card = (out / "README.md").read_text()
+    assert "ComfyUI/models/diffusion_models/" in card and "Load Diffusion Model" in card and path.name in card
+    assert "load_quantized" not in card  # dit-quantize's loader does not run ComfyUI's formats
+    proc = run_cli("verify", out, "--source", src, "--json")
+    assert proc.returncode == 0, proc.stdout
+    checks = {(c["category"], c["check"]): c for c in json.loads(proc.stdout)["checks"]}
+    assert checks[("parity", "requantize")]["passed"] == len(quantized)
+    proc = run_cli("inspect", out, "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["format"] == fmt.NAME
+
+
+def test_a_changed_byte_in_the_comfy_file_fails_verify(make_wan, tmp_path):
+    src = make_wan("t2v")
+    out = tmp_path / "out"
+    run_cli("convert", src, out, "--recipe", "wan-comfy-fp8", check=True)
+    path = _file(out)
+    with safe_open(path, "pt") as f:
+        header_len = 8 + int.from_bytes(path.read_bytes()[:8], "little")
+        key = "blocks.1.self_attn.q.weight"
+        assert key in f.keys()
+    header = json.loads(path.read_bytes()[8:header_len])
+    start = header_len + header[key]["data_offsets"][0]
+    data = bytearray(path.read_bytes())
+    data[start + 3] ^= 0x01
+    path.write_bytes(bytes(data))
+    proc = run_cli("verify", out, "--source", src, "--json")
+    assert proc.returncode == 1
+    failed = {
+        (c["category"], c["check"]): c["failures"] for c in json.loads(proc.stdout)["checks"] if not c["ok"]
+    }
+    # (a flipped low bit moves the error figures less than the manifest's rounding: "recorded error" may pass)
+    assert set(failed) - {("parity", "recorded error")} == {
+        ("integrity", "file sha256"),
+        ("parity", "requantize"),
+    }
+    assert any("blocks.1.self_attn.q.weight" in f for f in failed[("parity", "requantize")])
+
+
+@pytest.mark.parametrize("image_dim", [None, 64], ids=["t2v", "i2v"])
+def test_diffusers_names_in_native_names_out(tmp_path, image_dim):
+    """A diffusers Wan becomes a native-named ComfyUI file; diffusers' own converter maps it back onto the source."""
+    import diffusers
+    from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+
+    src = tmp_path / "Wan-Diffusers"
+    torch.manual_seed(0)
+    kw = dict(image_dim=image_dim, added_kv_proj_dim=64) if image_dim else {}
+    diffusers.WanTransformer3DModel(**{**WAN_TINY, **kw}).to(torch.bfloat16).save_pretrained(
+        src / "transformer"
+    )
+    out = tmp_path / "out"
+    run_cli("convert", src, out, "--recipe", "wan-diffusers-comfy-fp8", check=True)
+    path = _file(out, "transformer")
+    assert path.name == "transformer_comfy_fp8.safetensors"
+    source = load_all(src / "transformer")
+    seen = _check_comfy_file(path, source, comfy_fp8, rename=wan_native_name)
+    assert _comfyui_wan_config(seen["state"])["model_type"] == ("i2v" if image_dim else "t2v")
+    # diffusers' converter, given the file's tensors, names exactly the source's keys (and the quantized parts)
+    back = convert_wan_transformer_to_diffusers(dict(seen["state"]))
+    parts = re.compile(r"\.(weight_scale|comfy_quant)$")
+    assert {k for k in back if not parts.search(k)} == set(source)
+    assert {k.rsplit(".", 1)[0] for k in back if parts.search(k)} == {
+        k.removesuffix(".weight")
+        for k in source
+        if re.fullmatch(
+            r"blocks\.\d+\.(attn[12]\.(to_q|to_k|to_v|to_out\.0|add_k_proj|add_v_proj)|ffn\.net\.0\.proj)\.weight",
+            k,
+        )
+    }
+    proc = run_cli("verify", out, "--source", src, "--forward")
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_two_experts_one_file_each(make_wan, tmp_path):
+    src = make_wan("a14b")
+    out = tmp_path / "out"
+    run_cli("convert", src, out, "--recipe", "wan2.2-a14b-comfy-fp8", check=True)
+    for expert in ("high_noise_model", "low_noise_model"):
+        path = _file(out, expert)
+        assert path.name == f"{expert}_comfy_fp8.safetensors"
+        _check_comfy_file(path, load_all(src / expert), comfy_fp8)
+        assert read_json(out / expert / "config.json")["quantization_config"]["quant_method"] == "comfy_fp8"
+    assert run_cli("verify", out, "--source", src).returncode == 0
+    proc = run_cli("upload", out, "someone/Wan-A14B-comfy", "--dry-run")
+    assert proc.returncode == 0 and "high_noise_model_comfy_fp8.safetensors" in proc.stdout
+
+
+def test_a_model_without_native_wan_names_is_refused_at_plan_time(tmp_path):
+    from tests import diffusers_models as models
+
+    src = tmp_path / "K5"
+    models.kandinsky5(src / "transformer")
+    recipe = tmp_path / "k5-comfy.yaml"
+    recipe.write_text(
+        "format: comfy_fp8\ncomponents: [transformer]\ntargets: ['visual_transformer_blocks\\.\\d+\\.self_attention\\.to_query']\n"
+    )
+    for command in (
+        ("plan", src, "--recipe", recipe),
+        ("convert", src, tmp_path / "out", "--recipe", recipe),
+    ):
+        proc = run_cli(*command)
+        assert proc.returncode == 2
+        (line,) = proc.stderr.strip().splitlines()
+        assert line.startswith(
+            f"error: {src / 'transformer'}: the tensor names are neither Wan's native names"
+        )
+    assert not (tmp_path / "out").exists()
