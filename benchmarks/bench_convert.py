@@ -15,7 +15,8 @@
      shards too), one shard held at a time;
    * ``quantize convert SRC OUT --recipe wan-fp8.yaml --overwrite`` with the default 5GB shards,
      with ``--max-shard-size 1GB``, and with ``--workers 1``;
-   * the other formats: ``--recipe wan-torchao-fp8.yaml`` and ``--recipe wan-nf4.yaml``;
+   * the other formats: ``--recipe wan-torchao-fp8.yaml``, ``--recipe wan-nf4.yaml``, and ComfyUI's
+     ``--recipe wan-comfy-fp8.yaml`` and ``--recipe wan-comfy-int8.yaml`` (one file per model);
    * ``bitsandbytes quantize_4bit``, the peer for nf4 (this script's ``--bnb-nf4`` mode): each shard
      read whole, every tensor wan-nf4.yaml quantizes passed through bitsandbytes' own
      ``quantize_4bit(blocksize=64, compress_statistics=True, quant_type="nf4")`` in bf16, the shard
@@ -52,6 +53,7 @@ REPO = Path(__file__).resolve().parent.parent
 RECIPE = "wan-fp8.yaml"
 TORCHAO_RECIPE = "wan-torchao-fp8.yaml"
 NF4_RECIPE = "wan-nf4.yaml"
+COMFY_RECIPES = ("wan-comfy-fp8.yaml", "wan-comfy-int8.yaml")  # one ComfyUI file, native names
 BNB_PEER = "bitsandbytes quantize_4bit (nf4 peer)"
 LLMC_PEER = "llm-compressor model_free_ptq FP8_DYNAMIC (fp8 peer)"
 #: llm-compressor lives in its own virtual environment (`make bench-peers`), never in ours
@@ -254,7 +256,7 @@ def make_cases(src: Path, scratch: Path, formats: bool = True) -> tuple[Case, li
         Case("convert --workers 1", [*convert, "--workers", "1"], out),
     ]
     if formats:
-        for recipe in (TORCHAO_RECIPE, NF4_RECIPE):
+        for recipe in (TORCHAO_RECIPE, NF4_RECIPE, *COMFY_RECIPES):
             argv = [*quantize_command(), "convert", str(src), str(out), "--recipe", recipe, "--overwrite"]
             cases.append(Case(f"convert --recipe {recipe}", argv, out))
         peer = scratch / "bnb-nf4"
@@ -529,7 +531,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--write", type=Path, metavar="MARKDOWN", help="store the results section in this file")
     p.add_argument("--read-and-write", nargs=2, type=Path, metavar=("SRC", "OUT"), help="internal: baseline")
     p.add_argument("--bnb-nf4", nargs=2, type=Path, metavar=("SRC", "OUT"), help="internal: the nf4 peer")
-    p.add_argument("--fp8-only", action="store_true", help="skip the torchao_fp8, nf4 and bitsandbytes cases")
+    p.add_argument("--fp8-only", action="store_true", help="skip the torchao_fp8, nf4, comfy and bitsandbytes cases")
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error("--runs must be at least 1")

@@ -80,6 +80,7 @@ def load_quantized(
     reader = TensorReader(host, device)  # checks `host` before anything is built
     comp = open_component(find_component(checkpoint))
     fmt = _checkpoint_format(comp)
+    module_for(fmt)  # a format no module here runs (ComfyUI's) is named before anything is built
     if isinstance(model, type):
         model = _skeleton(model, comp)
     elif not isinstance(model, nn.Module):

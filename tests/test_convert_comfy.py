@@ -222,3 +222,15 @@ def test_a_model_without_native_wan_names_is_refused_at_plan_time(tmp_path):
             f"error: {src / 'transformer'}: the tensor names are neither Wan's native names"
         )
     assert not (tmp_path / "out").exists()
+
+
+def test_our_loader_names_what_runs_a_comfy_checkpoint(make_wan, tmp_path):
+    import diffusers
+
+    from loaders import load_quantized
+    from quantize.errors import InputError
+
+    src = make_wan("t2v")
+    run_cli("convert", src, tmp_path / "out", "--recipe", "wan-comfy-int8", check=True)
+    with pytest.raises(InputError, match="format comfy_int8 has no quantized module in loaders"):
+        load_quantized(diffusers.WanTransformer3DModel, tmp_path / "out")

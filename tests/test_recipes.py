@@ -32,7 +32,7 @@ def test_dump_round_trips():
         (MINIMAL + "checks: {min_snr: 3}\n", "unknown key 'checks.min_snr'"),
         ("targets: [a]\n", "missing required field 'format'"),
         ("format: fp8_channel\n", "missing required field 'targets'"),
-        ("format: int3\ntargets: [a]\n", "field 'format': unknown format 'int3' \\(known: fp8_channel"),
+        ("format: int3\ntargets: [a]\n", "field 'format': unknown format 'int3' \\(known: comfy_fp8, comfy_int8, fp8_channel, nf4, torchao_fp8\\)"),
         ("format: fp8_channel\ntargets: []\n", "field 'targets' must list at least one entry"),
         (
             "format: fp8_channel\ntargets: ['blocks\\.(']\n",
@@ -162,6 +162,11 @@ def test_every_bundled_recipe_is_valid_and_described():
         "wan-diffusers-fp8.yaml",
         "wan2.2-a14b-fp8.yaml",
         "lingbot-world-fp8.yaml",
+        "wan-comfy-fp8.yaml",
+        "wan-comfy-fp8-all.yaml",
+        "wan-comfy-int8.yaml",
+        "wan-diffusers-comfy-fp8.yaml",
+        "wan2.2-a14b-comfy-fp8.yaml",
     } <= names
     for name in names:
         r = load_recipe(name).recipe
