@@ -165,6 +165,9 @@ def test_diffusers_names_in_native_names_out(tmp_path, image_dim):
     diffusers.WanTransformer3DModel(**{**WAN_TINY, **kw}).to(torch.bfloat16).save_pretrained(
         src / "transformer"
     )
+    plan = run_cli("plan", src, "--recipe", "wan-diffusers-comfy-fp8", check=True).stdout
+    assert "blocks.*.attn1.to_q.weight -> blocks.*.self_attn.q.weight" in plan  # the renaming, shown
+    assert "scale_shift_table -> head.modulation" in plan
     out = tmp_path / "out"
     run_cli("convert", src, out, "--recipe", "wan-diffusers-comfy-fp8", check=True)
     path = _file(out, "transformer")
