@@ -531,7 +531,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--write", type=Path, metavar="MARKDOWN", help="store the results section in this file")
     p.add_argument("--read-and-write", nargs=2, type=Path, metavar=("SRC", "OUT"), help="internal: baseline")
     p.add_argument("--bnb-nf4", nargs=2, type=Path, metavar=("SRC", "OUT"), help="internal: the nf4 peer")
-    p.add_argument("--fp8-only", action="store_true", help="skip the torchao_fp8, nf4, comfy and bitsandbytes cases")
+    p.add_argument(
+        "--fp8-only", action="store_true", help="skip the torchao_fp8, nf4, comfy and bitsandbytes cases"
+    )
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error("--runs must be at least 1")

@@ -80,7 +80,10 @@ def load_quantized(
     reader = TensorReader(host, device)  # checks `host` before anything is built
     comp = open_component(find_component(checkpoint))
     fmt = _checkpoint_format(comp)
-    module_for(fmt)  # a format no module here runs (ComfyUI's) is named before anything is built
+    try:
+        module_for(fmt)  # a format no module here runs (ComfyUI's) is named before anything is built
+    except InputError as e:
+        raise InputError(f"{comp.dir}: {e}") from None
     if isinstance(model, type):
         model = _skeleton(model, comp)
     elif not isinstance(model, nn.Module):

@@ -20,7 +20,7 @@ from torch import nn
 
 from quantize import dtypes
 from quantize.errors import InputError
-from quantize.formats import Format, fp8_channel, nf4, torchao_fp8
+from quantize.formats import Format, format_info, fp8_channel, nf4, torchao_fp8
 from quantize.formats._e4m3 import FP8_DTYPE, FP8_MAX, row_absmax
 from quantize.formats._e4m3 import quantize_rows as e4m3_rows
 
@@ -301,10 +301,11 @@ MODULES: dict[str, type[QuantizedLinear]] = {
 
 
 def module_for(fmt: Format) -> type[QuantizedLinear]:
-    """The quantized Linear for `fmt`; a format without one cannot be loaded here."""
+    """The quantized Linear for `fmt`; a format without one cannot be loaded here (the error says what runs it)."""
     try:
         return MODULES[fmt.NAME]
     except KeyError:
+        runs_in = ", ".join(format_info(fmt.NAME).runs_in)
         raise InputError(
-            f"format {fmt.NAME} has no quantized module in loaders (it runs in: {', '.join(sorted(MODULES))})"
+            f"a {fmt.NAME} checkpoint runs in {runs_in}, not in loaders (it loads {', '.join(sorted(MODULES))})"
         ) from None

@@ -34,7 +34,6 @@ class CardFacts:
     pipeline_tag: str | None = None
     base_model: str | None = None  # a Hub repo id
     source_metadata: dict = field(default_factory=dict)  # the front matter of the source's README.md
-    container: str = "sharded_safetensors"  # how the output is laid out (`quantize.containers`)
     model_files: list[str] = field(
         default_factory=list
     )  # the files holding the models, relative to the output
@@ -81,7 +80,7 @@ def _metadata(manifest: Manifest, facts: CardFacts) -> str:
     data = ModelCardData(
         base_model=facts.base_model,
         base_model_relation="quantized" if facts.base_model else None,
-        library_name="diffusers" if _diffusers_layout(facts) else None,
+        library_name="diffusers" if _diffusers_layout(manifest, facts) else None,
         license=source.get("license") if isinstance(source.get("license"), str) else None,
         pipeline_tag=facts.pipeline_tag,
         tags=["quantized", info.tag, manifest.format.replace("_", "-"), info.layout_library, "dit-quantize"],
@@ -90,12 +89,12 @@ def _metadata(manifest: Manifest, facts: CardFacts) -> str:
     return data.to_yaml()
 
 
-def _diffusers_layout(facts: CardFacts) -> bool:
+def _diffusers_layout(manifest: Manifest, facts: CardFacts) -> bool:
     """Whether the output is laid out as diffusers models (a ComfyUI file is not, whatever its source)."""
     return (
-        bool(facts.classes)
+        format_info(manifest.format).diffusers_layout
+        and bool(facts.classes)
         and all(c in _DIFFUSERS_CLASSES for c in facts.classes.values())
-        and facts.container == "sharded_safetensors"
     )
 
 
@@ -197,7 +196,7 @@ def _loading_section(manifest: Manifest, facts: CardFacts) -> list[str]:
     folder = name if comp == "." else f"{name}/{comp}"
     out = ["## How to load", "", f"`{name}` below is this folder, or the Hub repo it was uploaded to.", ""]
     info = format_info(manifest.format)
-    if info.diffusers_needs is not None and _diffusers_layout(facts):
+    if info.diffusers_needs is not None and _diffusers_layout(manifest, facts):
         needs = info.diffusers_needs
         sub = "" if comp == "." else f', subfolder="{comp}"'
         out += [
@@ -216,7 +215,7 @@ def _loading_section(manifest: Manifest, facts: CardFacts) -> list[str]:
         out += _comfyui_section(facts.model_files)
     if "loaders" not in info.runs_in:
         return out
-    if _diffusers_layout(facts):
+    if _diffusers_layout(manifest, facts):
         build = [f"from diffusers import {cls}", ""]
         target = cls
     else:  # not a diffusers class: the caller builds the model whose parameter names match

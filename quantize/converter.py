@@ -92,7 +92,6 @@ def _convert(
         pipeline_tag=pipeline_tag([cp.component.config for cp in plan.components]),
         base_model=base_model,
         source_metadata=source_card_metadata(folder),
-        container=plan.container,
     )
     with staging_dir(out) as tmp:
         try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import InputError
 from .layout import relative_path_problem
@@ -92,15 +92,15 @@ class Manifest(_Strict):
     tensors: dict[str, TensorEntry] = Field(description="keyed by '<component>/<tensor name>'")
     output_files: list[FileEntry]
 
-    @field_validator("tensors")
-    @classmethod
-    def _tensor_keys(cls, tensors: dict[str, TensorEntry]) -> dict[str, TensorEntry]:
-        for key in tensors:
+    @model_validator(mode="after")
+    def _tensor_keys(self) -> Manifest:
+        components = [c.path for c in self.components]
+        for key in self.tensors:
             try:
-                split_manifest_key(key)
+                split_manifest_key(key, components)
             except InputError as e:
                 raise ValueError(str(e)) from None
-        return tensors
+        return self
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=False) + "\n"

@@ -13,14 +13,14 @@ No torch here: recipes and the format table use it before torch is imported.
 
 >>> module_name("blocks.0.ffn.0.weight"), part_key("blocks.0.ffn.0", "weight_scale")
 ('blocks.0.ffn.0', 'blocks.0.ffn.0.weight_scale')
->>> split_manifest_key(manifest_key("transformer", "proj_out.weight"))
+>>> split_manifest_key(manifest_key("transformer", "proj_out.weight"), ["transformer"])
 ('transformer', 'proj_out.weight')
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from .errors import InputError
@@ -57,12 +57,16 @@ def manifest_key(component: str, tensor: str) -> str:
     return f"{component}/{tensor}"
 
 
-def split_manifest_key(key: str) -> tuple[str, str]:
-    """(component, tensor name) of a manifest key; component names may hold ``/``, tensor names never do."""
-    component, sep, tensor = key.rpartition("/")
-    if not sep or not component or not tensor:
-        raise InputError(f"manifest tensor key {key!r} is not '<component>/<tensor name>'")
-    return component, tensor
+def split_manifest_key(key: str, components: Iterable[str]) -> tuple[str, str]:
+    """(component, tensor name) of a manifest key, given the checkpoint's components: the longest component
+    that prefixes it (a tensor name may hold ``/`` too, so the key alone cannot say where the component ends)."""
+    owners = [c for c in components if key.startswith(f"{c}/") and len(key) > len(c) + 1]
+    if not owners:
+        raise InputError(
+            f"manifest tensor key {key!r} is not '<component>/<tensor name>' for a listed component"
+        )
+    component = max(owners, key=len)
+    return component, key[len(component) + 1 :]
 
 
 Renamer = Callable[[str], str]
@@ -162,6 +166,11 @@ _WAN_NATIVE_MARKS = ("head.modulation", "blocks.0.self_attn.")
 
 def _wan_native(names: Sequence[str], where: str) -> Renamer:
     if any(n.startswith(_WAN_NATIVE_MARKS) for n in names):
+        mixed = next((n for n in names if n.startswith(_WAN_DIFFUSERS_MARKS)), None)
+        if mixed is not None:
+            raise InputError(
+                f"{where}: tensor {mixed!r} has a diffusers name among Wan's native names: one naming per model"
+            )
         return lambda name: name  # already native (Wan2.1/2.2, A14B experts, LingBot-World)
     if not any(n.startswith(_WAN_DIFFUSERS_MARKS) for n in names):
         raise InputError(

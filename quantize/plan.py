@@ -184,6 +184,11 @@ def _check_quantizable(info: TensorInfo, pattern: str, where: str) -> None:
             f"{where}: target '{pattern}' hits tensor {info.name!r} {info.dtype}{list(info.shape)}, which is not a 2-D "
             "Linear weight (biases, norms, modulation tables and convolutions are never quantized): narrow the pattern"
         )
+    if 0 in info.shape:
+        raise InputError(
+            f"{where}: tensor {info.name!r} {info.dtype}{list(info.shape)} is empty: there is nothing to quantize; "
+            "narrow the pattern or add it to the recipe's ignore"
+        )
     if info.dtype not in dtypes.FLOAT_SOURCE_DTYPES:
         raise InputError(
             f"{where}: tensor {info.name!r} is {info.dtype}; only F32, F16 and BF16 weights can be quantized "

@@ -3,7 +3,8 @@
 Every planned tensor carries a `TensorSource`: where it is stored (`TensorInfo`) and the steps that change
 it on the way in (`Transform`: a LoRA merge, say), in order. `read_rows(r0, r1)` reads rows of the stored
 tensor and applies each step to them; `copy_bytes` streams the stored bytes unchanged and is refused when a
-step would change them. Converter, verify and forward read through it, so a step applies to all three.
+step would change them. Converter, verify and forward read through it, so a step given to them
+(`convert(steps=...)`, `verify(steps=...)`) applies to all three.
 
 A `TensorStep` is what the plan is given (`make_plan(..., steps=...)`): for each tensor of each component it
 says which transform, if any, applies; once every component is planned, `finish` lets it refuse what it did

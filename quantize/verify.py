@@ -26,7 +26,7 @@ import hashlib
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -46,6 +46,7 @@ from .names import module_name, split_manifest_key
 from .plan import ComponentPlan, Plan, TensorPlan, make_plan
 from .progress import NoProgress, Progress
 from .recipes import Recipe, parse_recipe
+from .source import TensorStep
 
 __all__ = ["verify", "Report", "CheckResult", "CATEGORIES"]
 
@@ -127,8 +128,12 @@ def verify(
     forward: bool = False,
     workers: int | None = None,
     progress: Progress | None = None,
+    steps: Sequence[TensorStep] = (),
 ) -> Report:
     """Run every check that the given inputs allow; see the module docstring.
+
+    steps: the per-tensor steps the conversion applied (`convert(steps=...)`): parity and forward read the
+    source through them, as the conversion did.
 
     >>> # report = verify("Wan2.1-T2V-1.3B-fp8", source="Wan2.1-T2V-1.3B"); report.ok
     """
@@ -164,7 +169,7 @@ def verify(
             _check_provenance(source, manifest, report, pool, progress)
             if fmt is not None and recipe is not None:
                 plan = _check_parity(
-                    source, recipe, components, damaged, fmt, manifest, report, pool, progress
+                    source, recipe, steps, components, damaged, fmt, manifest, report, pool, progress
                 )
                 if forward:
                     if plan is None or not report.ok:
@@ -345,7 +350,7 @@ def _check_layout(
     expected_parts = 0
     damaged = set()
     for key, t in manifest.tensors.items():
-        rel, name = split_manifest_key(key)
+        rel, name = split_manifest_key(key, [c.path for c in manifest.components])
         if rel != entry.path:
             continue
         try:
@@ -397,7 +402,9 @@ def _check_layout(
         "integrity", "shard metadata", ok, "" if ok else f"{component.dir}: the shards' __metadata__ differ"
     )
     config = component.config or {}
-    ok = config.get("quantization_config") == fmt.quantization_config(entry.kept_linears)
+    source_config = {k: v for k, v in config.items() if k != "quantization_config"}
+    container = get_container(format_info(fmt.NAME).container)
+    ok = config == container.component_config(fmt, source_config, entry.kept_linears)
     report.record(
         "integrity",
         "config",
@@ -445,6 +452,7 @@ def _check_provenance(
 def _check_parity(
     source: Path,
     recipe: Recipe,
+    steps: Sequence[TensorStep],
     components: dict[str, Component | None],
     damaged: set[str],
     fmt: Format,
@@ -455,7 +463,7 @@ def _check_parity(
 ) -> Plan | None:
     """The stored keys are the recipe's plan for this source, and every tensor is what the plan says."""
     try:
-        plan = make_plan(source, recipe)
+        plan = make_plan(source, recipe, steps=steps)
     except QuantizeError as e:
         report.fail("parity", "keys", f"the recipe no longer applies to {source}: {e}")
         return None

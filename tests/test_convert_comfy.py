@@ -235,5 +235,9 @@ def test_our_loader_names_what_runs_a_comfy_checkpoint(make_wan, tmp_path):
 
     src = make_wan("t2v")
     run_cli("convert", src, tmp_path / "out", "--recipe", "wan-comfy-int8", check=True)
-    with pytest.raises(InputError, match="format comfy_int8 has no quantized module in loaders"):
+    with pytest.raises(InputError) as e:
         load_quantized(diffusers.WanTransformer3DModel, tmp_path / "out")
+    assert str(e.value) == (
+        f"{tmp_path / 'out'}: a comfy_int8 checkpoint runs in comfyui, not in loaders "
+        "(it loads fp8_channel, nf4, torchao_fp8)"
+    )

@@ -28,15 +28,16 @@ def test_module_name_strips_only_a_trailing_weight():
 
 
 @pytest.mark.parametrize("component", [".", "transformer", "high_noise_model", "a/b"])
-def test_manifest_keys_round_trip(component):
-    key = manifest_key(component, "blocks.0.ffn.0.weight")
-    assert split_manifest_key(key) == (component, "blocks.0.ffn.0.weight")
+@pytest.mark.parametrize("tensor", ["blocks.0.ffn.0.weight", "x/proj.weight"])
+def test_manifest_keys_round_trip(component, tensor):
+    components = [".", "transformer", "high_noise_model", "a", "a/b"]
+    assert split_manifest_key(manifest_key(component, tensor), components) == (component, tensor)
 
 
-@pytest.mark.parametrize("bad", ["no-slash", "/x.weight", "transformer/"])
+@pytest.mark.parametrize("bad", ["no-slash", "/x.weight", "transformer/", "other/x.weight"])
 def test_a_malformed_manifest_key_is_named(bad):
     with pytest.raises(InputError, match=repr(bad)):
-        split_manifest_key(bad)
+        split_manifest_key(bad, [".", "transformer"])
 
 
 def test_the_identity_table_is_the_default_and_unknown_tables_are_named():
@@ -105,3 +106,8 @@ def test_native_names_stay_and_other_models_are_refused(wan_tiny):
         WAN_NATIVE.renamer(["visual_embeddings.in_layer.weight", "time_embeddings.in_layer.bias"], "here")
     with pytest.raises(InputError, match="tensor 'blocks.0.attn1.extra.weight' has no native Wan name"):
         WAN_NATIVE.renamer(["condition_embedder.time_proj.weight", "blocks.0.attn1.extra.weight"], "here")
+
+
+def test_a_mix_of_native_and_diffusers_names_is_refused():
+    with pytest.raises(InputError, match="tensor 'condition_embedder.time_proj.weight' has a diffusers name"):
+        WAN_NATIVE.renamer(["head.modulation", "condition_embedder.time_proj.weight"], "here")

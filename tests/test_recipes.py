@@ -32,7 +32,10 @@ def test_dump_round_trips():
         (MINIMAL + "checks: {min_snr: 3}\n", "unknown key 'checks.min_snr'"),
         ("targets: [a]\n", "missing required field 'format'"),
         ("format: fp8_channel\n", "missing required field 'targets'"),
-        ("format: int3\ntargets: [a]\n", "field 'format': unknown format 'int3' \\(known: comfy_fp8, comfy_int8, fp8_channel, nf4, torchao_fp8\\)"),
+        (
+            "format: int3\ntargets: [a]\n",
+            "field 'format': unknown format 'int3' \\(known: comfy_fp8, comfy_int8, fp8_channel, nf4, torchao_fp8\\)",
+        ),
         ("format: fp8_channel\ntargets: []\n", "field 'targets' must list at least one entry"),
         (
             "format: fp8_channel\ntargets: ['blocks\\.(']\n",
@@ -239,3 +242,15 @@ def test_recipes_command_never_reads_local_files(tmp_path):
         os.chdir(cwd)
     assert shown.returncode == 0 and "format: fp8_channel" in shown.stdout
     assert listing.returncode == 0 and "wan-fp8.yaml" in listing.stdout
+
+
+@pytest.mark.parametrize("shape", [(0, 16), (16, 0)])
+@pytest.mark.parametrize("fmt", ["fp8_channel", "comfy_fp8", "comfy_int8"])
+def test_an_empty_weight_is_refused_at_plan_time_naming_it(tmp_path, shape, fmt):
+    import torch
+    from safetensors.torch import save_file
+
+    tensors = {"blocks.0.ffn.0.weight": torch.zeros(shape), "head.modulation": torch.ones(1, 2, 16)}
+    save_file(tensors, tmp_path / "m.safetensors")  # Wan-like names: the comfy formats' name table takes them
+    with pytest.raises(InputError, match=r"tensor 'blocks.0.ffn.0.weight' F32\[.*\] is empty"):
+        _plan(tmp_path, f"format: {fmt}\ntargets: ['blocks\\.0\\.ffn\\.0']\n")

@@ -86,8 +86,15 @@ def test_a_step_gives_what_converting_the_changed_source_gives(wan_tiny, tmp_pat
     plain = tmp_path / "plain"
     convert(wan_tiny, plain, "wan-fp8", workers=2)
     assert any((plain / n).read_bytes() != (tmp_path / "stepped" / n).read_bytes() for n in shards)
-    # verify --source re-reads the source through the plan: against the changed source the stepped output holds
-    assert verify(tmp_path / "stepped", changed).checks[("parity", "requantize")].ok
+    # verify re-reads the source through the same steps: parity holds against the original source
+    report = verify(tmp_path / "stepped", wan_tiny, steps=[_Step(names)])
+    assert report.ok, [f for c in report.checks.values() for f in c.failures]
+    without = verify(tmp_path / "stepped", wan_tiny)  # and fails, naming the tensors, without them
+    failures = (
+        without.checks[("parity", "requantize")].failures
+        + without.checks[("parity", "kept tensors")].failures
+    )
+    assert len(failures) == 3 and all(any(n in f for n in names) for f in failures)
 
 
 def test_a_step_that_matches_nothing_stops_the_conversion_before_anything_is_written(wan_tiny, tmp_path):

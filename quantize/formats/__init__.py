@@ -52,9 +52,10 @@ class FormatInfo:
     layout_library: str  # the library whose on-disk layout it is (a Hub tag too)
     diffusers_needs: str | None  # what diffusers' from_pretrained needs to load it; None: it does not
     card_note: str | None = None  # one more sentence for the card's "How to load"
-    runs_in: tuple[str, ...] = (
-        "loaders",
-    )  # what runs it, as the card's "How to load" shows: loaders, comfyui
+    #: what runs it, as the card's "How to load" shows: loaders (ours), comfyui
+    runs_in: tuple[str, ...] = ("loaders",)
+    #: its output is laid out as diffusers models (from_pretrained folders), not one file for another runner
+    diffusers_layout: bool = True
 
 
 FORMAT_INFO: dict[str, FormatInfo] = {
@@ -109,6 +110,7 @@ FORMAT_INFO: dict[str, FormatInfo] = {
             layout_library="comfyui",
             diffusers_needs=None,
             runs_in=("comfyui",),
+            diffusers_layout=False,
         ),
         FormatInfo(
             name="comfy_int8",
@@ -122,6 +124,7 @@ FORMAT_INFO: dict[str, FormatInfo] = {
             layout_library="comfyui",
             diffusers_needs=None,
             runs_in=("comfyui",),
+            diffusers_layout=False,
         ),
     )
 }
