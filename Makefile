@@ -28,6 +28,8 @@ demo: setup
 	$(BIN)/quantize inspect $(DEMO)/Wan2.1-T2V-small-fp8
 	$(BIN)/quantize convert $(DEMO)/Wan2.1-T2V-small $(DEMO)/Wan2.1-T2V-small-comfy-fp8 --recipe wan-comfy-fp8.yaml
 	$(BIN)/quantize verify $(DEMO)/Wan2.1-T2V-small-comfy-fp8 --source $(DEMO)/Wan2.1-T2V-small
+	$(BIN)/quantize convert $(DEMO)/Wan2.1-T2V-small $(DEMO)/Wan2.1-T2V-small-gguf-q8_0 --recipe wan-gguf-q8_0.yaml
+	$(BIN)/quantize verify $(DEMO)/Wan2.1-T2V-small-gguf-q8_0 --source $(DEMO)/Wan2.1-T2V-small
 
 test: setup
 	$(BIN)/python -m pytest -q

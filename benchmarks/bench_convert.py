@@ -16,7 +16,9 @@
    * ``quantize convert SRC OUT --recipe wan-fp8.yaml --overwrite`` with the default 5GB shards,
      with ``--max-shard-size 1GB``, and with ``--workers 1``;
    * the other formats: ``--recipe wan-torchao-fp8.yaml``, ``--recipe wan-nf4.yaml``, and ComfyUI's
-     ``--recipe wan-comfy-fp8.yaml`` and ``--recipe wan-comfy-int8.yaml`` (one file per model);
+     ``--recipe wan-comfy-fp8.yaml`` and ``--recipe wan-comfy-int8.yaml`` (one file per model), and GGUF
+     ``--recipe wan-gguf-q8_0.yaml`` and ``--recipe wan-gguf-q4_k_m.yaml`` (gguf-py's quantize + GGUFWriter the
+     Q8_0 peer, this script's ``--gguf-py`` mode);
    * ``bitsandbytes quantize_4bit``, the peer for nf4 (this script's ``--bnb-nf4`` mode): each shard
      read whole, every tensor wan-nf4.yaml quantizes passed through bitsandbytes' own
      ``quantize_4bit(blocksize=64, compress_statistics=True, quant_type="nf4")`` in bf16, the shard
@@ -54,6 +56,8 @@ RECIPE = "wan-fp8.yaml"
 TORCHAO_RECIPE = "wan-torchao-fp8.yaml"
 NF4_RECIPE = "wan-nf4.yaml"
 COMFY_RECIPES = ("wan-comfy-fp8.yaml", "wan-comfy-int8.yaml")  # one ComfyUI file, native names
+GGUF_RECIPES = ("wan-gguf-q8_0.yaml", "wan-gguf-q4_k_m.yaml")
+GGUF_PEER = "gguf-py quantize + GGUFWriter (Q8_0 peer)"
 BNB_PEER = "bitsandbytes quantize_4bit (nf4 peer)"
 LLMC_PEER = "llm-compressor model_free_ptq FP8_DYNAMIC (fp8 peer)"
 #: llm-compressor lives in its own virtual environment (`make bench-peers`), never in ours
@@ -227,6 +231,41 @@ def bnb_nf4(src: Path, out: Path) -> None:
         fsync_file(dest)
 
 
+def gguf_py_q8_0(src: Path, out: Path) -> None:
+    """The peer for gguf Q8_0: gguf-py's own quantizer and writer (which holds every tensor until it writes) over
+    the same tensors, in the same types, as `quantize convert --recipe wan-gguf-q8_0.yaml` writes them."""
+    import gguf
+    import torch
+    from safetensors import safe_open
+
+    from quantize.plan import make_plan
+    from quantize.recipes import load_recipe
+
+    (component,) = make_plan(src, load_recipe(GGUF_RECIPES[0]).recipe).components
+    plans = {t.name: t for t in component.tensors}
+    writer = gguf.GGUFWriter(out, "wan")
+    writer.add_quantization_version(2)
+    writer.add_file_type(7)
+    for shard in source_shards(src):
+        with safe_open(shard, framework="pt") as f:
+            for name in f.keys():
+                t, spec = f.get_tensor(name), plans[name].outputs[0]
+                if plans[name].quantize:
+                    q = gguf.quants.quantize(t.float().numpy(), gguf.GGMLQuantizationType.Q8_0)
+                    writer.add_tensor(name, q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+                elif spec.dtype == "BF16":
+                    writer.add_tensor(
+                        name, t.view(torch.int16).numpy(), raw_dtype=gguf.GGMLQuantizationType.BF16
+                    )
+                else:
+                    writer.add_tensor(name, t.float().numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    fsync_file(out)
+
+
 def fsync_file(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -256,11 +295,13 @@ def make_cases(src: Path, scratch: Path, formats: bool = True) -> tuple[Case, li
         Case("convert --workers 1", [*convert, "--workers", "1"], out),
     ]
     if formats:
-        for recipe in (TORCHAO_RECIPE, NF4_RECIPE, *COMFY_RECIPES):
+        for recipe in (TORCHAO_RECIPE, NF4_RECIPE, *COMFY_RECIPES, *GGUF_RECIPES):
             argv = [*quantize_command(), "convert", str(src), str(out), "--recipe", recipe, "--overwrite"]
             cases.append(Case(f"convert --recipe {recipe}", argv, out))
         peer = scratch / "bnb-nf4"
         cases.append(Case(BNB_PEER, [sys.executable, __file__, "--bnb-nf4", str(src), str(peer)], peer))
+        peer = scratch / "gguf-py.gguf"
+        cases.append(Case(GGUF_PEER, [sys.executable, __file__, "--gguf-py", str(src), str(peer)], peer))
     if LLMC_PYTHON.exists():
         script = str(Path(__file__).with_name("peer_llmcompressor.py"))
         view = scratch / "transformers-view"  # the same shards, hard-linked under the names it expects
@@ -421,6 +462,20 @@ def peer_note(results: list[Result]) -> str | None:
     )
 
 
+def gguf_note(results: list[Result]) -> str | None:
+    """gguf Q8_0: our converter against gguf-py's quantize + GGUFWriter, medians of the same run."""
+    by_name = {r.case.name: r for r in results}
+    ours, peer = by_name.get(f"convert --recipe {GGUF_RECIPES[0]}"), by_name.get(GGUF_PEER)
+    if not ours or not peer:
+        return None
+    return (
+        f"gguf Q8_0: `quantize convert --recipe {GGUF_RECIPES[0]}` takes {ours.median_s:.1f} s against "
+        f"{peer.median_s:.1f} s for gguf-py's own quantizer and writer on the same tensors "
+        f"({peer.median_s / ours.median_s:.1f}x faster; peak RSS {gb(ours.peak_rss)} vs {gb(peer.peak_rss)} GB), "
+        "the quantized blocks identical (tests/formats/test_gguf.py)."
+    )
+
+
 def llmc_note(results: list[Result]) -> str | None:
     """fp8: our converter against llm-compressor's model_free_ptq, medians of the same run."""
     by_name = {r.case.name: r for r in results}
@@ -496,7 +551,7 @@ def report(results: list[Result], src: Path, preset: str, data_dir: Path, comman
         "(read once before the first run), both write to the same disk and fsync their output files; "
         "outputs are deleted between runs.",
     ]
-    for note in (peer_note(results), llmc_note(results), startup_note(results)):
+    for note in (peer_note(results), gguf_note(results), llmc_note(results), startup_note(results)):
         if note:
             lines.append(f"- {note}")
     return "\n".join(lines)
@@ -532,6 +587,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--read-and-write", nargs=2, type=Path, metavar=("SRC", "OUT"), help="internal: baseline")
     p.add_argument("--bnb-nf4", nargs=2, type=Path, metavar=("SRC", "OUT"), help="internal: the nf4 peer")
     p.add_argument(
+        "--gguf-py", nargs=2, type=Path, metavar=("SRC", "OUT"), help="internal: the gguf Q8_0 peer"
+    )
+    p.add_argument(
         "--fp8-only", action="store_true", help="skip the torchao_fp8, nf4, comfy and bitsandbytes cases"
     )
     args = p.parse_args(argv)
@@ -547,6 +605,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.bnb_nf4:
         bnb_nf4(*args.bnb_nf4)
+        return
+    if args.gguf_py:
+        gguf_py_q8_0(*args.gguf_py)
         return
     command = display_command([sys.executable, *sys.argv])
     data_dir = args.data_dir.absolute()

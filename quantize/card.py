@@ -213,6 +213,8 @@ def _loading_section(manifest: Manifest, facts: CardFacts) -> list[str]:
         out += [info.card_note, ""]
     if "comfyui" in info.runs_in:
         out += _comfyui_section(facts.model_files)
+    if "comfyui-gguf" in info.runs_in:
+        out += _gguf_section(facts.model_files, manifest)
     if "loaders" not in info.runs_in:
         return out
     if _diffusers_layout(manifest, facts):
@@ -251,6 +253,35 @@ def _comfyui_section(files: list[str]) -> list[str]:
             "Wan2.2 A14B: load the high-noise expert for the first steps and the low-noise one for the rest.",
         ]
     return [*out, ""]
+
+
+def _gguf_section(files: list[str], manifest: Manifest) -> list[str]:
+    """Where each GGUF file goes in ComfyUI-GGUF, and how diffusers loads it."""
+    types = sorted({t.type for t in manifest.tensors.values() if t.type})
+    out = [
+        f"One GGUF file per model (GGML types {', '.join(types)}; Wan's native names; `general.architecture` wan):",
+        "",
+        *[f"- `{f}`" for f in files],
+        "",
+        "In ComfyUI with ComfyUI-GGUF: put the file in `ComfyUI/models/unet/` (or `diffusion_models/`) and load it "
+        "with the **Unet Loader (GGUF)** node.",
+        "",
+        "In diffusers (`config` is a folder, local or on the Hub, holding the model's diffusers config.json in "
+        "`transformer/`):",
+        "",
+        "```python",
+        "import torch",
+        "from diffusers import GGUFQuantizationConfig, WanTransformer3DModel",
+        "model = WanTransformer3DModel.from_single_file(",
+        f'    "path/to/this-checkpoint/{files[0] if files else "diffusion_model.gguf"}",',
+        '    config="Wan-AI/Wan2.1-T2V-14B-Diffusers", subfolder="transformer",',
+        "    quantization_config=GGUFQuantizationConfig(compute_dtype=torch.bfloat16),",
+        "    torch_dtype=torch.bfloat16,",
+        ")",
+        "```",
+        "",
+    ]
+    return out
 
 
 def _versions(manifest: Manifest) -> str:

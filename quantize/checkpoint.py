@@ -135,6 +135,8 @@ def _tensor_info(path: Path, name: str, entry: object, data_start: int) -> Tenso
         raise InputError(f"{path}: tensor {name!r} has a malformed dtype")
     try:
         row = dtypes.by_name(dt)
+        if not row.safetensors:
+            raise InputError(f"unsupported safetensors dtype {dt!r} (a GGML block type)")
     except InputError as e:
         raise InputError(f"{path}: tensor {name!r}: {e}") from None
     if not (isinstance(shape, list) and all(type(s) is int and s >= 0 for s in shape)):  # not bool
@@ -242,7 +244,9 @@ def read_rows(info: TensorInfo, row_start: int, row_end: int) -> torch.Tensor:
     row = dtypes.by_name(info.dtype)
     rows = info.shape[0] if info.shape else 1
     row_bytes = info.nbytes // rows if rows else 0
-    out = torch.empty((row_end - row_start, *info.shape[1:]), dtype=row.torch)
+    # a block type's rows come as their bytes (uint8 [rows, row bytes]), what its format encodes and decodes
+    inner = info.shape[1:] if row.block == 1 else (row_bytes,)
+    out = torch.empty((row_end - row_start, *inner), dtype=row.torch)
     fd = os.open(info.file, os.O_RDONLY)
     try:
         _pread_into(fd, tensor_bytes(out), info.start + row_start * row_bytes, info.file)

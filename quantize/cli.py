@@ -241,7 +241,7 @@ def _plan_groups(plan) -> list[tuple]:
                 generic += f" -> {_star_blocks(tp.output_name)}"
             kept_as = tp.outputs[0].dtype
             becomes = (
-                plan.recipe.format
+                " ".join(filter(None, (plan.recipe.format, tp.qtype)))  # gguf Q4_K
                 if tp.quantize
                 else ("keep" if kept_as == tp.info.dtype else f"keep as {kept_as}")
             )

@@ -17,16 +17,30 @@ import torch
 
 from .errors import InputError
 
-__all__ = ["DType", "DTYPES", "by_name", "by_torch", "nbytes", "FLOAT_SOURCE_DTYPES", "FLOAT_DTYPES"]
+__all__ = [
+    "DType",
+    "DTYPES",
+    "by_name",
+    "by_torch",
+    "by_ggml",
+    "nbytes",
+    "FLOAT_SOURCE_DTYPES",
+    "FLOAT_DTYPES",
+]
 
 
 @dataclass(frozen=True)
 class DType:
-    name: str  # as spelled in a safetensors header
-    torch: torch.dtype
+    name: str  # as spelled in a safetensors header (GGML's name for its block types)
+    torch: torch.dtype  # a block type's bytes are held as uint8 rows
     itemsize: int  # bytes of one block
-    rank: int  # safetensors' enum order; higher ranks are laid out first
+    rank: int  # safetensors' enum order; higher ranks are laid out first (-1: not a safetensors dtype)
     block: int = 1  # values a block holds along a row
+    ggml: int | None = None  # GGML's type id, where a GGUF file can hold it
+
+    @property
+    def safetensors(self) -> bool:
+        return self.rank >= 0
 
 
 DTYPES: tuple[DType, ...] = (
@@ -37,18 +51,28 @@ DTYPES: tuple[DType, ...] = (
     DType("F8_E4M3", torch.float8_e4m3fn, 1, 7),
     DType("I16", torch.int16, 2, 9),
     DType("U16", torch.uint16, 2, 10),
-    DType("F16", torch.float16, 2, 11),
-    DType("BF16", torch.bfloat16, 2, 12),
+    DType("F16", torch.float16, 2, 11, ggml=1),
+    DType("BF16", torch.bfloat16, 2, 12, ggml=30),
     DType("I32", torch.int32, 4, 13),
     DType("U32", torch.uint32, 4, 14),
-    DType("F32", torch.float32, 4, 15),
+    DType("F32", torch.float32, 4, 15, ggml=0),
     DType("F64", torch.float64, 8, 17),
     DType("I64", torch.int64, 8, 18),
     DType("U64", torch.uint64, 8, 19),
+    # GGML's quantized block types (ggml.h; gguf-py's GGML_QUANT_SIZES): values a block, bytes a block, type id
+    DType("Q4_0", torch.uint8, 18, -1, block=32, ggml=2),
+    DType("Q4_1", torch.uint8, 20, -1, block=32, ggml=3),
+    DType("Q5_0", torch.uint8, 22, -1, block=32, ggml=6),
+    DType("Q5_1", torch.uint8, 24, -1, block=32, ggml=7),
+    DType("Q8_0", torch.uint8, 34, -1, block=32, ggml=8),
+    DType("Q4_K", torch.uint8, 144, -1, block=256, ggml=12),
+    DType("Q5_K", torch.uint8, 176, -1, block=256, ggml=13),
+    DType("Q6_K", torch.uint8, 210, -1, block=256, ggml=14),
 )
 
 _BY_NAME = {d.name: d for d in DTYPES}
-_BY_TORCH = {d.torch: d for d in DTYPES}
+_BY_TORCH = {d.torch: d for d in DTYPES if d.block == 1}
+_BY_GGML = {d.ggml: d for d in DTYPES if d.ggml is not None}
 
 #: Source dtypes a weight may be quantized from.
 FLOAT_SOURCE_DTYPES = frozenset({"F32", "F16", "BF16"})
@@ -73,6 +97,14 @@ def nbytes(name: str, shape: tuple[int, ...]) -> int:
             f"{name} stores rows in blocks of {row.block} values; a row of shape {list(shape)} is not"
         )
     return row.itemsize * math.prod(shape) // row.block
+
+
+def by_ggml(type_id: int) -> DType:
+    """The table row for a GGML type id (a GGUF tensor info's type)."""
+    try:
+        return _BY_GGML[type_id]
+    except KeyError:
+        raise InputError(f"unsupported GGML type {type_id} (known: {sorted(_BY_GGML)})") from None
 
 
 def by_torch(dtype: torch.dtype) -> DType:

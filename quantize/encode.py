@@ -112,18 +112,18 @@ def encode_and_measure(tp: TensorPlan, fmt: Format, take: TakeParts) -> ErrorSta
                 r0, r1
             ).float()  # one float32 copy, for the encoding and the error figures
             measured = take(_encode(fmt, tp, w), (r0, r1))
-            stats.add(w, fmt.decode(measured, torch.float32))
+            stats.add(w, fmt.decode(measured, torch.float32, **tp.format_options))
         return stats
     w = tp.source.read()
     measured = take(_encode(fmt, tp, w), None)
     for r0, r1 in ranges:
-        stats.add(w[r0:r1], fmt.decode(measured, torch.float32, rows=(r0, r1)))
+        stats.add(w[r0:r1], fmt.decode(measured, torch.float32, rows=(r0, r1), **tp.format_options))
     return stats
 
 
 def _encode(fmt: Format, tp: TensorPlan, w: torch.Tensor) -> dict[str, torch.Tensor]:
     try:
-        return fmt.encode(w)
+        return fmt.encode(w, **tp.format_options)
     except NonFiniteWeightError as e:
         raise InputError(f"{tp.info.file}: tensor {tp.name!r} {e}: refusing to quantize it") from None
 

@@ -126,5 +126,7 @@ def _dequantized_state(cp: ComponentPlan, stored: Component, fmt: Format) -> dic
             part: read_tensor(stored.tensors[spec.name])
             for part, spec in zip(tp.parts, tp.outputs, strict=True)
         }
-        state[tp.name] = fmt.decode(parts, torch.float32) if tp.quantize else parts[""].float()
+        state[tp.name] = (
+            fmt.decode(parts, torch.float32, **tp.format_options) if tp.quantize else parts[""].float()
+        )
     return state

@@ -60,6 +60,9 @@ class TensorEntry(_Strict):
     sqnr_db: float | None  # None when the error is exactly zero
     cosine: float
     max_abs_error: float
+    type: str | None = (
+        None  # the format's type for it (gguf's Q4_K, say); absent for formats with one encoding
+    )
 
 
 class RecipeEntry(_Strict):
@@ -103,7 +106,11 @@ class Manifest(_Strict):
         return self
 
     def to_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=False) + "\n"
+        data = self.model_dump(mode="json")
+        for entry in data["tensors"].values():
+            if entry["type"] is None:  # formats with one encoding: the manifest as it always was
+                del entry["type"]
+        return json.dumps(data, indent=2, sort_keys=False) + "\n"
 
 
 def read_manifest(checkpoint: Path) -> Manifest:

@@ -242,6 +242,7 @@ def _tensor_entry(tp: TensorPlan, plan: Plan, stats) -> TensorEntry:
         sqnr_db=None if sqnr is None else round(sqnr, 3),
         cosine=round(stats.cosine, 8),
         max_abs_error=stats.max_abs,
+        type=tp.qtype,
     )
 
 

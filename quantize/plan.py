@@ -65,6 +65,12 @@ class TensorPlan:
     output_name: str  # the tensor's name in the output (the format's name table applied)
     outputs: tuple[TensorSpec, ...]
     parts: tuple[str, ...]
+    qtype: str | None = None  # the format's type for this tensor (gguf's Q4_K, say); None: one encoding
+
+    @property
+    def format_options(self) -> dict[str, str]:
+        """What the format's `parts`, `encode` and `decode` take besides the data (its type, for gguf)."""
+        return {} if self.qtype is None else {"qtype": self.qtype}
 
     @property
     def info(self) -> TensorInfo:
@@ -171,9 +177,12 @@ def _first_match(patterns: list[re.Pattern], key: str) -> str | None:
     return None
 
 
-def _kept_spec(info: TensorInfo, output_name: str, keep_dtype: str) -> TensorSpec:
+def _kept_spec(info: TensorInfo, output_name: str, keep_dtype: str, format_rule=None) -> TensorSpec:
+    """A kept tensor's output: the format's own rule where it has one (gguf's), else the recipe's keep_dtype."""
     dt = info.dtype
-    if keep_dtype != "source" and dt in dtypes.FLOAT_SOURCE_DTYPES:
+    if format_rule is not None:
+        dt = format_rule(info.dtype, info.shape, _is_linear_weight(info))
+    elif keep_dtype != "source" and dt in dtypes.FLOAT_SOURCE_DTYPES:
         dt = KEEP_DTYPES[keep_dtype]
     return TensorSpec(output_name, dt, info.shape)
 
@@ -212,7 +221,11 @@ _PROBE_SHAPE = (64, 64)  # a Linear weight shape every format accepts
 @functools.cache
 def _quantized_part_suffixes() -> tuple[str, ...]:
     """``.weight_scale``, ``._weight_qdata``, ``.weight.absmax``, ...: what only a quantized checkpoint holds."""
-    ours = {part for fmt in FORMATS.values() for part in fmt.parts(_PROBE_SHAPE)} - {"weight"}
+    ours = {
+        part
+        for name, fmt in FORMATS.items()
+        for part in quantized_parts(fmt, "m", _PROBE_SHAPE, (format_info(name).types or (None,))[0])
+    } - {"weight"}
     return tuple(sorted(f".{part}" for part in ours | set(_FOREIGN_PARTS)))
 
 
@@ -252,7 +265,8 @@ def plan_component(
     fmt = get_format(recipe.format)
     targets = [re.compile(p) for p in recipe.targets]
     ignores = [re.compile(p) for p in recipe.ignore]
-    matches = dict.fromkeys([*recipe.targets, *recipe.ignore], 0)
+    typed = [(re.compile(p), t) for p, t in recipe.types.items()]
+    matches = dict.fromkeys([*recipe.targets, *recipe.ignore, *recipe.types], 0)
     compiled = [re.compile(p) for p in matches]
     where = f"{component.dir}"
     rename = names.renamer(list(component.tensors), where)
@@ -268,16 +282,17 @@ def plan_component(
         out_name = rename(info.name)
         if target is not None and ignored is None:
             _check_quantizable(info, target, where)
+            qtype = next((t for p, t in typed if p.fullmatch(key)), recipe.type)
             try:
-                parts = quantized_parts(fmt, module_name(out_name), info.shape)
+                parts = quantized_parts(fmt, module_name(out_name), info.shape, qtype)
             except UnsupportedShapeError as e:
                 raise InputError(
                     f"{where}: tensor {info.name!r} {e}: add it to the recipe's ignore"
                 ) from None
             outs = tuple(TensorSpec(k, dt, shape) for k, (dt, shape) in parts.values())
-            plans.append(TensorPlan(source, True, target, out_name, outs, tuple(parts)))
+            plans.append(TensorPlan(source, True, target, out_name, outs, tuple(parts), qtype))
         else:
-            kept = _kept_spec(info, out_name, recipe.keep_dtype)
+            kept = _kept_spec(info, out_name, recipe.keep_dtype, getattr(fmt, "kept_dtype", None))
             plans.append(TensorPlan(source, False, ignored, out_name, (kept,), ("",)))
     _check_every_pattern_matches(component, recipe, matches)
     if not any(t.quantize for t in plans):
@@ -297,7 +312,11 @@ def _source(component: Component, info: TensorInfo, steps: Sequence[TensorStep])
 
 def _check_every_pattern_matches(component: Component, recipe: Recipe, matches: dict[str, int]) -> None:
     keys = [module_name(n) for n in component.tensors]
-    for field, patterns in (("targets", recipe.targets), ("ignore", recipe.ignore)):
+    for field, patterns in (
+        ("targets", recipe.targets),
+        ("ignore", recipe.ignore),
+        ("types", list(recipe.types)),
+    ):
         for p in patterns:
             if matches[p] == 0:
                 close = difflib.get_close_matches(p.replace("\\", ""), keys, n=1, cutoff=0.0)

@@ -21,7 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import InputError
-from .formats import FORMATS
+from .formats import FORMAT_INFO, FORMATS
 
 __all__ = [
     "Recipe",
@@ -64,6 +64,10 @@ class Recipe(_Strict):
     keep_dtype: Literal["source", "bfloat16", "float32"] = "source"
     copy_other_files: bool = False
     checks: Checks = Field(default_factory=Checks)
+    #: for a format with types (gguf): the type of every quantized tensor, unless one of `types` matches
+    type: str | None = None
+    #: pattern -> type, the first match deciding (an `_M` mix: Q4_K with Q6_K where it matters)
+    types: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("format", mode="before")
     @classmethod
@@ -121,6 +125,26 @@ class Recipe(_Strict):
                 if a != b and (a == "." or PurePosixPath(b).is_relative_to(a)):
                     raise ValueError(f"component {b!r} lies inside component {a!r}")
         return normalized
+
+    @model_validator(mode="after")
+    def _types_fit_the_format(self) -> Recipe:
+        known = FORMAT_INFO[self.format].types
+        if not known:
+            if self.type is not None or self.types:
+                raise ValueError(f"format {self.format} has one encoding: 'type' and 'types' are for gguf")
+            return self
+        if self.type is None:
+            raise ValueError(f"format {self.format} needs 'type', one of {', '.join(known)}")
+        for pattern, t in [(None, self.type), *self.types.items()]:
+            if t not in known:
+                where = "type" if pattern is None else f"types['{pattern}']"
+                raise ValueError(f"{where}: unknown {self.format} type {t!r} (known: {', '.join(known)})")
+        for pattern in self.types:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"bad regular expression '{pattern}' in types: {e}") from None
+        return self
 
     @model_validator(mode="after")
     def _target_not_ignored(self) -> Recipe:
@@ -184,7 +208,12 @@ def _allowed_keys(loc: tuple) -> list[str]:
 
 def dump_recipe(recipe: Recipe) -> str:
     """The recipe as used, every default filled in, as YAML."""
-    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+    data = recipe.model_dump(mode="json")
+    if recipe.type is None:  # only formats with types have them
+        del data["type"]
+    if not recipe.types:
+        del data["types"]
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
 
 
 def bundled_recipes() -> dict[str, str]:

@@ -43,7 +43,8 @@ class WanShape:
 
 WAN_PRESETS: dict[str, WanShape] = {
     "tiny": WanShape(dim=64, ffn_dim=192, num_layers=2, num_heads=2, text_dim=96, freq_dim=32),
-    "small": WanShape(dim=256, ffn_dim=704, num_layers=4, num_heads=4, text_dim=256, freq_dim=64),
+    # every Linear width a multiple of 256, as GGML's K-quants need (and as Wan's own are)
+    "small": WanShape(dim=256, ffn_dim=768, num_layers=4, num_heads=4, text_dim=256, freq_dim=64),
     "1.3b": WanShape(dim=1536, ffn_dim=8960, num_layers=30, num_heads=12),
     "14b": WanShape(dim=5120, ffn_dim=13824, num_layers=40, num_heads=40),
 }

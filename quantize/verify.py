@@ -354,7 +354,7 @@ def _check_layout(
         if rel != entry.path:
             continue
         try:
-            parts = quantized_parts(fmt, module_name(name), tuple(t.shape))
+            parts = quantized_parts(fmt, module_name(name), tuple(t.shape), t.type)
         except ValueError as e:
             report.fail(
                 "integrity",

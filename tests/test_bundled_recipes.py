@@ -245,3 +245,49 @@ def test_the_diffusers_comfy_recipe_takes_the_diffusers_split_and_writes_native_
     assert {t.output_module for t in cp.quantized()} == {
         m for m in (t.output_module for t in cp.tensors) if WAN_ORIGINAL_QUANTIZED.fullmatch(m)
     }
+
+
+@pytest.mark.parametrize(
+    "recipe, layout",
+    [
+        ("wan-gguf-q8_0.yaml", "t2v"),
+        ("wan-gguf-q8_0.yaml", "i2v"),
+        ("wan-gguf-q6_k.yaml", "t2v"),
+        ("wan-gguf-q5_k_m.yaml", "t2v"),
+        ("wan-gguf-q4_k_m.yaml", "i2v"),
+        ("wan2.2-a14b-gguf-q8_0.yaml", "a14b"),
+        ("wan2.2-a14b-gguf-q4_k_m.yaml", "a14b"),
+    ],
+)
+def test_gguf_recipes_quantize_every_block_linear_and_raise_ffn_down_and_v_in_the_m_mixes(
+    make_wan, recipe, layout
+):
+    src = make_wan(layout, preset="small")
+    plan = make_plan(src, load_recipe(recipe).recipe)
+    for cp in plan.components:
+        linears = _linears(src / cp.rel)
+        quantized = {t.module: t.qtype for t in cp.quantized()}
+        assert set(quantized) == {m for m in linears if WAN_ORIGINAL_ALL_BLOCK_LINEARS.fullmatch(m)} - (
+            {m for m in linears if "_img" in m} if "a14b" in recipe else set()
+        )
+        base = load_recipe(recipe).recipe.type
+        for module, qtype in quantized.items():
+            raised = recipe.endswith("_m.yaml") and re.fullmatch(
+                r"blocks\.\d+\.(ffn\.2|self_attn\.v)", module
+            )
+            assert qtype == ("Q6_K" if raised else base), module
+
+
+@pytest.mark.parametrize("recipe", ["wan-diffusers-gguf-q8_0.yaml", "wan-diffusers-gguf-q4_k_m.yaml"])
+def test_diffusers_gguf_recipes_match_their_original_named_twins(tmp_path, recipe):
+    src = tmp_path / "Wan-Diffusers"
+    _diffusers_wan(src / "transformer", width=256)
+    (cp,) = make_plan(src, load_recipe(recipe).recipe).components
+    twin = load_recipe(recipe.replace("diffusers-", "")).recipe
+    quantized = {t.output_module: t.qtype for t in cp.quantized()}
+    assert set(quantized) == {
+        m for m in (t.output_module for t in cp.tensors) if WAN_ORIGINAL_ALL_BLOCK_LINEARS.fullmatch(m)
+    }
+    for module, qtype in quantized.items():
+        raised = twin.types and re.fullmatch(r"blocks\.\d+\.(ffn\.2|self_attn\.v)", module)
+        assert qtype == ("Q6_K" if raised else twin.type), module

@@ -34,7 +34,7 @@ def test_dump_round_trips():
         ("format: fp8_channel\n", "missing required field 'targets'"),
         (
             "format: int3\ntargets: [a]\n",
-            "field 'format': unknown format 'int3' \\(known: comfy_fp8, comfy_int8, fp8_channel, nf4, torchao_fp8\\)",
+            "field 'format': unknown format 'int3' \\(known: comfy_fp8, comfy_int8, fp8_channel, gguf, nf4, torchao_fp8\\)",
         ),
         ("format: fp8_channel\ntargets: []\n", "field 'targets' must list at least one entry"),
         (
@@ -170,6 +170,14 @@ def test_every_bundled_recipe_is_valid_and_described():
         "wan-comfy-int8.yaml",
         "wan-diffusers-comfy-fp8.yaml",
         "wan2.2-a14b-comfy-fp8.yaml",
+        "wan-gguf-q8_0.yaml",
+        "wan-gguf-q6_k.yaml",
+        "wan-gguf-q5_k_m.yaml",
+        "wan-gguf-q4_k_m.yaml",
+        "wan-diffusers-gguf-q8_0.yaml",
+        "wan-diffusers-gguf-q4_k_m.yaml",
+        "wan2.2-a14b-gguf-q8_0.yaml",
+        "wan2.2-a14b-gguf-q4_k_m.yaml",
     } <= names
     for name in names:
         r = load_recipe(name).recipe
@@ -254,3 +262,43 @@ def test_an_empty_weight_is_refused_at_plan_time_naming_it(tmp_path, shape, fmt)
     save_file(tensors, tmp_path / "m.safetensors")  # Wan-like names: the comfy formats' name table takes them
     with pytest.raises(InputError, match=r"tensor 'blocks.0.ffn.0.weight' F32\[.*\] is empty"):
         _plan(tmp_path, f"format: {fmt}\ntargets: ['blocks\\.0\\.ffn\\.0']\n")
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (MINIMAL + "type: Q8_0\n", "format fp8_channel has one encoding: 'type' and 'types' are for gguf"),
+        ("format: gguf\ntargets: [a]\n", "format gguf needs 'type', one of Q8_0"),
+        ("format: gguf\ntype: Q3_K\ntargets: [a]\n", "type: unknown gguf type 'Q3_K'"),
+        (
+            "format: gguf\ntype: Q4_K\ntypes: {'a': Q9}\ntargets: [a]\n",
+            r"types\['a'\]: unknown gguf type 'Q9'",
+        ),
+        (
+            "format: gguf\ntype: Q4_K\ntypes: {'a(': Q6_K}\ntargets: [a]\n",
+            "bad regular expression 'a\\(' in types",
+        ),
+    ],
+)
+def test_types_are_for_formats_that_have_them(text, message):
+    with pytest.raises(InputError, match=message):
+        parse_recipe(text, "my.yaml")
+
+
+def test_a_types_pattern_must_match_and_the_first_match_decides(tmp_path):
+    from quantize.synthetic import write_wan_example
+
+    src = write_wan_example(tmp_path / "w", "small", "t2v")
+    base = "format: gguf\ntype: Q4_K\ntargets: ['blocks\\.\\d+\\.ffn\\.(0|2)']\n"
+    plan = _plan(src, base + "types: {'blocks\\.0\\.ffn\\.2': Q8_0, 'blocks\\.\\d+\\.ffn\\.2': Q6_K}\n")
+    types = {t.name: t.qtype for t in plan.components[0].quantized()}
+    assert types == {
+        **{f"blocks.{i}.ffn.0.weight": "Q4_K" for i in range(4)},
+        **{f"blocks.{i}.ffn.2.weight": "Q6_K" for i in range(1, 4)},
+        "blocks.0.ffn.2.weight": "Q8_0",
+    }
+    with pytest.raises(InputError, match=r"recipe types pattern 'blocks\\\.9.* matches no module"):
+        _plan(src, base + "types: {'blocks\\.9\\.ffn\\.2': Q6_K}\n")
+    import yaml
+
+    assert not {"type", "types"} & set(yaml.safe_load(dump_recipe(parse_recipe(MINIMAL))))  # as it always was

@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 #: container name -> the module that defines it
-_MODULES = {name: f"{__name__}.{name}" for name in ("sharded_safetensors", "single_safetensors")}
+_MODULES = {name: f"{__name__}.{name}" for name in ("sharded_safetensors", "single_safetensors", "gguf_file")}
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,8 @@ class FormatInfo:
     runs_in: tuple[str, ...] = ("loaders",)
     #: its output is laid out as diffusers models (from_pretrained folders), not one file for another runner
     diffusers_layout: bool = True
+    #: the per-tensor types a recipe picks from (`type`, `types`); empty: the format has one encoding
+    types: tuple[str, ...] = ()
 
 
 FORMAT_INFO: dict[str, FormatInfo] = {
@@ -126,6 +128,21 @@ FORMAT_INFO: dict[str, FormatInfo] = {
             runs_in=("comfyui",),
             diffusers_layout=False,
         ),
+        FormatInfo(
+            name="gguf",
+            module="gguf",
+            quant_method="gguf",
+            libraries=("gguf",),
+            container="gguf_file",
+            names="wan_native",
+            words="GGUF (GGML block types, one file per model)",
+            tag="gguf",
+            layout_library="gguf",
+            diffusers_needs=None,
+            runs_in=("comfyui-gguf", "diffusers-gguf"),
+            diffusers_layout=False,
+            types=("Q8_0", "Q6_K", "Q5_K", "Q4_K", "Q5_0", "Q5_1", "Q4_0", "Q4_1"),
+        ),
     )
 }
 
@@ -173,8 +190,11 @@ def format_of_config(quantization_config: dict, where: str) -> Format:
     raise InputError(f"{where}: quantization_config.quant_method is {method!r}; known: {known}")
 
 
-def quantized_parts(fmt: Format, module: str, shape: tuple[int, ...]) -> dict[str, tuple[str, PartSpec]]:
-    """Part name -> (output key, (dtype, shape)) of a weight of `shape` stored by `fmt` under the module name
-    `module` (already in the output's names): the one rule the plan, verify and the loaders share.
-    `UnsupportedShapeError` if the format cannot hold the shape."""
-    return {part: (part_key(module, part), spec) for part, spec in fmt.parts(shape).items()}
+def quantized_parts(
+    fmt: Format, module: str, shape: tuple[int, ...], qtype: str | None = None
+) -> dict[str, tuple[str, PartSpec]]:
+    """Part name -> (output key, (dtype, shape)) of a weight of `shape` stored by `fmt` (in its type `qtype`,
+    for a format with types) under the module name `module` (already in the output's names): the one rule the
+    plan, verify and the loaders share. `UnsupportedShapeError` if the format cannot hold the shape."""
+    specs = fmt.parts(shape) if qtype is None else fmt.parts(shape, qtype)
+    return {part: (part_key(module, part), spec) for part, spec in specs.items()}

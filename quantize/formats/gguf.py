@@ -1,0 +1,140 @@
+"""`gguf`: GGML's block types for Linear weights, one GGUF file per model (ComfyUI-GGUF, diffusers' GGUF loader).
+
+A quantized Linear ``<m>`` is one tensor ``<m>.weight`` of the recipe's GGML type for it (its ``type``, or the
+type of the first of its ``types`` patterns that matches): rows of blocks, each block 32 values (Q8_0, Q5_0,
+Q5_1, Q4_0, Q4_1) or 256 (Q6_K, Q5_K, Q4_K). Rows never share a block, so a weight is encoded row chunk by
+row chunk (`ROW_SEPARABLE`); a part's rows are held as their bytes (uint8 [rows, row bytes]).
+
+Reference numerics, bit for bit:
+- Q8_0 and the ``_0`` / ``_1`` types: gguf-py's ``gguf.quants.quantize(w.float().numpy(), type)`` (pure
+  numpy), whose bytes ggml's own quantizer gives too (tested): ggml's is used where it is installed (much
+  faster), gguf-py's otherwise;
+- the K-quants: ggml's own reference quantizer, ``ggml_quantize_chunk`` without an importance matrix, called
+  through ggml-python (the optional extra ``dit-quantize[gguf]``; its absence is one error naming the extra).
+Decoding: gguf-py's ``gguf.quants.dequantize`` (every type, K-quants included).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import numpy as np
+import torch
+
+from .. import dtypes
+from ..errors import InputError
+from .base import NonFiniteWeightError, PartSpec, UnsupportedShapeError
+
+__all__ = ["NAME", "ROW_SEPARABLE", "TYPES", "K_TYPES", "WEIGHT", "parts", "encode", "decode"]
+
+NAME = "gguf"
+ROW_SEPARABLE = True
+WEIGHT = "weight"
+#: the types gguf-py quantizes itself (bit-exact to ggml)
+NUMPY_TYPES = ("Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1")
+#: the K-quants, quantized by ggml itself
+K_TYPES = ("Q6_K", "Q5_K", "Q4_K")
+TYPES = NUMPY_TYPES + K_TYPES
+EXTRA = "pip install 'dit-quantize[gguf]'"
+
+
+def _check_type(qtype: str | None) -> str:
+    if qtype not in TYPES:
+        raise ValueError(f"gguf needs a GGML type, one of {', '.join(TYPES)}; got {qtype!r}")
+    return qtype
+
+
+def parts(shape: tuple[int, ...], qtype: str | None = None) -> dict[str, PartSpec]:
+    qtype = _check_type(qtype)
+    block = dtypes.by_name(qtype).block
+    if len(shape) != 2 or shape[1] % block:
+        raise UnsupportedShapeError(
+            f"is {list(shape)}; {qtype} stores rows in blocks of {block}: in_features must be a multiple of {block}"
+        )
+    return {WEIGHT: (qtype, tuple(shape))}
+
+
+@functools.cache
+def _gguf():
+    try:
+        import gguf
+        import gguf.quants
+    except ImportError:
+        raise InputError(f"the gguf format needs gguf-py: {EXTRA}") from None
+    return gguf
+
+
+@functools.cache
+def _ggml():
+    try:
+        import ggml
+    except ImportError:
+        raise InputError(f"the K-quants (Q6_K, Q5_K, Q4_K) need ggml's own quantizer: {EXTRA}") from None
+    return ggml
+
+
+@functools.cache
+def _has_ggml() -> bool:
+    try:
+        _ggml()
+    except InputError:
+        return False
+    return True
+
+
+def encode(weight: torch.Tensor, qtype: str | None = None) -> dict[str, torch.Tensor]:
+    """The rows of a 2-D weight in GGML type `qtype`, as uint8 [rows, row bytes]."""
+    qtype = _check_type(qtype)
+    w = np.ascontiguousarray(weight.float().numpy())
+    if not np.isfinite(w).all():
+        raise NonFiniteWeightError("holds NaN or Inf values")
+    rows, cols = w.shape
+    row_bytes = dtypes.nbytes(qtype, (cols,))
+    if qtype in NUMPY_TYPES and not _has_ggml():
+        g = _gguf()
+        q = g.quants.quantize(w, g.GGMLQuantizationType[qtype])
+    else:  # ggml's own C quantizer: the same bytes as gguf-py's for the _0/_1 types (tested), many times faster
+        ggml = _ggml()
+        q = np.empty((rows, row_bytes), dtype=np.uint8)
+        src = w.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        written = ggml.ggml_quantize_chunk(
+            dtypes.by_name(qtype).ggml, src, q.ctypes.data, 0, rows, cols, None
+        )
+        if written != rows * row_bytes:
+            raise RuntimeError(f"ggml_quantize_chunk wrote {written} bytes for {rows} rows of {qtype}")
+    return {WEIGHT: torch.from_numpy(np.ascontiguousarray(q)).view(rows, row_bytes)}
+
+
+def decode(
+    parts: dict[str, torch.Tensor],
+    dtype: torch.dtype = torch.float32,
+    rows: tuple[int, int] | None = None,
+    qtype: str | None = None,
+) -> torch.Tensor:
+    """The dequantized rows (gguf-py's dequantization), cast to `dtype`."""
+    qtype = _check_type(qtype)
+    q = parts[WEIGHT]
+    if rows is not None:
+        q = q[rows[0] : rows[1]]
+    g = _gguf()
+    values = g.quants.dequantize(q.contiguous().numpy(), g.GGMLQuantizationType[qtype])
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).to(dtype)
+
+
+def quantization_config(kept_linears: list[str]) -> dict:
+    """config.json's declaration (GGUF readers read the file's own types, not this)."""
+    return {"quant_method": "gguf", "ignore": sorted(kept_linears)}
+
+
+def checkpoint_metadata(tensors: list[tuple[str, tuple[int, ...] | None]]) -> dict[str, str]:
+    return {}
+
+
+def kept_dtype(source_dtype: str, shape: tuple[int, ...], linear_weight: bool) -> str:
+    """What a kept tensor becomes in a GGUF file: a 2-D Linear weight stays lossless as stored (BF16, F16, F32);
+    every other float tensor (biases, norms, modulation, the 5-D patch embedding) is F32, which diffusers' GGUF
+    loader needs (it breaks on a BF16 Conv3d weight) and ComfyUI-GGUF reads."""
+    if linear_weight and source_dtype in ("BF16", "F16", "F32"):
+        return source_dtype
+    return "F32" if source_dtype in ("BF16", "F16", "F32", "F64") else source_dtype

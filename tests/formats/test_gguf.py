@@ -1,0 +1,111 @@
+"""gguf: each GGML type bit-exact to its reference (gguf-py's quantizers; ggml's own for the K-quants)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import ggml
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from quantize import dtypes
+from quantize.formats import gguf as fmt
+from quantize.formats.base import NonFiniteWeightError, UnsupportedShapeError
+
+
+def _weight(shape, dtype=torch.bfloat16, seed=0):
+    w = torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * 0.02
+    w[1, 3] = 0.5  # an outlier in a block
+    w[2] = 0  # an all-zero row
+    return w.to(dtype)
+
+
+def _ggml_reference(w: np.ndarray, qtype: str) -> np.ndarray:
+    rows, cols = w.shape
+    out = np.zeros((rows, dtypes.nbytes(qtype, (cols,))), dtype=np.uint8)
+    src = np.ascontiguousarray(w, dtype=np.float32)
+    ggml.ggml_quantize_chunk(
+        dtypes.by_name(qtype).ggml,
+        src.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+        out.ctypes.data,
+        0,
+        rows,
+        cols,
+        None,
+    )
+    return out
+
+
+@pytest.mark.parametrize("qtype", fmt.NUMPY_TYPES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_0_and_1_types_are_gguf_pys_quantizer(qtype, dtype):
+    w = _weight((16, 256), dtype)
+    ours = fmt.encode(w, qtype)["weight"].numpy()
+    theirs = gguf.quants.quantize(w.float().numpy(), gguf.GGMLQuantizationType[qtype])
+    assert ours.dtype == np.uint8 and np.array_equal(ours, theirs)
+    assert np.array_equal(ours, _ggml_reference(w.float().numpy(), qtype))  # which is ggml's too
+
+
+@pytest.mark.parametrize("qtype", fmt.K_TYPES)
+def test_the_k_quants_are_ggmls_reference_quantizer(qtype):
+    w = _weight((24, 512))
+    ours = fmt.encode(w, qtype)["weight"].numpy()
+    assert np.array_equal(ours, _ggml_reference(w.float().numpy(), qtype))
+
+
+@pytest.mark.parametrize("qtype", fmt.TYPES)
+def test_rows_encode_alone_as_in_the_whole_and_decode_as_gguf_py(qtype):
+    w = _weight((12, 256), seed=1)
+    whole = fmt.encode(w, qtype)["weight"]
+    assert torch.equal(fmt.encode(w[5:9], qtype)["weight"], whole[5:9])  # row-separable: streamed in chunks
+    assert fmt.parts((12, 256), qtype) == {"weight": (qtype, (12, 256))}
+    assert whole.shape == (12, dtypes.nbytes(qtype, (256,)))
+    decoded = fmt.decode({"weight": whole}, qtype=qtype)
+    theirs = gguf.quants.dequantize(whole.numpy(), gguf.GGMLQuantizationType[qtype])
+    assert np.array_equal(decoded.numpy(), theirs.astype(np.float32))
+    assert torch.equal(fmt.decode({"weight": whole}, rows=(3, 7), qtype=qtype), decoded[3:7])
+    assert not decoded[2].any()  # the all-zero row
+
+
+def test_the_weight_sqnr_of_each_type_is_what_it_is_known_for():
+    w = torch.randn(64, 1024, generator=torch.Generator().manual_seed(2))
+    sqnr = {}
+    for qtype in fmt.TYPES:
+        d = fmt.decode(fmt.encode(w, qtype), qtype=qtype)
+        sqnr[qtype] = float(10 * torch.log10(w.pow(2).sum() / (w - d).pow(2).sum()))
+    assert sqnr["Q8_0"] > 44 and 34 < sqnr["Q6_K"] < 36 and 28 < sqnr["Q5_K"] < 30 and 22 < sqnr["Q4_K"] < 24
+    assert sqnr["Q8_0"] > sqnr["Q6_K"] > sqnr["Q5_K"] > sqnr["Q4_K"]
+
+
+@pytest.mark.parametrize("qtype, width", [("Q8_0", 48), ("Q4_K", 128), ("Q6_K", 320)])
+def test_a_width_that_is_not_whole_blocks_is_refused(qtype, width):
+    with pytest.raises(
+        UnsupportedShapeError, match=f"in_features must be a multiple of {dtypes.by_name(qtype).block}"
+    ):
+        fmt.parts((8, width), qtype)
+
+
+def test_non_finite_weights_and_missing_types_are_refused():
+    w = torch.ones(4, 256)
+    w[1, 2] = float("nan")
+    with pytest.raises(NonFiniteWeightError):
+        fmt.encode(w, "Q8_0")
+    with pytest.raises(ValueError, match="gguf needs a GGML type"):
+        fmt.parts((4, 256))
+
+
+def test_kept_tensors_are_lossless_linears_and_f32_otherwise():
+    assert fmt.kept_dtype("BF16", (16, 16), True) == "BF16"
+    assert fmt.kept_dtype("F32", (16, 16), True) == "F32"
+    assert fmt.kept_dtype("BF16", (16,), False) == "F32"
+    assert fmt.kept_dtype("BF16", (16, 4, 1, 2, 2), False) == "F32"  # the patch embedding: diffusers needs it
+
+
+@pytest.mark.parametrize("qtype", fmt.NUMPY_TYPES)
+def test_without_ggml_the_0_and_1_types_come_from_gguf_py_with_the_same_bytes(qtype, monkeypatch):
+    w = _weight((8, 256), seed=3)
+    with_ggml = fmt.encode(w, qtype)["weight"]
+    monkeypatch.setattr(fmt, "_has_ggml", lambda: False)
+    assert torch.equal(fmt.encode(w, qtype)["weight"], with_ggml)
