@@ -135,3 +135,16 @@ def test_no_safetensors(tmp_path):
     (tmp_path / "model.bin").write_bytes(b"\0")
     with pytest.raises(InputError, match="no \\*.safetensors files"):
         open_component(tmp_path)
+
+
+def test_a_ggml_block_type_in_a_safetensors_header_is_refused(tmp_path):
+    import json
+    import struct
+
+    from quantize.checkpoint import read_header
+
+    header = json.dumps({"w": {"dtype": "Q8_0", "shape": [1, 32], "data_offsets": [0, 34]}}).encode()
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 34)
+    with pytest.raises(InputError, match=r"tensor 'w': unsupported safetensors dtype 'Q8_0' \(a GGML block type\)"):
+        read_header(path)

@@ -279,7 +279,7 @@ def test_bad_recipe_file_through_cli(wan_tiny, tmp_path):
     assert proc.returncode == 2
     assert (
         proc.stderr.strip()
-        == f"error: {recipe}: unknown key 'target'; did you mean 'targets'? (allowed: format, targets, name, description, components, ignore, keep_dtype, copy_other_files, checks)"
+        == f"error: {recipe}: unknown key 'target'; did you mean 'targets'? (allowed: format, targets, name, description, components, ignore, keep_dtype, copy_other_files, checks, type, types)"
     )
 
 

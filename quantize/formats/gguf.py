@@ -52,6 +52,7 @@ def parts(shape: tuple[int, ...], qtype: str | None = None) -> dict[str, PartSpe
         raise UnsupportedShapeError(
             f"is {list(shape)}; {qtype} stores rows in blocks of {block}: in_features must be a multiple of {block}"
         )
+    _gguf() if qtype in NUMPY_TYPES else _ggml()  # a missing extra is refused at plan time, not mid-conversion
     return {WEIGHT: (qtype, tuple(shape))}
 
 

@@ -109,3 +109,15 @@ def test_without_ggml_the_0_and_1_types_come_from_gguf_py_with_the_same_bytes(qt
     with_ggml = fmt.encode(w, qtype)["weight"]
     monkeypatch.setattr(fmt, "_has_ggml", lambda: False)
     assert torch.equal(fmt.encode(w, qtype)["weight"], with_ggml)
+
+
+def test_a_missing_extra_is_one_error_naming_it_at_plan_time(monkeypatch):
+    from quantize.errors import InputError
+
+    def missing():
+        raise InputError(f"the K-quants (Q6_K, Q5_K, Q4_K) need ggml's own quantizer: {fmt.EXTRA}")
+
+    monkeypatch.setattr(fmt, "_ggml", missing)
+    with pytest.raises(InputError, match=r"pip install 'dit-quantize\[gguf\]'"):
+        fmt.parts((8, 256), "Q4_K")
+    assert fmt.parts((8, 256), "Q8_0")  # gguf-py alone serves the _0 / _1 types
