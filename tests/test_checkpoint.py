@@ -146,5 +146,7 @@ def test_a_ggml_block_type_in_a_safetensors_header_is_refused(tmp_path):
     header = json.dumps({"w": {"dtype": "Q8_0", "shape": [1, 32], "data_offsets": [0, 34]}}).encode()
     path = tmp_path / "x.safetensors"
     path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 34)
-    with pytest.raises(InputError, match=r"tensor 'w': unsupported safetensors dtype 'Q8_0' \(a GGML block type\)"):
+    with pytest.raises(
+        InputError, match=r"tensor 'w': unsupported safetensors dtype 'Q8_0' \(a GGML block type\)"
+    ):
         read_header(path)
