@@ -266,15 +266,16 @@ def _gguf_section(files: list[str], manifest: Manifest) -> list[str]:
         "In ComfyUI with ComfyUI-GGUF: put the file in `ComfyUI/models/unet/` (or `diffusion_models/`) and load it "
         "with the **Unet Loader (GGUF)** node.",
         "",
-        "In diffusers (`config` is a folder, local or on the Hub, holding the model's diffusers config.json in "
-        "`transformer/`):",
+        "In diffusers (`config`: a folder, local or a Hub repo, holding the diffusers config.json of the same "
+        "model size and kind in `transformer/`; one call per file for two experts):",
         "",
         "```python",
         "import torch",
         "from diffusers import GGUFQuantizationConfig, WanTransformer3DModel",
         "model = WanTransformer3DModel.from_single_file(",
         f'    "path/to/this-checkpoint/{files[0] if files else "diffusion_model.gguf"}",',
-        '    config="Wan-AI/Wan2.1-T2V-14B-Diffusers", subfolder="transformer",',
+        '    config="path/to/the-diffusers-Wan-of-this-size",  # its transformer/config.json fits this file',
+        '    subfolder="transformer",',
         "    quantization_config=GGUFQuantizationConfig(compute_dtype=torch.bfloat16),",
         "    torch_dtype=torch.bfloat16,",
         ")",

@@ -240,6 +240,8 @@ def read_gguf(path: Path) -> tuple[dict[str, object], dict[str, TensorInfo]]:
         key = c.string()
         metadata[key] = c.value(c.take("<I"))
     align = metadata.get("general.alignment", ALIGNMENT)
+    if type(align) is not int or align <= 0 or align % 8:
+        raise InputError(f"{path}: general.alignment is {align!r}, not a positive multiple of 8")
     raw = []
     for _ in range(n_tensors):
         name = c.string()

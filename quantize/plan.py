@@ -182,6 +182,10 @@ def _kept_spec(info: TensorInfo, output_name: str, keep_dtype: str, format_rule=
     dt = info.dtype
     if format_rule is not None:
         dt = format_rule(info.dtype, info.shape, _is_linear_weight(info))
+        if dt is None:
+            raise InputError(
+                f"{info.file}: tensor {info.name!r} is {info.dtype}, which this format's files cannot hold"
+            )
     elif keep_dtype != "source" and dt in dtypes.FLOAT_SOURCE_DTYPES:
         dt = KEEP_DTYPES[keep_dtype]
     return TensorSpec(output_name, dt, info.shape)
@@ -294,6 +298,9 @@ def plan_component(
         else:
             kept = _kept_spec(info, out_name, recipe.keep_dtype, getattr(fmt, "kept_dtype", None))
             plans.append(TensorPlan(source, False, ignored, out_name, (kept,), ("",)))
+    check_available = getattr(fmt, "check_available", None)  # an optional library a type needs (gguf's)
+    for qtype in {t.qtype for t in plans if t.qtype is not None} if check_available else ():
+        check_available(qtype)
     _check_every_pattern_matches(component, recipe, matches)
     if not any(t.quantize for t in plans):
         raise InputError(

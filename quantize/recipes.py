@@ -135,6 +135,10 @@ class Recipe(_Strict):
             return self
         if self.type is None:
             raise ValueError(f"format {self.format} needs 'type', one of {', '.join(known)}")
+        if self.keep_dtype != "source":
+            raise ValueError(
+                f"format {self.format} decides what kept tensors become: keep_dtype must be 'source'"
+            )
         for pattern, t in [(None, self.type), *self.types.items()]:
             if t not in known:
                 where = "type" if pattern is None else f"types['{pattern}']"

@@ -106,3 +106,14 @@ def test_damaged_files_are_one_clean_error(tmp_path, damage, message):
     path.write_bytes(damage((tmp_path / "ref.gguf").read_bytes()))
     with pytest.raises(InputError, match=message):
         read_gguf(path)
+
+
+@pytest.mark.parametrize("alignment", [0, 12])
+def test_a_bad_alignment_is_one_clean_error(tmp_path, alignment):
+    from quantize.gguf_file import header_bytes
+
+    header, _ = header_bytes({**META, "general.alignment": alignment}, [GGUFTensor("w", "F32", (8,))])
+    path = tmp_path / "x.gguf"
+    path.write_bytes(header + b"\0" * 32)
+    with pytest.raises(InputError, match=f"general.alignment is {alignment}"):
+        read_gguf(path)

@@ -52,8 +52,12 @@ def parts(shape: tuple[int, ...], qtype: str | None = None) -> dict[str, PartSpe
         raise UnsupportedShapeError(
             f"is {list(shape)}; {qtype} stores rows in blocks of {block}: in_features must be a multiple of {block}"
         )
-    _gguf() if qtype in NUMPY_TYPES else _ggml()  # a missing extra is refused at plan time, not mid-conversion
     return {WEIGHT: (qtype, tuple(shape))}
+
+
+def check_available(qtype: str) -> None:
+    """Refuse, naming the extra, a type whose quantizer is not installed (the plan asks, before any writing)."""
+    _gguf() if qtype in NUMPY_TYPES else _ggml()
 
 
 @functools.cache
@@ -132,10 +136,10 @@ def checkpoint_metadata(tensors: list[tuple[str, tuple[int, ...] | None]]) -> di
     return {}
 
 
-def kept_dtype(source_dtype: str, shape: tuple[int, ...], linear_weight: bool) -> str:
+def kept_dtype(source_dtype: str, shape: tuple[int, ...], linear_weight: bool) -> str | None:
     """What a kept tensor becomes in a GGUF file: a 2-D Linear weight stays lossless as stored (BF16, F16, F32);
     every other float tensor (biases, norms, modulation, the 5-D patch embedding) is F32, which diffusers' GGUF
     loader needs (it breaks on a BF16 Conv3d weight) and ComfyUI-GGUF reads."""
     if linear_weight and source_dtype in ("BF16", "F16", "F32"):
         return source_dtype
-    return "F32" if source_dtype in ("BF16", "F16", "F32", "F64") else source_dtype
+    return "F32" if source_dtype in ("BF16", "F16", "F32", "F64") else None  # None: GGUF cannot hold it

@@ -101,6 +101,7 @@ def test_kept_tensors_are_lossless_linears_and_f32_otherwise():
     assert fmt.kept_dtype("F32", (16, 16), True) == "F32"
     assert fmt.kept_dtype("BF16", (16,), False) == "F32"
     assert fmt.kept_dtype("BF16", (16, 4, 1, 2, 2), False) == "F32"  # the patch embedding: diffusers needs it
+    assert fmt.kept_dtype("I64", (3,), False) is None  # refused at plan time, naming the tensor
 
 
 @pytest.mark.parametrize("qtype", fmt.NUMPY_TYPES)
@@ -119,5 +120,24 @@ def test_a_missing_extra_is_one_error_naming_it_at_plan_time(monkeypatch):
 
     monkeypatch.setattr(fmt, "_ggml", missing)
     with pytest.raises(InputError, match=r"pip install 'dit-quantize\[gguf\]'"):
-        fmt.parts((8, 256), "Q4_K")
-    assert fmt.parts((8, 256), "Q8_0")  # gguf-py alone serves the _0 / _1 types
+        fmt.check_available("Q4_K")
+    fmt.check_available("Q8_0")  # gguf-py alone serves the _0 / _1 types
+    assert fmt.parts((8, 256), "Q4_K")  # shapes alone: every format's plan probes parts without the extra
+
+
+def test_without_the_extra_every_other_format_still_plans_and_gguf_names_the_extra(wan_tiny):
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['gguf'] = None; sys.modules['ggml'] = None\n"
+        "from quantize.plan import make_plan; from quantize.recipes import load_recipe, parse_recipe\n"
+        "from quantize.errors import InputError\n"
+        f"make_plan({str(wan_tiny)!r}, load_recipe('wan-fp8').recipe)\n"
+        "try:\n"
+        f"    make_plan({str(wan_tiny)!r}, parse_recipe('format: gguf\\ntype: Q8_0\\ntargets: [blocks.0.ffn.0]\\n'))\n"
+        "except InputError as e:\n"
+        "    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "the gguf format needs gguf-py: pip install 'dit-quantize[gguf]'"
