@@ -14,7 +14,6 @@ Type facts (block size, bytes a block, GGML type id) come from the one dtype tab
 
 from __future__ import annotations
 
-import errno
 import os
 import struct
 import threading
@@ -27,6 +26,7 @@ import torch
 from . import dtypes
 from .checkpoint import TensorInfo, tensor_bytes
 from .errors import InputError
+from .writer import pwrite_all
 
 __all__ = ["GGUF_MAGIC", "GGUF_VERSION", "ALIGNMENT", "GGUFTensor", "header_bytes", "GGUFWriter", "read_gguf"]
 
@@ -123,14 +123,7 @@ class GGUFWriter:
             raise OSError(e.errno, e.strerror, str(self.path)) from None
 
     def _pwrite(self, data: memoryview, offset: int) -> None:
-        while len(data):
-            try:
-                n = os.pwrite(self._fd, data, offset)
-            except OSError as e:
-                raise OSError(e.errno, e.strerror, str(self.path)) from None
-            if n == 0:
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
-            data, offset = data[n:], offset + n
+        pwrite_all(self._fd, data, offset, self.path)
 
     def write(self, name: str, tensor: torch.Tensor, row_start: int = 0) -> None:
         """Rows ``[row_start, row_start + len(tensor))`` of `name`: values of its dtype, or for a block type the

@@ -29,7 +29,7 @@ import torch
 from . import dtypes
 from .checkpoint import tensor_bytes
 
-__all__ = ["TensorSpec", "shard_layout", "header_bytes", "ShardWriter", "LATE_MAX_BYTES"]
+__all__ = ["TensorSpec", "shard_layout", "header_bytes", "ShardWriter", "pwrite_all", "LATE_MAX_BYTES"]
 
 #: The most bytes a late tensor may take; a plan counts each late tensor at this size.
 LATE_MAX_BYTES = 1024
@@ -76,6 +76,18 @@ def header_bytes(
     raw = json.dumps(header, separators=(",", ":"), ensure_ascii=True).encode()
     raw += b" " * (-len(raw) % 8)
     return struct.pack("<Q", len(raw)) + raw
+
+
+def pwrite_all(fd: int, data: memoryview, offset: int, path: Path) -> None:
+    """Write all of `data` at `offset` of the open file `fd`; errors name `path` (a full disk too)."""
+    while len(data):
+        try:
+            n = os.pwrite(fd, data, offset)
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, str(path)) from None
+        if n == 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        data, offset = data[n:], offset + n
 
 
 class ShardWriter:
@@ -125,14 +137,7 @@ class ShardWriter:
         return OSError(e.errno, e.strerror, str(self.path))
 
     def _pwrite(self, data: memoryview, offset: int) -> None:
-        while len(data):
-            try:
-                n = os.pwrite(self._fd, data, offset)
-            except OSError as e:
-                raise self._named(e) from None
-            if n == 0:
-                raise self._named(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
-            data, offset = data[n:], offset + n
+        pwrite_all(self._fd, data, offset, self.path)
 
     def write(self, name: str, tensor: torch.Tensor, row_start: int = 0) -> None:
         """Write `tensor` as rows ``[row_start, row_start + len(tensor))`` of the planned tensor `name`."""

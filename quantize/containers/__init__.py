@@ -27,17 +27,19 @@ from __future__ import annotations
 import importlib
 import json
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from types import ModuleType
 from typing import TYPE_CHECKING, Protocol
 
 from ..errors import InputError
+from ..layout import CONFIG_NAME
+from ..output import write_file
 
 if TYPE_CHECKING:
     import torch
 
     from ..formats import Format
-    from ..plan import TensorPlan
+    from ..plan import ComponentPlan, TensorPlan
 
 __all__ = [
     "PlannedFile",
@@ -46,6 +48,8 @@ __all__ = [
     "get_container",
     "config_with_quantization",
     "config_text",
+    "write_config",
+    "component_stem",
 ]
 
 #: container name -> the module that defines it
@@ -107,3 +111,16 @@ def config_with_quantization(fmt: Format, config: dict | None, kept_linears: lis
 
 def config_text(config: dict) -> str:
     return json.dumps(config, indent=2) + "\n"
+
+
+def component_stem(component: str) -> str:
+    """The stem of a one-file-per-model name: ``diffusion_model`` at the root, else the component's folders
+    joined (``high_noise_model``), so that two experts' files do not collide when copied into one folder."""
+    return "diffusion_model" if component == "." else "_".join(PurePosixPath(component).parts)
+
+
+def write_config(out_dir: Path, cp: ComponentPlan, fmt: Format) -> Path:
+    """The component's config.json: the source's config with the format's quantization_config."""
+    path = out_dir / CONFIG_NAME
+    write_file(path, config_text(config_with_quantization(fmt, cp.component.config, cp.kept_linears())))
+    return path

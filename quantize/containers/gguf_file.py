@@ -10,16 +10,15 @@ byte for byte what gguf-py's own `GGUFWriter` writes for the same tensors. `--ma
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from ..checkpoint import CONFIG_NAME, Component
 from ..errors import InputError
 from ..formats import Format
 from ..gguf_file import GGUFTensor, GGUFWriter, read_gguf
 from ..layout import read_json_object
-from ..output import write_file
 from ..plan import ComponentPlan
-from . import PlannedFile, WrittenFile, config_text, config_with_quantization
+from . import PlannedFile, WrittenFile, component_stem, config_with_quantization, write_config
 
 __all__ = [
     "NAME",
@@ -40,8 +39,8 @@ _FILE_TYPES_M = {"Q4_K": 15, "Q5_K": 17}
 
 
 def file_name(component: str) -> str:
-    stem = "diffusion_model" if component == "." else "_".join(PurePosixPath(component).parts)
-    return f"{stem}.gguf"
+    """``high_noise_model.gguf``; ``diffusion_model.gguf`` at the root."""
+    return f"{component_stem(component)}.gguf"
 
 
 def layout(cp: ComponentPlan, fmt: Format, max_bytes: int) -> list[PlannedFile]:
@@ -81,9 +80,7 @@ def component_config(fmt: Format, config: dict | None, kept_linears: list[str]) 
 
 
 def finish(out_dir: Path, cp: ComponentPlan, fmt: Format, written: list[WrittenFile]) -> list[Path]:
-    path = out_dir / CONFIG_NAME
-    write_file(path, config_text(component_config(fmt, cp.component.config, cp.kept_linears())))
-    return [path]
+    return [write_config(out_dir, cp, fmt)]
 
 
 def open_stored(root: Path, rel: str) -> Component:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..checkpoint import CONFIG_NAME, Component, open_component
+from ..checkpoint import Component, open_component
 from ..formats import Format
 from ..layout import SHARD_METADATA, group_by_size, index_json, index_name, shard_names
 from ..output import write_file
 from ..plan import ComponentPlan
 from ..writer import ShardWriter
-from . import PlannedFile, WrittenFile, config_text, config_with_quantization
+from . import PlannedFile, WrittenFile, config_with_quantization, write_config
 
 __all__ = ["NAME", "layout", "open_file", "finish", "component_config", "file_metadata", "open_stored"]
 
@@ -51,9 +51,7 @@ def finish(out_dir: Path, cp: ComponentPlan, fmt: Format, written: list[WrittenF
         total = sum(w.data_bytes for w in written)
         paths.append(out_dir / index_name(cp.component.stem))
         write_file(paths[-1], index_json(weight_map, total))
-    paths.append(out_dir / CONFIG_NAME)
-    write_file(paths[-1], config_text(component_config(fmt, cp.component.config, cp.kept_linears())))
-    return paths
+    return [*paths, write_config(out_dir, cp, fmt)]
 
 
 def open_stored(root: Path, rel: str) -> Component:
