@@ -121,6 +121,8 @@ def render_card(manifest: Manifest, facts: CardFacts) -> str:
         lines.append(
             f"| `{c.path}` | {cls} | {c.quantized} | {c.kept} | {_gb(c.source_bytes)} | {_gb(c.output_bytes)} |"
         )
+    if manifest.loras:
+        lines += ["", *_lora_section(manifest)]
     lines += [
         "",
         *_quantized_section(manifest),
@@ -140,6 +142,33 @@ def render_card(manifest: Manifest, facts: CardFacts) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _lora_section(manifest: Manifest) -> list[str]:
+    out = [
+        "## LoRAs merged before quantizing",
+        "",
+        "Merged into the source weights in float32, in this order, then cast back to the source dtype and "
+        "quantized (W' = W + strength·(alpha/rank)·up·down + strength·diff): no LoRA needs loading at run time.",
+        "",
+        "| LoRA | strength | component | tensors changed | SHA-256 |",
+        "|---|---:|---|---:|---|",
+    ]
+    for lora in manifest.loras:
+        out.append(
+            f"| `{lora.file}` | {lora.strength:g} | {lora.component or 'all'} | {sum(lora.tensors.values())} "
+            f"| `{lora.sha256[:16]}…` |"
+        )
+    for lora in manifest.loras:
+        for component, keys in lora.ignored.items():
+            out += [
+                "",
+                f"{len(keys)} keys of `{lora.file}` match no tensor of `{component}` and were skipped "
+                "(`--lora-unmatched ignore`):",
+                "",
+                *[f"- `{k}`" for k in keys],
+            ]
+    return out
 
 
 def _quantized_section(manifest: Manifest) -> list[str]:

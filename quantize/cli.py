@@ -173,18 +173,43 @@ def _recipe_option(f):
     )(f)
 
 
+def _lora_options(f):
+    f = click.option(
+        "--lora-unmatched",
+        type=click.Choice(["error", "ignore"]),
+        default="error",
+        show_default=True,
+        help="A LoRA key that matches no tensor: stop (error), or skip it and list it in the manifest and card "
+        "(ignore; e.g. an I2V LoRA's k_img/v_img on a T2V model).",
+    )(f)
+    return click.option(
+        "--lora",
+        "loras",
+        multiple=True,
+        metavar="[COMPONENT=]FILE[:STRENGTH]",
+        help="Merge a LoRA (safetensors) into the source before quantizing; repeatable, applied in order; "
+        "strength 1.0 unless given; COMPONENT= for one component only (e.g. high_noise_model=high.safetensors).",
+    )(f)
+
+
 @cli.command("plan")
 @click.argument("source")
 @_recipe_option
-def plan_cmd(source: str, recipe: str) -> None:
+@_lora_options
+def plan_cmd(source: str, recipe: str, loras: tuple[str, ...], lora_unmatched: str) -> None:
     """Dry run: what each tensor of SOURCE (a folder or a Hub repo id) becomes under RECIPE, and the sizes."""
     from .hub import recipe_files, resolve_source
+    from .lora import LoraMerge, LoraSpec, open_lora
     from .plan import make_plan
     from .recipes import load_recipe
 
     loaded = load_recipe(recipe)
+    merge = None
+    if loras:
+        specs = [LoraSpec.parse(text) for text in loras]
+        merge = LoraMerge([open_lora(s) for s in specs], lora_unmatched, loaded.recipe.components)
     folder, _, _ = resolve_source(source, recipe_files(loaded.recipe))
-    plan = make_plan(folder, loaded.recipe)
+    plan = make_plan(folder, loaded.recipe, steps=[merge] if merge else ())
     labels = {p: f"t{i}" for i, p in enumerate(plan.recipe.targets, 1)} | {
         p: f"i{i}" for i, p in enumerate(plan.recipe.ignore, 1)
     }
@@ -220,10 +245,37 @@ def plan_cmd(source: str, recipe: str) -> None:
     for p, label in labels.items():
         hits.add_row(label, escape(p), *(str(cp.pattern_matches[p]) for cp in plan.components))
     out.print(hits)
+    if merge is not None:
+        _print_loras(merge, [cp.rel for cp in plan.components])
     ratio = plan.output_bytes / max(1, plan.source_bytes)
     out.print(
         f"{_gb(plan.source_bytes)} -> {_gb(plan.output_bytes)} ({ratio:.0%} of the source) as {plan.recipe.format}"
     )
+
+
+def _print_loras(merge, components: list[str]) -> None:
+    table = Table(
+        title="LoRAs merged before quantizing, in order: source tensors each one changes",
+        title_justify="left",
+    )
+    for col in ("LoRA", "strength", "keys"):
+        table.add_column(col, justify="left" if col == "LoRA" else "right")
+    for rel in components:
+        table.add_column(f"in {rel}", justify="right")
+    table.add_column("keys skipped", justify="right")
+    for lora, touched, ignored in zip(merge.loras, merge.touched, merge.ignored, strict=True):
+        table.add_row(
+            escape(str(lora.spec.path)),
+            f"{lora.spec.strength:g}",
+            str(lora.keys),
+            *(str(touched[rel]) if rel in touched else "-" for rel in components),
+            str(sum(len(keys) for keys in ignored.values())),
+        )
+    out.print(table)
+    for lora, ignored in zip(merge.loras, merge.ignored, strict=True):
+        for rel, keys in ignored.items():
+            shown = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+            out.print(f"{escape(lora.spec.path.name)}: skipped in {rel} (match no tensor): {escape(shown)}")
 
 
 def _star_blocks(name: str) -> str:
@@ -291,6 +343,7 @@ def _plan_groups(plan) -> list[tuple]:
     default=None,
     help="Hub repo id the model card names as the base model [default: SOURCE when it is a repo id].",
 )
+@_lora_options
 def convert_cmd(
     source: str,
     output: Path,
@@ -299,6 +352,8 @@ def convert_cmd(
     max_shard_size: str,
     workers: int | None,
     base_model: str | None,
+    loras: tuple[str, ...],
+    lora_unmatched: str,
 ) -> None:
     """Convert the safetensors checkpoint SOURCE (a folder or a Hub repo id) into OUTPUT following RECIPE."""
     from .converter import convert
@@ -318,6 +373,8 @@ def convert_cmd(
             workers=workers,
             progress=progress,
             base_model=base_model,
+            loras=loras,
+            lora_unmatched=lora_unmatched,
             on_recovery=_report_recovery,
         )
     finally:
@@ -331,6 +388,7 @@ def convert_cmd(
     out.print(
         f"wrote {output}: {quantized} tensors quantized to {manifest.format}, {kept} kept; {_gb(src)} -> {_gb(dst)} in {elapsed:.1f}s ({_gb(src / max(elapsed, 1e-9))}/s)"
     )
+    _print_merged_loras(manifest)
     if sqnrs:
         out.print(f"weight SQNR: min {min(sqnrs):.1f} dB, median {statistics.median(sqnrs):.1f} dB")
 
@@ -351,8 +409,21 @@ def _report_recovery(step: str) -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--workers", type=int, default=None, help="Threads hashing and comparing [default: all cores].")
+@click.option(
+    "--lora",
+    "loras",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    metavar="FILE",
+    help="A LoRA the checkpoint was made with, when it is not where the manifest says (found by SHA-256).",
+)
 def verify_cmd(
-    checkpoint: Path, source: str | None, forward: bool, as_json: bool, workers: int | None
+    checkpoint: Path,
+    source: str | None,
+    forward: bool,
+    as_json: bool,
+    workers: int | None,
+    loras: tuple[Path, ...],
 ) -> int:
     """Prove CHECKPOINT: hashes and layout; with --source, provenance and per-tensor parity. Exit 1 if a check fails."""
     from .process import tune_for_streaming
@@ -368,7 +439,7 @@ def verify_cmd(
 
     progress = _progress("verify", "files and tensors") if not as_json else None
     try:
-        report = verify(checkpoint, source, forward=forward, workers=workers, progress=progress)
+        report = verify(checkpoint, source, forward=forward, workers=workers, progress=progress, loras=loras)
     finally:
         if progress is not None:
             progress.stop()
@@ -478,6 +549,8 @@ def inspect_cmd(checkpoint: Path, as_json: bool) -> None:
         "min_sqnr_db": min(sqnrs) if sqnrs else None,
         "median_sqnr_db": statistics.median(sqnrs) if sqnrs else None,
     }
+    if m.loras:
+        summary["loras"] = [lora.model_dump() for lora in m.loras]
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
@@ -505,8 +578,18 @@ def inspect_cmd(checkpoint: Path, as_json: bool) -> None:
         )
     out.print(table)
     out.print(f"{summary['files']} files, {_gb(summary['bytes'])}")
+    _print_merged_loras(m)
     if sqnrs:
         out.print(f"weight SQNR: min {min(sqnrs):.1f} dB, median {statistics.median(sqnrs):.1f} dB")
+
+
+def _print_merged_loras(manifest) -> None:
+    for lora in manifest.loras:
+        skipped = sum(len(keys) for keys in lora.ignored.values())
+        out.print(
+            f"merged LoRA {escape(lora.file)} (strength {lora.strength:g}) into {sum(lora.tensors.values())} tensors"
+            + (f", skipped {skipped} keys that match no tensor" if skipped else "")
+        )
 
 
 def _summarize_names(names: list[str]) -> str:

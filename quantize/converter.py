@@ -27,6 +27,7 @@ from .progress import NoProgress, Progress
 from .recipes import LoadedRecipe, load_recipe
 
 if TYPE_CHECKING:
+    from .lora import LoraSpec
     from .manifest import Manifest
     from .source import TensorStep
 
@@ -44,6 +45,8 @@ def convert(
     progress: Progress | None = None,
     base_model: str | None = None,
     steps: Sequence[TensorStep] = (),
+    loras: Sequence[LoraSpec | str] = (),
+    lora_unmatched: str = "error",
     on_recovery: Callable[[str], None] | None = None,
 ) -> Manifest:
     """Convert `source` (a folder, or a Hub repo id) into the checkpoint directory `out`; `recipe` is a loaded
@@ -51,6 +54,9 @@ def convert(
 
     base_model: the Hub repo id the card's metadata names as the base (default: `source` when it is a repo id).
     steps: per-tensor steps applied to the source values on the way in (`source.TensorStep`).
+    loras: LoRAs merged into the source before quantizing, in order (`lora.LoraSpec`, or its text
+        ``[COMPONENT=]FILE[:STRENGTH]``); lora_unmatched: ``error`` (a LoRA key matching no tensor stops the
+        conversion) or ``ignore`` (skipped, and listed in the manifest and the card).
     on_recovery: told, one line each, what was cleaned up after a conversion into `out` that was killed.
 
     >>> # manifest = convert("Wan2.1-T2V-1.3B", "Wan2.1-T2V-1.3B-fp8", "wan-fp8.yaml", workers=2)
@@ -62,6 +68,7 @@ def convert(
     if workers < 1:
         raise InputError(f"--workers must be at least 1, got {workers}")
     out = Path(out).absolute()
+    merge = _open_loras(loras, lora_unmatched, loaded.recipe.components) if loras else None
     with claimed_output(Path(source), out, overwrite, report=on_recovery):
         from .hashing import FileHasher
         from .hub import recipe_files, resolve_source
@@ -74,17 +81,40 @@ def convert(
                 hasher.submit(f, background=True)  # while torch is imported, a core has nothing else to do
             return _convert(
                 folder, out, loaded, overwrite, max_bytes, workers, progress or NoProgress(),
-                source_name, base_model or repo_id, steps, hasher,
+                source_name, base_model or repo_id, steps, merge, hasher,
             )  # fmt: skip
 
 
+def _open_loras(specs, unmatched: str, components):
+    """Every LoRA file read and checked (headers), before OUT is claimed: a bad one is refused before any work."""
+    from .lora import LoraMerge, LoraSpec, open_lora
+
+    specs = [s if isinstance(s, LoraSpec) else LoraSpec.parse(str(s)) for s in specs]
+    return LoraMerge([open_lora(s) for s in specs], unmatched, components)
+
+
 def _convert(
-    folder, out, loaded, overwrite, max_bytes, workers, progress, source_name, base_model, steps, hasher
+    folder,
+    out,
+    loaded,
+    overwrite,
+    max_bytes,
+    workers,
+    progress,
+    source_name,
+    base_model,
+    steps,
+    merge,
+    hasher,
 ):
     from .card import CardFacts, pipeline_tag, source_card_metadata
     from .pipeline import io_problem, write_checkpoint
     from .plan import make_plan
 
+    if merge is not None:
+        steps = [merge, *steps]
+        for lora in merge.loras:
+            hasher.submit(lora.path, background=True)
     plan = make_plan(folder, loaded.recipe, steps=steps)
     progress.start(plan.source_bytes, plan.tensor_count)
     facts = CardFacts(
@@ -96,7 +126,7 @@ def _convert(
     with staging_dir(out) as tmp:
         try:
             manifest = write_checkpoint(
-                plan, loaded, tmp, max_bytes, workers, progress, source_name, facts, hasher
+                plan, loaded, tmp, max_bytes, workers, progress, source_name, facts, hasher, merge
             )
             publish(tmp, out, overwrite)
         except OSError as e:

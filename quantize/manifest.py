@@ -22,6 +22,7 @@ __all__ = [
     "FileEntry",
     "TensorEntry",
     "RecipeEntry",
+    "LoraEntry",
     "Manifest",
     "read_manifest",
 ]
@@ -72,6 +73,23 @@ class RecipeEntry(_Strict):
     text: str
 
 
+class LoraEntry(_Strict):
+    """One LoRA merged into the source before quantizing (`convert --lora`), in the order applied."""
+
+    file: str  # as given when a relative path inside the working directory, else its file name
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    strength: float
+    component: str | None  # the one component it was given for; None: every component
+    tensors: dict[str, int]  # component -> source tensors it changed
+    ignored: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="component -> its keys that matched no tensor (--lora-unmatched ignore)",
+    )
+
+    _confined = field_validator("file")(_inside_checkpoint)
+
+
 class ComponentEntry(_Strict):
     path: str  # "." for the root
     quantized: int
@@ -94,6 +112,7 @@ class Manifest(_Strict):
     components: list[ComponentEntry]
     tensors: dict[str, TensorEntry] = Field(description="keyed by '<component>/<tensor name>'")
     output_files: list[FileEntry]
+    loras: list[LoraEntry] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _tensor_keys(self) -> Manifest:
@@ -110,6 +129,8 @@ class Manifest(_Strict):
         for entry in data["tensors"].values():
             if entry["type"] is None:  # formats with one encoding: the manifest as it always was
                 del entry["type"]
+        if not data["loras"]:
+            del data["loras"]
         return json.dumps(data, indent=2, sort_keys=False) + "\n"
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "IDENTITY",
     "WAN_NATIVE",
     "wan_native_name",
+    "wan_diffusers_name",
     "NAME_TABLES",
     "get_name_table",
 ]
@@ -145,11 +146,17 @@ def wan_native_name(diffusers_name: str) -> str | None:
     >>> wan_native_name("blocks.3.attn2.add_k_proj.weight"), wan_native_name("scale_shift_table")
     ('blocks.3.cross_attn.k_img.weight', 'head.modulation')
     """
-    block = _BLOCK.fullmatch(diffusers_name)
+    return _rename(
+        diffusers_name, _WAN_ROOT_MODULES, _WAN_ROOT_TENSORS, _WAN_BLOCK_MODULES, _WAN_BLOCK_TENSORS
+    )
+
+
+def _rename(name: str, root_modules, root_tensors, block_modules, block_tensors) -> str | None:
+    block = _BLOCK.fullmatch(name)
     prefix, rest, modules, tensors = (
-        (f"blocks.{block[1]}.", block[2], _WAN_BLOCK_MODULES, _WAN_BLOCK_TENSORS)
+        (f"blocks.{block[1]}.", block[2], block_modules, block_tensors)
         if block
-        else ("", diffusers_name, _WAN_ROOT_MODULES, _WAN_ROOT_TENSORS)
+        else ("", name, root_modules, root_tensors)
     )
     if rest in tensors:
         return prefix + tensors[rest]
@@ -157,6 +164,26 @@ def wan_native_name(diffusers_name: str) -> str | None:
         if rest.endswith(leaf) and rest[: -len(leaf)] in modules:
             return prefix + modules[rest[: -len(leaf)]] + leaf
     return None
+
+
+def _inverse(table: dict[str, str]) -> dict[str, str]:
+    return {native: diffusers for diffusers, native in table.items()}
+
+
+_NATIVE_ROOT_MODULES, _NATIVE_BLOCK_MODULES = _inverse(_WAN_ROOT_MODULES), _inverse(_WAN_BLOCK_MODULES)
+_NATIVE_ROOT_TENSORS, _NATIVE_BLOCK_TENSORS = _inverse(_WAN_ROOT_TENSORS), _inverse(_WAN_BLOCK_TENSORS)
+
+
+def wan_diffusers_name(native_name: str) -> str | None:
+    """The diffusers `WanTransformer3DModel` name of a native Wan tensor name, or None: `wan_native_name` inverted
+    (the same table read the other way).
+
+    >>> wan_diffusers_name("blocks.3.norm3.weight"), wan_diffusers_name("head.modulation")
+    ('blocks.3.norm2.weight', 'scale_shift_table')
+    """
+    return _rename(
+        native_name, _NATIVE_ROOT_MODULES, _NATIVE_ROOT_TENSORS, _NATIVE_BLOCK_MODULES, _NATIVE_BLOCK_TENSORS
+    )
 
 
 #: tensors only a diffusers-named Wan has, and only a native-named one has (how a component's scheme is told)

@@ -274,6 +274,7 @@ def plan_component(
     compiled = [re.compile(p) for p in matches]
     where = f"{component.dir}"
     rename = names.renamer(list(component.tensors), where)
+    changes = [step.transforms_for(component.rel, component.tensors) for step in steps]
     plans = []
     for info in component.tensors.values():
         key = module_name(info.name)
@@ -282,7 +283,7 @@ def plan_component(
                 matches[p.pattern] += 1
         target = _first_match(targets, key)
         ignored = _first_match(ignores, key)
-        source = _source(component, info, steps)
+        source = TensorSource(info, tuple(c[info.name] for c in changes if info.name in c))
         out_name = rename(info.name)
         if target is not None and ignored is None:
             _check_quantizable(info, target, where)
@@ -308,13 +309,6 @@ def plan_component(
         )
     _check_no_key_collision(component, plans)
     return ComponentPlan(component, tuple(plans), matches)
-
-
-def _source(component: Component, info: TensorInfo, steps: Sequence[TensorStep]) -> TensorSource:
-    transforms = tuple(
-        t for t in (step.transform_for(component.rel, info) for step in steps) if t is not None
-    )
-    return TensorSource(info, transforms)
 
 
 def _check_every_pattern_matches(component: Component, recipe: Recipe, matches: dict[str, int]) -> None:

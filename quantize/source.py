@@ -6,16 +6,17 @@ tensor and applies each step to them; `copy_bytes` streams the stored bytes unch
 step would change them. Converter, verify and forward read through it, so a step given to them
 (`convert(steps=...)`, `verify(steps=...)`) applies to all three.
 
-A `TensorStep` is what the plan is given (`make_plan(..., steps=...)`): for each tensor of each component it
-says which transform, if any, applies; once every component is planned, `finish` lets it refuse what it did
-not use (a LoRA key that matches nothing, say), naming it.
+A `TensorStep` is what the plan is given (`make_plan(..., steps=...)`): for each component it says which
+of its tensors change and how (it sees the whole component at once, so it can tell which naming the
+component uses); once every component is planned, `finish` lets it refuse what it did not use (a LoRA
+meant for a component the recipe does not convert, say), naming it.
 
 >>> # source = TensorSource(info); rows = source.read_rows(0, 16)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -41,8 +42,9 @@ class Transform(Protocol):
 class TensorStep(Protocol):
     """A per-tensor step given to the plan (a set of LoRAs, say)."""
 
-    def transform_for(self, component: str, info: TensorInfo) -> Transform | None:
-        """The change to apply to source tensor `info` of `component`, or None."""
+    def transforms_for(self, component: str, tensors: Mapping[str, TensorInfo]) -> Mapping[str, Transform]:
+        """The changes to apply to the source tensors of `component` (``.`` for the root), by tensor name;
+        raise `InputError` for what cannot apply to them."""
         ...
 
     def finish(self) -> None:

@@ -45,11 +45,10 @@ class _Step:
     names: tuple[str, ...]
     used: set[str] = field(default_factory=set)
 
-    def transform_for(self, component: str, info: TensorInfo):
-        if info.name not in self.names:
-            return None
-        self.used.add(info.name)
-        return _AddDelta(_delta(info.shape, seed=len(info.name)))
+    def transforms_for(self, component: str, tensors: dict[str, TensorInfo]):
+        touched = {n: tensors[n] for n in self.names if n in tensors}
+        self.used |= set(touched)
+        return {n: _AddDelta(_delta(info.shape, seed=len(n))) for n, info in touched.items()}
 
     def finish(self) -> None:
         missing = sorted(set(self.names) - self.used)
