@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 
 demo: setup
 	rm -rf $(DEMO)
-	$(BIN)/quantize example $(DEMO)/Wan2.1-T2V-small --preset small --layout t2v
+	$(BIN)/quantize example $(DEMO)/Wan2.1-T2V-small --preset small --layout t2v --lora $(DEMO)/style-lora.safetensors
 	$(BIN)/quantize recipes
 	$(BIN)/quantize plan $(DEMO)/Wan2.1-T2V-small --recipe wan-fp8.yaml
 	$(BIN)/quantize convert $(DEMO)/Wan2.1-T2V-small $(DEMO)/Wan2.1-T2V-small-fp8 --recipe wan-fp8.yaml
@@ -30,6 +30,9 @@ demo: setup
 	$(BIN)/quantize verify $(DEMO)/Wan2.1-T2V-small-comfy-fp8 --source $(DEMO)/Wan2.1-T2V-small
 	$(BIN)/quantize convert $(DEMO)/Wan2.1-T2V-small $(DEMO)/Wan2.1-T2V-small-gguf-q8_0 --recipe wan-gguf-q8_0.yaml
 	$(BIN)/quantize verify $(DEMO)/Wan2.1-T2V-small-gguf-q8_0 --source $(DEMO)/Wan2.1-T2V-small
+	$(BIN)/quantize plan $(DEMO)/Wan2.1-T2V-small --recipe wan-fp8.yaml --lora $(DEMO)/style-lora.safetensors:0.8
+	$(BIN)/quantize convert $(DEMO)/Wan2.1-T2V-small $(DEMO)/Wan2.1-T2V-small-style-fp8 --recipe wan-fp8.yaml --lora $(DEMO)/style-lora.safetensors:0.8
+	$(BIN)/quantize verify $(DEMO)/Wan2.1-T2V-small-style-fp8 --source $(DEMO)/Wan2.1-T2V-small
 
 test: setup
 	$(BIN)/python -m pytest -q

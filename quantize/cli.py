@@ -619,16 +619,26 @@ def _summarize_names(names: list[str]) -> str:
     "--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default="bfloat16", show_default=True
 )
 @click.option("--max-shard-size", default="1GB", show_default=True)
-def example_cmd(output: Path, preset: str, layout: str, dtype: str, max_shard_size: str) -> None:
+@click.option(
+    "--lora",
+    "lora",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Also write a random-weight LoRA (rank 16, every block Linear) for this model to this file.",
+)
+def example_cmd(
+    output: Path, preset: str, layout: str, dtype: str, max_shard_size: str, lora: Path | None
+) -> None:
     """Write a random-weight checkpoint with the original Wan key names, to try the tool on."""
     import torch
 
     from .errors import OutputExistsError
     from .layout import parse_size
-    from .synthetic import write_wan_example
+    from .synthetic import write_wan_example, write_wan_lora
 
-    if output.exists():
-        raise OutputExistsError(f"{output}: already exists; remove it or pick another path")
+    for path in (output, lora):
+        if path is not None and path.exists():
+            raise OutputExistsError(f"{path}: already exists; remove it or pick another path")
     write_wan_example(
         output,
         preset,
@@ -637,6 +647,9 @@ def example_cmd(output: Path, preset: str, layout: str, dtype: str, max_shard_si
         max_shard_size=parse_size(max_shard_size, "--max-shard-size"),
     )
     out.print(f"wrote a {preset} Wan-shaped {layout} checkpoint ({dtype}, random weights) to {output}")
+    if lora is not None:
+        write_wan_lora(lora, preset, layout)
+        out.print(f"wrote a rank-16 LoRA for it (every block Linear, random weights) to {lora}")
 
 
 # --- entry point -------------------------------------------------------------------------------

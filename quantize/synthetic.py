@@ -24,7 +24,15 @@ from . import dtypes
 from .layout import SHARD_METADATA, group_by_size, index_json, index_name, shard_names
 from .writer import ShardWriter, TensorSpec
 
-__all__ = ["WanShape", "WAN_PRESETS", "LAYOUTS", "wan_tensors", "write_checkpoint", "write_wan_example"]
+__all__ = [
+    "WanShape",
+    "WAN_PRESETS",
+    "LAYOUTS",
+    "wan_tensors",
+    "write_checkpoint",
+    "write_wan_example",
+    "write_wan_lora",
+]
 
 
 @dataclass(frozen=True)
@@ -189,3 +197,32 @@ def write_wan_example(
         json.dumps({"preset": preset, "layout": layout, "shape": asdict(shape)}, indent=2) + "\n"
     )
     return out_dir
+
+
+def write_wan_lora(
+    path: Path, preset: str = "small", layout: str = "t2v", *, rank: int = 16, seed: int = 0
+) -> Path:
+    """A random-weight LoRA on every block Linear of a `write_wan_example` model, as the Wan LoRAs in the wild
+    are written (``diffusion_model.<module>.lora_down/lora_up.weight`` and ``.alpha``, bf16; alpha = rank/2),
+    streamed to `path` one tensor at a time."""
+    spec = LAYOUTS[layout]
+    shape = replace(WAN_PRESETS[preset], image_dim=1280 if spec["image"] else None, camera=spec["camera"])
+    tensors: list[tuple[str, tuple[int, ...], str]] = []
+    for name, dims in wan_tensors(shape):
+        if name.startswith("blocks.") and name.endswith(".weight") and len(dims) == 2:
+            module = f"diffusion_model.{name.removesuffix('.weight')}"
+            tensors += [
+                (f"{module}.lora_down.weight", (rank, dims[1]), "BF16"),
+                (f"{module}.lora_up.weight", (dims[0], rank), "BF16"),
+                (f"{module}.alpha", (), "F32"),
+            ]
+    specs = [TensorSpec(name, dt, dims) for name, dims, dt in tensors]
+    with ShardWriter(Path(path), specs, SHARD_METADATA) as w:
+        for name, dims, _ in tensors:
+            if name.endswith(".alpha"):
+                w.write(name, torch.tensor(rank / 2, dtype=torch.float32))
+            else:  # small enough that the merged weights stay close to the model's
+                w.write(
+                    name, _random(name, dims, torch.bfloat16, seed) * (0.3 if "lora_down" in name else 0.03)
+                )
+    return Path(path)
