@@ -39,6 +39,7 @@ test: setup
 
 bench: setup
 	$(BIN)/python benchmarks/bench_convert.py --preset 1.3b --write docs/BENCHMARKS.md
+	$(BIN)/python benchmarks/bench_convert.py --preset 1.3b --lora-only --write docs/BENCHMARKS.md
 	$(BIN)/python benchmarks/bench_verify.py --preset 1.3b --write docs/BENCHMARKS.md
 	$(BIN)/python benchmarks/bench_load.py --write docs/BENCHMARKS.md
 	$(BIN)/python benchmarks/bench_faults.py --write docs/BENCHMARKS.md

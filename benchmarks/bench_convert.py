@@ -14,8 +14,9 @@
      whole, written with ``safetensors.torch.save_file`` and fsynced (the converter fsyncs its
      shards too), one shard held at a time;
    * ``quantize convert SRC OUT --recipe wan-fp8.yaml --overwrite`` with the default 5GB shards,
-     with ``--max-shard-size 1GB``, with ``--workers 1``, and with ``--lora`` (a rank-64 LoRA on every
-     block Linear, generated once beside the checkpoint);
+     with ``--max-shard-size 1GB``, and with ``--workers 1`` (with ``--lora-only``: only the default run
+     and the same with ``--lora``, a rank-64 LoRA on every block Linear generated once beside the
+     checkpoint, into its own section);
    * the other formats: ``--recipe wan-torchao-fp8.yaml``, ``--recipe wan-nf4.yaml``, and ComfyUI's
      ``--recipe wan-comfy-fp8.yaml`` and ``--recipe wan-comfy-int8.yaml`` (one file per model), and GGUF
      ``--recipe wan-gguf-q8_0.yaml`` and ``--recipe wan-gguf-q4_k_m.yaml`` (gguf-py's quantize + GGUFWriter the
@@ -69,6 +70,7 @@ SOURCE_SHARD_BYTES = 10**9
 RSS_TARGET_BYTES = 10**9
 BASELINE = "read-and-write"
 START, END = "<!-- bench:convert:start -->", "<!-- bench:convert:end -->"
+LORA_MARKERS = ("<!-- bench:lora:start -->", "<!-- bench:lora:end -->")
 DOC_HEADER = """# Benchmarks
 
 Measured numbers for dit-quantize, each section written by the script named in it (re-run it to
@@ -562,13 +564,18 @@ def section_head(title: str, command: str, data_dir: Path) -> list[str]:
     ]
 
 
-def report(results: list[Result], src: Path, preset: str, data_dir: Path, command: str) -> str:
+def report(
+    results: list[Result], src: Path, preset: str, data_dir: Path, command: str, lora_only: bool = False
+) -> str:
     """The Markdown section, without its markers."""
     table = markdown_table(table_rows(results, source_bytes(src)))
+    title = (
+        "Convert with a LoRA merged: the cost of `--lora` against the same conversion without it"
+        if lora_only
+        else "Convert: every format vs. plain read-and-write (and bitsandbytes for nf4)"
+    )
     lines = [
-        *section_head(
-            "Convert: every format vs. plain read-and-write (and bitsandbytes for nf4)", command, data_dir
-        ),
+        *section_head(title, command, data_dir),
         f"- Checkpoint: {checkpoint_line(src, preset)}",
         f"- Converter: `{display_command(results[1].case.argv)}`, plus the options in the case name",
         f"- Baseline: `{BASELINE}` (this script's `--read-and-write` mode): each shard opened with "
@@ -633,6 +640,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--fp8-only", action="store_true", help="skip the torchao_fp8, nf4, comfy and bitsandbytes cases"
     )
+    p.add_argument(
+        "--lora-only",
+        action="store_true",
+        help="only wan-fp8 with and without --lora, stored in the bench:lora section",
+    )
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error("--runs must be at least 1")
@@ -659,17 +671,20 @@ def main(argv: list[str] | None = None) -> None:
     scratch.mkdir()
     try:
         warm_page_cache(src)
-        lora = ensure_lora(data_dir, args.preset)
-        baseline, cases = make_cases(src, scratch, formats=not args.fp8_only, lora=lora)
+        lora = ensure_lora(data_dir, args.preset) if args.lora_only else None
+        baseline, cases = make_cases(src, scratch, formats=not (args.fp8_only or args.lora_only), lora=lora)
+        if args.lora_only:
+            cases = [cases[0], cases[-1]]
         results = benchmark(baseline, cases, args.runs, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    body = report(results, src, args.preset, data_dir, command)
+    body = report(results, src, args.preset, data_dir, command, lora_only=args.lora_only)
     print(markdown_table(table_rows(results, source_bytes(src))))
     print(rss_verdict(results))
     if args.write:
-        update_section(args.write, body)
-        log(f"wrote the {START} section of {args.write}")
+        markers = LORA_MARKERS if args.lora_only else (START, END)
+        update_section(args.write, body, markers)
+        log(f"wrote the {markers[0]} section of {args.write}")
 
 
 if __name__ == "__main__":

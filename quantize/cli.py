@@ -199,15 +199,12 @@ def _lora_options(f):
 def plan_cmd(source: str, recipe: str, loras: tuple[str, ...], lora_unmatched: str) -> None:
     """Dry run: what each tensor of SOURCE (a folder or a Hub repo id) becomes under RECIPE, and the sizes."""
     from .hub import recipe_files, resolve_source
-    from .lora import LoraMerge, LoraSpec, open_lora
+    from .lora import open_loras
     from .plan import make_plan
     from .recipes import load_recipe
 
     loaded = load_recipe(recipe)
-    merge = None
-    if loras:
-        specs = [LoraSpec.parse(text) for text in loras]
-        merge = LoraMerge([open_lora(s) for s in specs], lora_unmatched, loaded.recipe.components)
+    merge = open_loras(loras, lora_unmatched, loaded.recipe.components) if loras else None
     folder, _, _ = resolve_source(source, recipe_files(loaded.recipe))
     plan = make_plan(folder, loaded.recipe, steps=[merge] if merge else ())
     labels = {p: f"t{i}" for i, p in enumerate(plan.recipe.targets, 1)} | {
@@ -413,7 +410,7 @@ def _report_recovery(step: str) -> None:
     "--lora",
     "loras",
     multiple=True,
-    type=click.Path(path_type=Path),
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
     metavar="FILE",
     help="A LoRA the checkpoint was made with, when it is not where the manifest says (found by SHA-256).",
 )

@@ -87,10 +87,9 @@ def convert(
 
 def _open_loras(specs, unmatched: str, components):
     """Every LoRA file read and checked (headers), before OUT is claimed: a bad one is refused before any work."""
-    from .lora import LoraMerge, LoraSpec, open_lora
+    from .lora import open_loras
 
-    specs = [s if isinstance(s, LoraSpec) else LoraSpec.parse(str(s)) for s in specs]
-    return LoraMerge([open_lora(s) for s in specs], unmatched, components)
+    return open_loras(specs, unmatched, components)
 
 
 def _convert(

@@ -38,6 +38,7 @@ import torch
 from . import dtypes
 from .checkpoint import TensorInfo, read_header, read_rows, read_tensor
 from .errors import InputError
+from .layout import relative_path_problem
 from .names import wan_diffusers_name, wan_native_name
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "PREFIXES",
     "parse_key",
     "open_lora",
+    "open_loras",
     "recorded_path",
     "find_recorded",
 ]
@@ -70,6 +72,7 @@ _ROLES = (
     (".diff_m", "diff_m"),
     (".diff", "diff"),
 )
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 _LYCORIS = re.compile(r"\.(hada_|lokr_|dora_scale$|lora_magnitude_vector)")
 #: role -> the leaf of the source tensor it changes
 _LEAF = {"down": "weight", "up": "weight", "diff": "weight", "diff_b": "bias", "diff_m": "modulation"}
@@ -89,20 +92,20 @@ class LoraSpec:
     @classmethod
     def parse(cls, text: str) -> LoraSpec:
         """``FILE``, ``FILE:STRENGTH``, ``COMPONENT=FILE`` or ``COMPONENT=FILE:STRENGTH``."""
+        if Path(text).is_file():  # a file whose name holds ':' or '='
+            return cls(Path(text))
         rest, strength = text, 1.0
         head, sep, tail = text.rpartition(":")
         if sep and head and "/" not in tail and not tail.endswith(".safetensors"):
-            try:
-                strength = float(tail)
-            except ValueError:
+            if not _NUMBER.fullmatch(tail):
                 raise InputError(
                     f"--lora {text!r}: strength {tail!r} is not a number (FILE[:STRENGTH], e.g. style.safetensors:0.8)"
-                ) from None
-            rest = head
+                )
+            strength, rest = float(tail), head
         if not math.isfinite(strength):
             raise InputError(f"--lora {text!r}: strength must be a finite number")
         component, sep, file = rest.partition("=")
-        if not sep or "/" in component or not component or Path(rest).exists():
+        if not sep or "/" in component or not component or Path(rest).is_file():
             component, file = None, rest
         if not file:
             raise InputError(f"--lora {text!r}: no file given (COMPONENT=FILE[:STRENGTH])")
@@ -208,6 +211,10 @@ def open_lora(spec: LoraSpec) -> LoraFile:
                 f"{path}: key {info.name!r} is {info.dtype}; LoRA weights must be F32, F16 or BF16"
             )
         if role == "alpha":
+            if (name, kohya) in alphas:
+                raise InputError(
+                    f"{path}: keys {alphas[(name, kohya)].name!r} and {info.name!r} are the same alpha of module {name!r}"
+                )
             alphas[(name, kohya)] = info
             continue
         module = modules.setdefault((name, kohya), _Module(name, kohya))
@@ -225,6 +232,19 @@ def open_lora(spec: LoraSpec) -> LoraFile:
     for module in modules.values():
         _check_pair(path, module)
     return LoraFile(spec, path.stat().st_size, list(modules.values()))
+
+
+def open_loras(specs: Sequence[LoraSpec | str], unmatched: str = "error", components=None) -> LoraMerge:
+    """The merge of `specs` (or their ``[COMPONENT=]FILE[:STRENGTH]`` texts), every file opened and checked:
+    what `convert --lora` and `plan --lora` apply. `components`: the recipe's (a LoRA for another is refused)."""
+    specs = [s if isinstance(s, LoraSpec) else LoraSpec.parse(str(s)) for s in specs]
+    for spec in specs:
+        problem = relative_path_problem(recorded_path(spec.path))
+        if problem is not None:
+            raise InputError(
+                f"--lora {spec}: the file name {problem}, so the manifest cannot record it: rename it"
+            )
+    return LoraMerge([open_lora(s) for s in specs], unmatched, components)
 
 
 def _alpha(path: Path, info: TensorInfo) -> float:
@@ -351,8 +371,10 @@ def _kohya_modules(tensors: Mapping[str, TensorInfo]) -> dict[str, str | None]:
     return found
 
 
-def _source_name(target: _Target, kohya: Mapping[str, str | None], rename: Rename) -> str | None:
-    """The LoRA-side tensor name of `target` renamed into the source's naming, or None."""
+def _source_name(
+    target: _Target, kohya: Mapping[str, str | None], rename: Rename, tensors: Mapping[str, TensorInfo]
+) -> str | None:
+    """The source tensor `target` changes under naming `rename`, or None when it is not in `tensors`."""
     module = target.module.name
     if target.module.kohya:
         module = kohya.get(module)
@@ -361,7 +383,7 @@ def _source_name(target: _Target, kohya: Mapping[str, str | None], rename: Renam
     leaves = _MODULATION_ALIASES if target.leaf == "modulation" else (target.leaf,)
     for leaf in leaves:
         renamed = rename(f"{module}.{leaf}" if module else leaf)
-        if renamed is not None:
+        if renamed in tensors:
             return renamed
     return None
 
@@ -372,7 +394,6 @@ class _Resolved:
 
     matched: dict[str, list[_Target]]  # source tensor name -> targets
     unmatched: list[_Target]
-    naming: str
 
 
 def _resolve(lora: LoraFile, tensors: Mapping[str, TensorInfo]) -> _Resolved:
@@ -380,17 +401,17 @@ def _resolve(lora: LoraFile, tensors: Mapping[str, TensorInfo]) -> _Resolved:
     targets = _targets(lora)
     kohya = _kohya_modules(tensors)
     best: _Resolved | None = None
-    for label, rename in _NAMINGS:
+    for _, rename in _NAMINGS:
         matched: dict[str, list[_Target]] = {}
         unmatched = []
         for t in targets:
-            name = _source_name(t, kohya, rename)
-            if name in tensors:
-                matched.setdefault(name, []).append(t)
-            else:
+            name = _source_name(t, kohya, rename, tensors)
+            if name is None:
                 unmatched.append(t)
+            else:
+                matched.setdefault(name, []).append(t)
         if best is None or len(unmatched) < len(best.unmatched):
-            best = _Resolved(matched, unmatched, label)
+            best = _Resolved(matched, unmatched)
     return best
 
 
@@ -437,6 +458,10 @@ class LoraMerge:
     touched: list[dict[str, int]] = field(init=False)
     ignored: list[dict[str, list[str]]] = field(init=False)
 
+    @property
+    def inputs(self) -> list[Path]:
+        return [lora.path for lora in self.loras]
+
     def __post_init__(self) -> None:
         if self.unmatched not in UNMATCHED:
             raise InputError(
@@ -464,8 +489,9 @@ class LoraMerge:
             if lora.spec.component not in (None, component):
                 continue
             resolved = _resolve(lora, tensors)
+            self.ignored[i].pop(component, None)  # planned again (verify): counted afresh
             if resolved.unmatched:
-                if self.unmatched == "error":
+                if self.unmatched == "error" or not resolved.matched:
                     raise InputError(_unmatched_message(lora, resolved, tensors, where))
                 self.ignored[i][component] = sorted(k for t in resolved.unmatched for k in t.keys)
             for name, targets in resolved.matched.items():
@@ -499,6 +525,11 @@ def _unmatched_message(
     key, first = min((k, t) for t in resolved.unmatched for k in t.keys)
     close = difflib.get_close_matches(f"{first.module.name}.{first.leaf}", list(tensors), n=1, cutoff=0.0)
     more = sum(len(t.keys) for t in resolved.unmatched) - 1
+    if not resolved.matched:
+        return (
+            f"{lora.path}: none of its keys matches a tensor of {where} (e.g. {key!r}; closest tensor: "
+            f"{close[0]!r}): is the LoRA made for this model?"
+        )
     return (
         f"{lora.path}: key {key!r} matches no tensor of {where} (closest: {close[0]!r}"
         f"{f'; {more} more keys match nothing' if more else ''}): is the LoRA made for this model? "
@@ -518,14 +549,12 @@ def recorded_path(path: Path) -> str:
     return path.as_posix()
 
 
-def find_recorded(file: str, sha256: str, given: Sequence[Path], places: Sequence[Path]) -> Path:
-    """The LoRA the manifest records as `file` with `sha256`: one of `given` whose SHA-256 matches, else the
-    recorded path (relative to the working directory), else its file name in each of `places`.
+def find_recorded(file: str, sha256: str, given: Mapping[Path, str], places: Sequence[Path]) -> Path:
+    """The LoRA the manifest records as `file` with `sha256`: one of `given` (path -> its SHA-256) that matches,
+    else the recorded path (relative to the working directory), else its file name in each of `places`.
     Raises `InputError` when it is in none of them."""
-    from .hashing import sha256_file
-
-    for path in given:
-        if sha256_file(path) == sha256:
+    for path, digest in given.items():
+        if digest == sha256:
             return Path(path)
     candidates = [Path(file), *(Path(p) / Path(file).name for p in places)]
     for path in candidates:

@@ -394,6 +394,11 @@ def make_plan(source: Path, recipe: Recipe, *, steps: Sequence[TensorStep] = ())
         step.finish()
     copied: list[Path] = []
     if recipe.copy_other_files:
-        copied = other_files(source, [cp.component for cp in components])
+        inputs = {
+            Path(f).resolve() for step in steps for f in step.inputs
+        }  # a LoRA kept in the source folder
+        copied = [
+            f for f in other_files(source, [cp.component for cp in components]) if f.resolve() not in inputs
+        ]
         _check_no_unconverted_twin(source, [cp.component for cp in components], copied)
     return Plan(source, recipe, tuple(components), tuple(copied))

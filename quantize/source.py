@@ -16,8 +16,9 @@ meant for a component the recipe does not convert, say), naming it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -41,6 +42,9 @@ class Transform(Protocol):
 
 class TensorStep(Protocol):
     """A per-tensor step given to the plan (a set of LoRAs, say)."""
+
+    #: files the step reads (never copied into the output as the source's other files)
+    inputs: Sequence[Path]
 
     def transforms_for(self, component: str, tensors: Mapping[str, TensorInfo]) -> Mapping[str, Transform]:
         """The changes to apply to the source tensors of `component` (``.`` for the root), by tensor name;

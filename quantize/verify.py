@@ -149,6 +149,8 @@ def verify(
     recipe = _manifest_recipe(manifest)
     if loras and not manifest.loras:
         raise InputError(f"{checkpoint}: was converted without LoRAs, so --lora has nothing to re-apply")
+    if loras and source is None:
+        raise InputError("--lora re-applies LoRAs to the source: give --source too")
     merge, lora_paths = None, []
     if source is not None:
         source = Path(source)
@@ -220,7 +222,8 @@ def _recorded_loras(
 ) -> tuple[LoraMerge, list[Path]]:
     """The LoRAs the manifest records, found (given, at the recorded path, or beside or inside the source) and
     opened as the conversion applied them."""
-    paths = [find_recorded(e.file, e.sha256, given, [source, source.parent]) for e in manifest.loras]
+    hashes = {path: sha256_file(path) for path in given}
+    paths = [find_recorded(e.file, e.sha256, hashes, [source, source.parent]) for e in manifest.loras]
     specs = [LoraSpec(p, e.strength, e.component) for p, e in zip(paths, manifest.loras, strict=True)]
     unmatched = "ignore" if any(e.ignored for e in manifest.loras) else "error"
     components = None if recipe is None else recipe.components

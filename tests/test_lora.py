@@ -182,7 +182,7 @@ def assert_same_output(a: Path, b: Path) -> None:
 def test_every_convention_gives_what_converting_the_merged_model_gives(convention, wan_tiny, tmp_path):
     kohya = convention.startswith("kohya")
     alpha = torch.tensor(2, dtype=torch.int64) if kohya else torch.tensor(8.0).bfloat16()
-    lora = make_lora(wan_tiny, seed=1, alpha=alpha if convention != "none" else None, diffs=not kohya)
+    lora = make_lora(wan_tiny, seed=1, alpha=alpha if convention != "none" else None)
     lora.strength = 0.75
     path = write_lora(lora, tmp_path / "style.safetensors", convention)
     manifest = convert(wan_tiny, tmp_path / "out", "wan-fp8", loras=[f"{path}:0.75"], workers=2)
@@ -192,6 +192,7 @@ def test_every_convention_gives_what_converting_the_merged_model_gives(conventio
     assert entry.tensors == {".": len(lora.terms)} and entry.strength == 0.75 and entry.ignored == {}
     plain = convert(wan_tiny, tmp_path / "plain", "wan-fp8", workers=2)  # the LoRA changed something
     assert plain.output_files != manifest.output_files
+    assert "loras" not in read_json(tmp_path / "plain" / "quantize_manifest.json")  # as it always was
 
 
 def test_a_diffusers_named_lora_merges_into_original_names(wan_tiny, tmp_path):
@@ -220,6 +221,39 @@ def test_an_original_named_lora_merges_into_diffusers_names(tmp_path):
         workers=2,
     )
     assert_same_output(tmp_path / "out", tmp_path / "direct")
+
+
+def test_a_diffusers_named_lora_on_diffusers_names_reaches_the_modulation(tmp_path):
+    src = diffusers_wan(tmp_path / "src" / "transformer").parent
+    lora = make_lora(src, seed=16, rel="transformer")
+    del lora.terms["scale_shift_table"]  # a root tensor: no LoRA key spells it in diffusers' names
+    path = write_lora(lora, tmp_path / "d.safetensors", "transformer")
+    assert "transformer.blocks.1.diff_m" in load_file(path)
+    convert(src, tmp_path / "out", "wan-diffusers-fp8", loras=[path], workers=2)
+    merged = merged_source(src, tmp_path / "merged", [lora], rel="transformer")
+    convert(merged, tmp_path / "direct", "wan-diffusers-fp8", workers=2)
+    assert_same_output(tmp_path / "out", tmp_path / "direct")
+
+
+def test_loras_add_in_the_order_given(tmp_path):
+    """(W + a) + b is not (W + b) + a in float32: the order given is the order summed."""
+    src = tmp_path / "src"
+    src.mkdir()
+    save_file({"blocks.0.norm3.weight": torch.ones(4)}, src / "model.safetensors")
+    tensors = open_component(src).tensors
+    for name, value in (("a", 2.0**-24), ("b", -(2.0**-24))):
+        save_file(
+            {"diffusion_model.blocks.0.norm3.diff": torch.full((4,), value)}, tmp_path / f"{name}.safetensors"
+        )
+
+    def merged(*names: str) -> torch.Tensor:
+        merge = LoraMerge([open_lora(LoraSpec(tmp_path / f"{n}.safetensors")) for n in names])
+        (transform,) = merge.transforms_for(".", tensors).values()
+        return transform.apply(torch.ones(4), 0, 4)
+
+    assert torch.equal(merged("a", "b"), torch.full((4,), 1 - 2.0**-24))  # 1 + 2^-24 rounds to 1 first
+    assert torch.equal(merged("b", "a"), torch.ones(4))  # 1 - 2^-24 is exact, and back
+    assert not torch.equal(merged("a", "b"), merged("b", "a"))
 
 
 @pytest.mark.parametrize(
@@ -496,7 +530,51 @@ def test_bad_lora_arguments(wan_tiny, tmp_path):
     )
 
 
-def test_lora_specs_parse():
+def test_a_lora_kept_in_the_source_folder_is_not_copied_into_the_output(make_wan, tmp_path, monkeypatch):
+    src = make_wan("t2v")
+    (src / "loras").mkdir()
+    monkeypatch.chdir(tmp_path)
+    path = write_lora(make_lora(src, seed=17), Path(src.name) / "loras" / "style.safetensors")
+    manifest = convert(src, tmp_path / "out", "wan-fp8", loras=[path], workers=2)
+    assert manifest.loras[0].file == f"{src.name}/loras/style.safetensors"  # relative, as given
+    assert (tmp_path / "out" / "example.json").is_file()  # the recipe copies the source's other files
+    assert not (tmp_path / "out" / "loras").exists()
+    assert verify(tmp_path / "out", src).ok  # found at the recorded path
+
+
+def test_ignore_still_refuses_a_lora_that_matches_nothing(wan_tiny, make_wan, tmp_path):
+    other = make_wan("i2v")
+    lora = make_lora(other, seed=18, linears="img_emb.", diffs=False)
+    path = write_lora(lora, tmp_path / "img.safetensors")
+    _refused(
+        [
+            "convert",
+            wan_tiny,
+            tmp_path / "out",
+            "--recipe",
+            "wan-fp8",
+            "--lora",
+            path,
+            "--lora-unmatched",
+            "ignore",
+        ],
+        "none of its keys matches a tensor of the model",
+        tmp_path,
+    )
+
+
+def test_verify_lora_arguments(wan_tiny, tmp_path):
+    path = write_lora(make_lora(wan_tiny, seed=19), tmp_path / "l.safetensors")
+    convert(wan_tiny, tmp_path / "out", "wan-fp8", loras=[path], workers=2)
+    no_source = run_cli("verify", tmp_path / "out", "--lora", path)
+    assert no_source.returncode == 2 and "give --source too" in no_source.stderr
+    missing = run_cli(
+        "verify", tmp_path / "out", "--source", wan_tiny, "--lora", tmp_path / "gone.safetensors"
+    )
+    assert missing.returncode == 2 and "gone.safetensors" in missing.stderr
+
+
+def test_lora_specs_parse(tmp_path, monkeypatch):
     assert LoraSpec.parse("a.safetensors") == LoraSpec(Path("a.safetensors"))
     assert LoraSpec.parse("dir/a.safetensors:0.5") == LoraSpec(Path("dir/a.safetensors"), 0.5)
     assert LoraSpec.parse("transformer_2=a.safetensors:-1") == LoraSpec(
@@ -504,7 +582,14 @@ def test_lora_specs_parse():
     )
     assert LoraSpec.parse("x/y=z/a.safetensors") == LoraSpec(Path("x/y=z/a.safetensors"))
     with pytest.raises(InputError, match="finite"):
-        LoraSpec.parse("a.safetensors:inf")
+        LoraSpec.parse("a.safetensors:1e999")
+    with pytest.raises(InputError, match="strength '1_0' is not a number"):
+        LoraSpec.parse("a.safetensors:1_0")  # float() would read 10
+    monkeypatch.chdir(tmp_path)
+    Path("odd:0.5").write_bytes(b"")
+    Path("k=v.safetensors").write_bytes(b"")
+    assert LoraSpec.parse("odd:0.5") == LoraSpec(Path("odd:0.5"))  # an existing file is taken whole
+    assert LoraSpec.parse("k=v.safetensors:2") == LoraSpec(Path("k=v.safetensors"), 2.0)
 
 
 def test_plan_shows_what_each_lora_touches(wan_tiny, tmp_path):

@@ -44,6 +44,7 @@ class _AddDelta:
 class _Step:
     names: tuple[str, ...]
     used: set[str] = field(default_factory=set)
+    inputs: tuple[Path, ...] = ()
 
     def transforms_for(self, component: str, tensors: dict[str, TensorInfo]):
         touched = {n: tensors[n] for n in self.names if n in tensors}
