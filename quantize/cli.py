@@ -146,13 +146,23 @@ def cli(debug: bool) -> None:
 
 @cli.command("recipes")
 @click.argument("name", required=False)
-def recipes_cmd(name: str | None) -> None:
+@click.option(
+    "--for",
+    "source",
+    default=None,
+    metavar="SOURCE",
+    help="Only the recipes that fit this source folder (its layout detected, each recipe planned on it).",
+)
+def recipes_cmd(name: str | None, source: str | None) -> None:
     """List the bundled recipes, or print the YAML of one (to copy and edit)."""
     from .recipes import bundled_recipe, bundled_recipes
 
     if name:
         loaded = bundled_recipe(name)
         click.echo(bundled_recipes()[loaded.origin.removeprefix("bundled:")], nl=False)
+        return
+    if source is not None:
+        _recipes_for(Path(source))
         return
     table = Table(title="Bundled recipes (quantize recipes NAME prints one)", title_justify="left")
     for col in ("recipe", "format", "components", "what it is for"):
@@ -163,14 +173,74 @@ def recipes_cmd(name: str | None) -> None:
     out.print(table)
 
 
+def _recipes_for(source: Path) -> None:
+    from .detect import DEFAULT_RECIPES, detect_layouts
+    from .plan import make_plan
+    from .recipes import bundled_recipe, bundled_recipes
+
+    layouts = detect_layouts(source)
+    for lay in layouts:
+        out.print(f"{escape(str(source))}: {lay.name} ({lay.why})")
+    if not layouts:
+        out.print(f"{escape(str(source))}: no known layout; trying every bundled recipe")
+    defaults = {r: fmt for lay in layouts for fmt, r in DEFAULT_RECIPES[lay.name].items()}
+    table = Table(
+        title=f"Bundled recipes that fit {escape(str(source))} (each one planned on it)", title_justify="left"
+    )
+    for col in ("recipe", "format", "default for", "what it is for"):
+        table.add_column(col)
+    fits = 0
+    for file in bundled_recipes():
+        r = bundled_recipe(file).recipe
+        try:
+            make_plan(source, r)
+        except QuantizeError:
+            continue
+        fits += 1
+        default = f"--format {defaults[r.name]}" if r.name in defaults else ""
+        table.add_row(file, r.format, default, r.description.strip().splitlines()[0])
+    if not fits:
+        raise InputError(
+            f"{source}: no bundled recipe fits it: write one (quantize recipes NAME prints one to start from)"
+        )
+    out.print(table)
+
+
 def _recipe_option(f):
+    f = click.option(
+        "--format",
+        "fmt",
+        default=None,
+        metavar="FORMAT",
+        help="Instead of --recipe: the bundled recipe of this format for SOURCE's detected layout "
+        "(fp8_channel, torchao_fp8, nf4, comfy_fp8, comfy_int8, gguf); the first line names it and why.",
+    )(f)
     return click.option(
         "--recipe",
         "-r",
         "recipe",
-        required=True,
-        help="Recipe: a YAML file, or a bundled recipe name (see `quantize recipes`).",
+        default=None,
+        help="Recipe: a YAML file, or a bundled recipe name (see `quantize recipes`, `quantize recipes --for SOURCE`).",
     )(f)
+
+
+def _chosen_recipe(source: str, recipe: str | None, fmt: str | None) -> str:
+    """--recipe as given, or the bundled recipe --format picks for SOURCE's layout (said in the first line)."""
+    if (recipe is None) == (fmt is None):
+        raise InputError("give --recipe RECIPE or --format FORMAT (one of them)")
+    if recipe is not None:
+        return recipe
+    from .detect import recipe_for_format
+
+    folder = Path(source)
+    if not folder.is_dir():
+        raise InputError(
+            f"{source}: --format detects the layout of a local folder; for a Hub repo id give --recipe "
+            "(quantize recipes lists them)"
+        )
+    name, layout = recipe_for_format(folder, fmt)
+    out.print(f"recipe {name}: {layout.why}")
+    return name
 
 
 def _lora_options(f):
@@ -196,14 +266,16 @@ def _lora_options(f):
 @click.argument("source")
 @_recipe_option
 @_lora_options
-def plan_cmd(source: str, recipe: str, loras: tuple[str, ...], lora_unmatched: str) -> None:
+def plan_cmd(
+    source: str, recipe: str | None, fmt: str | None, loras: tuple[str, ...], lora_unmatched: str
+) -> None:
     """Dry run: what each tensor of SOURCE (a folder or a Hub repo id) becomes under RECIPE, and the sizes."""
     from .hub import recipe_files, resolve_source
     from .lora import open_loras
     from .plan import make_plan
     from .recipes import load_recipe
 
-    loaded = load_recipe(recipe)
+    loaded = load_recipe(_chosen_recipe(source, recipe, fmt))
     merge = open_loras(loras, lora_unmatched, loaded.recipe.components) if loras else None
     folder, _, _ = resolve_source(source, recipe_files(loaded.recipe))
     plan = make_plan(folder, loaded.recipe, steps=[merge] if merge else ())
@@ -344,7 +416,8 @@ def _plan_groups(plan) -> list[tuple]:
 def convert_cmd(
     source: str,
     output: Path,
-    recipe: str,
+    recipe: str | None,
+    fmt: str | None,
     overwrite: bool,
     max_shard_size: str,
     workers: int | None,
@@ -359,6 +432,7 @@ def convert_cmd(
 
     max_bytes = parse_size(max_shard_size, "--max-shard-size")
     t0 = time.monotonic()
+    recipe = _chosen_recipe(source, recipe, fmt)
     progress = _progress("convert", on_start=tune_for_streaming)  # started once torch is imported and planned
     try:
         manifest = convert(

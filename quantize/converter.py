@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import ConversionError, InputError
-from .layout import DEFAULT_MAX_SHARD_SIZE, files_of_components, parse_size
+from .layout import DEFAULT_MAX_SHARD_SIZE, components_in, files_of_components, parse_size
 from .output import check_output_location, claimed_output, publish, staging_dir
 from .progress import NoProgress, Progress
 from .recipes import LoadedRecipe, load_recipe
@@ -77,7 +77,7 @@ def convert(
         folder = folder.absolute()
         check_output_location(folder, out, overwrite)  # a Hub source resolves to its cached folder
         with FileHasher(min(2, workers)) as hasher:
-            for f in files_of_components(folder, loaded.recipe.components):
+            for f in files_of_components(folder, components_in(folder, loaded.recipe.components)):
                 hasher.submit(f, background=True)  # while torch is imported, a core has nothing else to do
             return _convert(
                 folder, out, loaded, overwrite, max_bytes, workers, progress or NoProgress(),

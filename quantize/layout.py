@@ -25,6 +25,8 @@ __all__ = [
     "ComponentFiles",
     "component_files",
     "files_of_components",
+    "component_class",
+    "components_in",
     "confined_path",
     "relative_path_problem",
     "no_duplicate_keys",
@@ -142,6 +144,37 @@ def files_of_components(root: Path, components: list[str]) -> list[Path]:
             continue
         files += found.shards + ([found.index] if found.index else [])
     return files
+
+
+def component_class(folder: Path) -> str | None:
+    """The ``_class_name`` of `folder`'s config.json, or None (no config, unreadable, not a model's)."""
+    path = Path(folder) / CONFIG_NAME
+    if not path.is_file():
+        return None
+    try:
+        cls = read_json_object(path).get("_class_name")
+    except InputError:
+        return None
+    return cls if isinstance(cls, str) else None
+
+
+def components_in(source: Path, components: list[str]) -> list[str]:
+    """The components of a recipe as they lie in `source`: as named, or ``["."]`` when `source` is itself the
+    one component folder the recipe names (a bare ``transformer/``: its own config.json with a ``_class_name``,
+    and safetensors), so that it is converted as that component, at the output's root.
+
+    A recipe naming two components given one of them is refused, saying which folder to point at."""
+    source = Path(source)
+    missing = [rel for rel in components if rel != "." and not (source / rel).is_dir()]
+    cls = component_class(source)
+    if not missing or cls is None or not any(source.glob("*.safetensors")):
+        return components
+    if len(components) > 1:
+        raise InputError(
+            f"{source}: is one model's folder ({cls}), and the recipe converts {len(components)} "
+            f"({', '.join(components)}): point at the folder that holds them all, not at one of them"
+        )
+    return ["."]
 
 
 def _shards_without_index(comp_dir: Path) -> tuple[list[Path], str]:

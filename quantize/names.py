@@ -36,6 +36,7 @@ __all__ = [
     "WAN_NATIVE",
     "wan_native_name",
     "wan_diffusers_name",
+    "wan_naming",
     "NAME_TABLES",
     "get_name_table",
 ]
@@ -191,15 +192,28 @@ _WAN_DIFFUSERS_MARKS = ("condition_embedder.", "blocks.0.attn1.")
 _WAN_NATIVE_MARKS = ("head.modulation", "blocks.0.self_attn.")
 
 
+def wan_naming(names: Iterable[str]) -> str | None:
+    """Which Wan naming a model's tensor names follow: ``native``, ``diffusers``, ``mixed``, or None (not Wan).
+
+    >>> wan_naming(["head.modulation", "blocks.0.self_attn.q.weight"]), wan_naming(["proj_out.weight"])
+    ('native', None)
+    """
+    names = list(names)
+    native = any(n.startswith(_WAN_NATIVE_MARKS) for n in names)
+    diffusers = any(n.startswith(_WAN_DIFFUSERS_MARKS) for n in names)
+    return "mixed" if native and diffusers else "native" if native else "diffusers" if diffusers else None
+
+
 def _wan_native(names: Sequence[str], where: str) -> Renamer:
-    if any(n.startswith(_WAN_NATIVE_MARKS) for n in names):
-        mixed = next((n for n in names if n.startswith(_WAN_DIFFUSERS_MARKS)), None)
-        if mixed is not None:
-            raise InputError(
-                f"{where}: tensor {mixed!r} has a diffusers name among Wan's native names: one naming per model"
-            )
+    naming = wan_naming(names)
+    if naming == "mixed":
+        mixed = next(n for n in names if n.startswith(_WAN_DIFFUSERS_MARKS))
+        raise InputError(
+            f"{where}: tensor {mixed!r} has a diffusers name among Wan's native names: one naming per model"
+        )
+    if naming == "native":
         return lambda name: name  # already native (Wan2.1/2.2, A14B experts, LingBot-World)
-    if not any(n.startswith(_WAN_DIFFUSERS_MARKS) for n in names):
+    if naming is None:
         raise InputError(
             f"{where}: the tensor names are neither Wan's native names nor diffusers' WanTransformer3DModel names "
             "(e.g. no head.modulation, no condition_embedder): this format writes native Wan names, "

@@ -27,7 +27,7 @@ from . import dtypes
 from .checkpoint import CONFIG_NAME, Component, TensorInfo, open_component
 from .errors import InputError
 from .formats import FORMATS, Format, UnsupportedShapeError, format_info, get_format, quantized_parts
-from .layout import read_json_object
+from .layout import components_in, read_json_object
 from .manifest import MANIFEST_NAME, RECIPE_NAME
 from .names import IDENTITY, WEIGHT_SUFFIX, NameTable, get_name_table, manifest_key, module_name
 from .recipes import Recipe
@@ -40,6 +40,7 @@ __all__ = [
     "Plan",
     "make_plan",
     "plan_component",
+    "fitted_recipe",
     "other_files",
     "KEEP_DTYPES",
 ]
@@ -370,6 +371,13 @@ def _check_no_unconverted_twin(source: Path, components: list[Component], files:
             )
 
 
+def fitted_recipe(recipe: Recipe, source: Path) -> Recipe:
+    """`recipe` as it applies to `source`: a recipe naming one component, given that component's folder itself,
+    converts it as the root (`layout.components_in`); the plan, recipe.yaml and the manifest then say so."""
+    components = components_in(source, recipe.components)
+    return recipe if components == recipe.components else recipe.model_copy(update={"components": components})
+
+
 def make_plan(source: Path, recipe: Recipe, *, steps: Sequence[TensorStep] = ()) -> Plan:
     """Open every component the recipe names and decide each tensor's fate, reading headers only.
 
@@ -378,6 +386,7 @@ def make_plan(source: Path, recipe: Recipe, *, steps: Sequence[TensorStep] = ())
     source = Path(source)
     if not source.is_dir():
         raise InputError(f"{source}: source directory not found")
+    recipe = fitted_recipe(recipe, source)
     names = get_name_table(format_info(recipe.format).names)
     components = []
     for rel in recipe.components:

@@ -1,0 +1,162 @@
+"""A converted model in a whole diffusers pipeline, each way the README shows, against the bf16 pipeline.
+
+A tiny `WanPipeline` (transformer, `AutoencoderKLWan`, scheduler; no text encoder: prompts are given as
+embeddings) is saved as a source; each way of running a converted transformer in it denoises two steps and
+decodes frames, compared with the bf16 pipeline's frames by SQNR.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import run_cli
+from tests.diffusers_models import wan_model
+
+NO_TEXT = dict(text_encoder=None, tokenizer=None, transformer_2=None)  # prompts come as embeddings
+
+
+def _save_pipeline(path: Path) -> Path:
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline
+
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan(
+        base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True]
+    )
+    pipe = WanPipeline(
+        tokenizer=None,
+        text_encoder=None,
+        transformer=wan_model().to(torch.bfloat16),
+        vae=vae,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+    )
+    pipe.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    return _save_pipeline(tmp_path_factory.mktemp("pipelines") / "Wan-tiny-Diffusers")
+
+
+def _run(pipe, output_type: str) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    embeds = torch.randn(1, 8, 64, generator=g).to(torch.bfloat16)
+    out = pipe(
+        prompt_embeds=embeds,
+        negative_prompt_embeds=torch.zeros_like(embeds),
+        height=32,
+        width=32,
+        num_frames=5,
+        num_inference_steps=2,
+        guidance_scale=1.0,
+        output_type=output_type,
+        generator=torch.Generator().manual_seed(1),
+    ).frames
+    return out.float().cpu()
+
+
+def frames(pipe) -> tuple[torch.Tensor, torch.Tensor]:
+    """The denoised latents and the decoded frames of two steps on fixed inputs."""
+    return _run(pipe, "latent"), _run(pipe, "pt")
+
+
+def assert_close_to(reference, got, min_db: float = 35.0) -> None:
+    """The frames (dominated by the VAE: an unrelated transformer still gives about 25 dB) and the latents
+    (the transformer's own work: an unrelated one gives about 3 dB) both close to the bf16 pipeline's."""
+    (ref_latents, ref_frames), (latents, frames_) = reference, got
+    assert frames_.shape == ref_frames.shape
+    assert min_db < sqnr_db(ref_frames, frames_) < math.inf
+    assert min_db - 5 < sqnr_db(ref_latents, latents) < math.inf
+
+
+def sqnr_db(reference: torch.Tensor, x: torch.Tensor) -> float:
+    noise = (reference - x).pow(2).sum().item()
+    return math.inf if noise == 0 else 10 * math.log10(reference.pow(2).sum().item() / noise)
+
+
+@pytest.fixture(scope="module")
+def reference(source) -> torch.Tensor:
+    from diffusers import WanPipeline
+
+    return frames(WanPipeline.from_pretrained(source, torch_dtype=torch.bfloat16, **NO_TEXT))
+
+
+def _convert(source: Path, out: Path, recipe: str) -> Path:
+    run_cli("convert", source, out, "--recipe", recipe, check=True)
+    return out
+
+
+def test_an_unrelated_transformer_fails_the_comparison(source, reference):
+    """The comparison can fail: another random transformer in the same pipeline."""
+    from diffusers import WanPipeline
+
+    torch.manual_seed(5)
+    pipe = WanPipeline.from_pretrained(
+        source, transformer=wan_model().to(torch.bfloat16), torch_dtype=torch.bfloat16, **NO_TEXT
+    )
+    with pytest.raises(AssertionError):
+        assert_close_to(reference, frames(pipe))
+
+
+def test_the_converted_pipeline_folder_runs_in_diffusers(source, reference, tmp_path):
+    """`WanPipeline.from_pretrained(OUT)`: the recipe copies the VAE, scheduler and model_index.json."""
+    from diffusers import WanPipeline
+    from torchao.quantization import Float8Tensor
+
+    out = _convert(source, tmp_path / "fp8", "wan-diffusers-torchao-fp8")
+    pipe = WanPipeline.from_pretrained(out, torch_dtype=torch.bfloat16, **NO_TEXT)
+    assert isinstance(pipe.transformer.blocks[0].attn1.to_q.weight, Float8Tensor)
+    assert_close_to(reference, frames(pipe))
+
+
+@pytest.mark.parametrize("recipe", ["wan-diffusers-fp8", "wan-diffusers-nf4"])
+def test_the_source_pipeline_with_load_quantized(recipe, source, reference, tmp_path):
+    """The source pipeline, its transformer replaced by `loaders.load_quantized` of the converted one."""
+    from diffusers import WanPipeline, WanTransformer3DModel
+
+    from loaders import load_quantized
+
+    out = _convert(source, tmp_path / recipe, recipe)
+    transformer = load_quantized(WanTransformer3DModel, out / "transformer", host="mmap")
+    pipe = WanPipeline.from_pretrained(source, transformer=transformer, torch_dtype=torch.bfloat16, **NO_TEXT)
+    assert_close_to(reference, frames(pipe))
+
+
+def test_a_gguf_transformer_in_the_source_pipeline(source, reference, tmp_path):
+    """diffusers' GGUF loader on our file, in native Wan names, with the source's config."""
+    from diffusers import GGUFQuantizationConfig, WanPipeline, WanTransformer3DModel
+
+    out = _convert(source, tmp_path / "gguf", "wan-diffusers-gguf-q8_0")
+    transformer = WanTransformer3DModel.from_single_file(
+        out / "transformer" / "transformer.gguf",
+        config=str(source),
+        subfolder="transformer",
+        quantization_config=GGUFQuantizationConfig(compute_dtype=torch.bfloat16),
+        torch_dtype=torch.bfloat16,
+    )
+    pipe = WanPipeline.from_pretrained(source, transformer=transformer, torch_dtype=torch.bfloat16, **NO_TEXT)
+    assert_close_to(reference, frames(pipe))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_block_offload_and_nf4_in_diffusers_on_a_gpu(source, reference, tmp_path):
+    """On a GPU: the source pipeline with a block-offloaded transformer, and diffusers' own NF4 loading."""
+    from diffusers import WanPipeline, WanTransformer3DModel
+
+    from loaders import enable_block_offload, load_quantized
+
+    out = _convert(source, tmp_path / "fp8", "wan-diffusers-fp8")
+    transformer = load_quantized(WanTransformer3DModel, out / "transformer", host="pinned")
+    enable_block_offload(transformer, device="cuda", host="pinned")
+    pipe = WanPipeline.from_pretrained(source, transformer=transformer, torch_dtype=torch.bfloat16, **NO_TEXT)
+    pipe.vae.to("cuda")
+    assert_close_to(
+        reference, frames(pipe), min_db=25
+    )  # GPU kernels round differently from the CPU reference
+    nf4 = _convert(source, tmp_path / "nf4", "wan-diffusers-nf4")
+    pipe = WanPipeline.from_pretrained(nf4, torch_dtype=torch.bfloat16, **NO_TEXT).to("cuda")
+    assert_close_to(reference, frames(pipe), min_db=25)
