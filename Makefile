@@ -21,9 +21,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 demo: setup
 	rm -rf $(DEMO)
 	$(BIN)/quantize example $(DEMO)/Wan2.1-T2V-small --preset small --layout t2v --lora $(DEMO)/style-lora.safetensors
-	$(BIN)/quantize recipes
-	$(BIN)/quantize plan $(DEMO)/Wan2.1-T2V-small --recipe wan-fp8.yaml
-	$(BIN)/quantize convert $(DEMO)/Wan2.1-T2V-small $(DEMO)/Wan2.1-T2V-small-fp8 --recipe wan-fp8.yaml
+	$(BIN)/quantize recipes --for $(DEMO)/Wan2.1-T2V-small
+	$(BIN)/quantize plan $(DEMO)/Wan2.1-T2V-small --format fp8_channel
+	$(BIN)/quantize convert $(DEMO)/Wan2.1-T2V-small $(DEMO)/Wan2.1-T2V-small-fp8 --format fp8_channel
 	$(BIN)/quantize verify $(DEMO)/Wan2.1-T2V-small-fp8 --source $(DEMO)/Wan2.1-T2V-small
 	$(BIN)/quantize inspect $(DEMO)/Wan2.1-T2V-small-fp8
 	$(BIN)/quantize convert $(DEMO)/Wan2.1-T2V-small $(DEMO)/Wan2.1-T2V-small-comfy-fp8 --recipe wan-comfy-fp8.yaml

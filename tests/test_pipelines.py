@@ -2,7 +2,8 @@
 
 A tiny `WanPipeline` (transformer, `AutoencoderKLWan`, scheduler; no text encoder: prompts are given as
 embeddings) is saved as a source; each way of running a converted transformer in it denoises two steps and
-decodes frames, compared with the bf16 pipeline's frames by SQNR.
+decodes frames, compared with the bf16 pipeline's frames by SQNR. The same for a tiny
+`Kandinsky5T2VPipeline` (`AutoencoderKLHunyuanVideo`; Qwen and CLIP embeddings given).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from tests.conftest import run_cli
-from tests.diffusers_models import wan_model
+from tests.diffusers_models import kandinsky5, wan_model
 
 NO_TEXT = dict(text_encoder=None, tokenizer=None, transformer_2=None)  # prompts come as embeddings
 
@@ -115,15 +116,18 @@ def test_the_converted_pipeline_folder_runs_in_diffusers(source, reference, tmp_
 
 @pytest.mark.parametrize("recipe", ["wan-diffusers-fp8", "wan-diffusers-nf4"])
 def test_the_source_pipeline_with_load_quantized(recipe, source, reference, tmp_path):
-    """The source pipeline, its transformer replaced by `loaders.load_quantized` of the converted one."""
+    """The source pipeline, its transformer replaced by `loaders.load_quantized` of the converted one, its
+    blocks streamed by the block offloader (to the CPU here; to "cuda" on a GPU)."""
     from diffusers import WanPipeline, WanTransformer3DModel
 
-    from loaders import load_quantized
+    from loaders import enable_block_offload, load_quantized
 
     out = _convert(source, tmp_path / recipe, recipe)
-    transformer = load_quantized(WanTransformer3DModel, out / "transformer", host="mmap")
+    transformer = load_quantized(WanTransformer3DModel, out / "transformer", host="mmap", dtype=torch.bfloat16)
+    offloader = enable_block_offload(transformer, device="cpu", host="pageable")
     pipe = WanPipeline.from_pretrained(source, transformer=transformer, torch_dtype=torch.bfloat16, **NO_TEXT)
     assert_close_to(reference, frames(pipe))
+    assert offloader.stats.block_copies > 0  # the blocks did go through the offloader
 
 
 def test_a_gguf_transformer_in_the_source_pipeline(source, reference, tmp_path):
@@ -160,3 +164,82 @@ def test_block_offload_and_nf4_in_diffusers_on_a_gpu(source, reference, tmp_path
     nf4 = _convert(source, tmp_path / "nf4", "wan-diffusers-nf4")
     pipe = WanPipeline.from_pretrained(nf4, torch_dtype=torch.bfloat16, **NO_TEXT).to("cuda")
     assert_close_to(reference, frames(pipe), min_db=25)
+
+
+# --- Kandinsky 5 ---------------------------------------------------------------------------------
+
+K5_NO_TEXT = dict(text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None)
+
+
+def _save_kandinsky5_pipeline(path: Path) -> Path:
+    from diffusers import (
+        AutoencoderKLHunyuanVideo,
+        FlowMatchEulerDiscreteScheduler,
+        Kandinsky5T2VPipeline,
+        Kandinsky5Transformer3DModel,
+    )
+
+    kandinsky5(path / "transformer")
+    torch.manual_seed(0)
+    vae = AutoencoderKLHunyuanVideo(
+        latent_channels=16, block_out_channels=(8, 8, 8, 8), layers_per_block=1, norm_num_groups=4,
+        mid_block_add_attention=False,
+    )  # fmt: skip
+    transformer = Kandinsky5Transformer3DModel.from_pretrained(path / "transformer")
+    with torch.no_grad():  # diffusers starts the output layers at zero: the transformer would change nothing
+        for param in transformer.parameters():
+            if not param.any():
+                param.normal_(0, 0.02)
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=5.0)
+    Kandinsky5T2VPipeline(
+        transformer=transformer, vae=vae, scheduler=scheduler, **K5_NO_TEXT
+    ).save_pretrained(path)
+    return path
+
+
+def _run_kandinsky5(pipe, output_type: str) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    qwen, clip = torch.randn(1, 6, 64, generator=g).bfloat16(), torch.randn(1, 64, generator=g).bfloat16()
+    seqlens = torch.tensor([0, 6], dtype=torch.int32)
+    out = pipe(
+        prompt_embeds_qwen=qwen,
+        prompt_embeds_clip=clip,
+        prompt_cu_seqlens=seqlens,
+        negative_prompt_embeds_qwen=torch.zeros_like(qwen),
+        negative_prompt_embeds_clip=torch.zeros_like(clip),
+        negative_prompt_cu_seqlens=seqlens,
+        height=32,
+        width=32,
+        num_frames=5,
+        num_inference_steps=2,
+        guidance_scale=1.0,
+        output_type=output_type,
+        generator=torch.Generator().manual_seed(1),
+    ).frames
+    return out.float().cpu()
+
+
+def test_a_converted_kandinsky5_pipeline_folder_runs_in_diffusers(tmp_path):
+    from diffusers import Kandinsky5T2VPipeline, Kandinsky5Transformer3DModel
+    from torchao.quantization import Float8Tensor
+
+    source = _save_kandinsky5_pipeline(tmp_path / "Kandinsky5-tiny")
+
+    def run(pipe):
+        return _run_kandinsky5(pipe, "latent"), _run_kandinsky5(pipe, "pt")
+
+    reference = run(Kandinsky5T2VPipeline.from_pretrained(source, torch_dtype=torch.bfloat16, **K5_NO_TEXT))
+    out = _convert(source, tmp_path / "fp8", "kandinsky5-torchao-fp8")
+    pipe = Kandinsky5T2VPipeline.from_pretrained(out, torch_dtype=torch.bfloat16, **K5_NO_TEXT)
+    assert any(isinstance(p, Float8Tensor) for p in pipe.transformer.parameters())
+    assert_close_to(reference, run(pipe))
+    torch.manual_seed(5)
+    other = Kandinsky5Transformer3DModel.from_pretrained(source / "transformer", torch_dtype=torch.bfloat16)
+    with torch.no_grad():
+        for param in other.parameters():
+            param.normal_(0, 0.02)
+    pipe = Kandinsky5T2VPipeline.from_pretrained(
+        source, transformer=other, torch_dtype=torch.bfloat16, **K5_NO_TEXT
+    )
+    with pytest.raises(AssertionError):  # the comparison can fail
+        assert_close_to(reference, run(pipe))
