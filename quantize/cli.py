@@ -157,6 +157,10 @@ def recipes_cmd(name: str | None, source: str | None) -> None:
     """List the bundled recipes, or print the YAML of one (to copy and edit)."""
     from .recipes import bundled_recipe, bundled_recipes
 
+    if name and source is not None:
+        raise InputError(
+            "give a recipe NAME (to print it) or --for SOURCE (to list those that fit), not both"
+        )
     if name:
         loaded = bundled_recipe(name)
         click.echo(bundled_recipes()[loaded.origin.removeprefix("bundled:")], nl=False)
@@ -233,10 +237,14 @@ def _chosen_recipe(source: str, recipe: str | None, fmt: str | None) -> str:
     from .detect import recipe_for_format
 
     folder = Path(source)
+    if folder.exists() and not folder.is_dir():
+        raise InputError(
+            f"{source}: not a folder: SOURCE is a model's folder (or a Hub repo id, with --recipe)"
+        )
     if not folder.is_dir():
         raise InputError(
-            f"{source}: --format detects the layout of a local folder; for a Hub repo id give --recipe "
-            "(quantize recipes lists them)"
+            f"{source}: no such folder; --format looks inside a local folder (for a Hub repo id, give --recipe: "
+            "quantize recipes lists them)"
         )
     name, layout = recipe_for_format(folder, fmt)
     out.print(f"recipe {name}: {layout.why}")
@@ -276,7 +284,7 @@ def plan_cmd(
     from .recipes import load_recipe
 
     loaded = load_recipe(_chosen_recipe(source, recipe, fmt))
-    merge = open_loras(loras, lora_unmatched, loaded.recipe.components) if loras else None
+    merge = open_loras(loras, lora_unmatched, loaded.recipe.components, Path(source)) if loras else None
     folder, _, _ = resolve_source(source, recipe_files(loaded.recipe))
     plan = make_plan(folder, loaded.recipe, steps=[merge] if merge else ())
     labels = {p: f"t{i}" for i, p in enumerate(plan.recipe.targets, 1)} | {

@@ -68,7 +68,7 @@ def convert(
     if workers < 1:
         raise InputError(f"--workers must be at least 1, got {workers}")
     out = Path(out).absolute()
-    merge = _open_loras(loras, lora_unmatched, loaded.recipe.components) if loras else None
+    merge = _open_loras(loras, lora_unmatched, loaded.recipe.components, source) if loras else None
     with claimed_output(Path(source), out, overwrite, report=on_recovery):
         from .hashing import FileHasher
         from .hub import recipe_files, resolve_source
@@ -76,8 +76,11 @@ def convert(
         folder, source_name, repo_id = resolve_source(source, recipe_files(loaded.recipe))
         folder = folder.absolute()
         check_output_location(folder, out, overwrite)  # a Hub source resolves to its cached folder
+        components = components_in(folder, loaded.recipe.components)
+        if repo_id is None and components != loaded.recipe.components:  # a bare transformer/: name its model
+            source_name = f"{folder.parent.name}/{folder.name}"
         with FileHasher(min(2, workers)) as hasher:
-            for f in files_of_components(folder, components_in(folder, loaded.recipe.components)):
+            for f in files_of_components(folder, components):
                 hasher.submit(f, background=True)  # while torch is imported, a core has nothing else to do
             return _convert(
                 folder, out, loaded, overwrite, max_bytes, workers, progress or NoProgress(),
@@ -85,11 +88,11 @@ def convert(
             )  # fmt: skip
 
 
-def _open_loras(specs, unmatched: str, components):
+def _open_loras(specs, unmatched: str, components, source):
     """Every LoRA file read and checked (headers), before OUT is claimed: a bad one is refused before any work."""
     from .lora import open_loras
 
-    return open_loras(specs, unmatched, components)
+    return open_loras(specs, unmatched, components, Path(source))
 
 
 def _convert(

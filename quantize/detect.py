@@ -27,7 +27,7 @@ from pathlib import Path
 from .checkpoint import Component, open_component
 from .errors import InputError
 from .formats import FORMAT_INFO
-from .layout import component_class
+from .layout import bare_model_class, component_class
 from .names import wan_naming
 
 __all__ = ["SourceLayout", "DEFAULT_RECIPES", "detect_layouts", "recipe_for_format"]
@@ -73,18 +73,30 @@ class SourceLayout:
 
 
 def _open(folder: Path, rel: str) -> Component | None:
-    """The component, or None where `rel` holds none (no folder, no safetensors)."""
+    """The component, or None where `rel` holds no readable one (no folder, no safetensors, loose files that
+    form no model: detection looks, and the conversion reports what is wrong with the folder it converts)."""
     where = folder if rel == "." else folder / rel
-    if not where.is_dir() or not any(where.glob("*.safetensors")):
+    if not where.is_dir():
         return None
-    return open_component(folder, rel)
+    try:
+        return open_component(folder, rel)
+    except InputError:
+        return None
 
 
-def _diffusers_class(folder: Path, comp: Component) -> str | None:
+def _diffusers_class(comp: Component) -> str | None:
     cls = component_class(comp.dir)
     if cls in (_WAN_CLASS, _KANDINSKY_CLASS):
         return cls
     return _WAN_CLASS if wan_naming(comp.tensors) == "diffusers" else None
+
+
+def _wan_kind(comp: Component) -> str:
+    """T2V, I2V, TI2V, ...: the config's model_type, else told by the image embedder."""
+    model_type = (comp.config or {}).get("model_type")
+    if isinstance(model_type, str) and model_type:
+        return model_type.upper()
+    return "I2V" if any(n.startswith("img_emb.") for n in comp.tensors) else "T2V"
 
 
 def detect_layouts(folder: Path) -> list[SourceLayout]:
@@ -106,7 +118,7 @@ def detect_layouts(folder: Path) -> list[SourceLayout]:
             found.append(SourceLayout("wan2.2-a14b", "Wan2.2 A14B layout, original names, 2 experts"))
     transformer = _open(folder, "transformer")
     if transformer is not None:
-        cls = _diffusers_class(folder, transformer)
+        cls = _diffusers_class(transformer)
         if cls == _KANDINSKY_CLASS:
             found.append(SourceLayout("kandinsky5", f"Kandinsky 5, diffusers layout ({cls} in transformer/)"))
         elif cls == _WAN_CLASS and _open(folder, "transformer_2") is not None:
@@ -120,15 +132,14 @@ def detect_layouts(folder: Path) -> list[SourceLayout]:
             found.append(SourceLayout("wan-diffusers", f"Wan, diffusers layout ({cls} in transformer/)"))
     root = _open(folder, ".")
     if root is not None:
-        naming = wan_naming(root.tensors)
-        cls = _diffusers_class(folder, root) if naming != "native" else None
-        if naming == "native":
-            kind = "I2V" if any(n.startswith("img_emb.") for n in root.tensors) else "T2V"
+        bare = bare_model_class(folder)  # what the conversion takes as a bare component folder
+        if wan_naming(root.tensors) == "native":
+            kind = _wan_kind(root)
             found.append(SourceLayout("wan", f"Wan2.1/2.2 {kind}, original names, one model at the root"))
-        elif cls == _KANDINSKY_CLASS:
-            found.append(SourceLayout("kandinsky5", f"Kandinsky 5, a bare {cls} folder"))
-        elif cls == _WAN_CLASS:
-            found.append(SourceLayout("wan-diffusers", f"Wan, a bare {cls} folder (diffusers names)"))
+        elif bare == _KANDINSKY_CLASS:
+            found.append(SourceLayout("kandinsky5", f"Kandinsky 5, a bare {bare} folder"))
+        elif bare == _WAN_CLASS:
+            found.append(SourceLayout("wan-diffusers", f"Wan, a bare {bare} folder (diffusers names)"))
     return found
 
 

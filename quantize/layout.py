@@ -26,6 +26,7 @@ __all__ = [
     "component_files",
     "files_of_components",
     "component_class",
+    "bare_model_class",
     "components_in",
     "confined_path",
     "relative_path_problem",
@@ -158,21 +159,38 @@ def component_class(folder: Path) -> str | None:
     return cls if isinstance(cls, str) else None
 
 
+def bare_model_class(folder: Path) -> str | None:
+    """The class of the one model `folder` itself holds when it is a diffusers model folder (a config.json whose
+    ``_class_name`` is a transformer class, and safetensors beside it), else None. Wan's original releases
+    (``WanModel``) hold their model at the root as they always do: not a bare folder."""
+    folder = Path(folder)
+    cls = component_class(folder)
+    if cls is None or "Transformer" not in cls or not any(folder.glob("*.safetensors")):
+        return None
+    return cls
+
+
 def components_in(source: Path, components: list[str]) -> list[str]:
     """The components of a recipe as they lie in `source`: as named, or ``["."]`` when `source` is itself the
-    one component folder the recipe names (a bare ``transformer/``: its own config.json with a ``_class_name``,
-    and safetensors), so that it is converted as that component, at the output's root.
+    one model folder the recipe names (a bare diffusers ``transformer/``: `bare_model_class`), so that it is
+    converted as that component, at the output's root.
 
     A recipe naming two components given one of them is refused, saying which folder to point at."""
     source = Path(source)
-    missing = [rel for rel in components if rel != "." and not (source / rel).is_dir()]
-    cls = component_class(source)
-    if not missing or cls is None or not any(source.glob("*.safetensors")):
+    if all(rel == "." or (source / rel).is_dir() for rel in components):
         return components
+    cls = bare_model_class(source)
+    if cls is None:
+        return components  # the plan says which component folder is missing
     if len(components) > 1:
+        where = (
+            f"point at {source.parent}"
+            if source.name in components
+            else "point at the folder that holds them all"
+        )
         raise InputError(
             f"{source}: is one model's folder ({cls}), and the recipe converts {len(components)} "
-            f"({', '.join(components)}): point at the folder that holds them all, not at one of them"
+            f"({', '.join(components)}): {where}, not at one of them"
         )
     return ["."]
 

@@ -26,6 +26,7 @@ LoraSpec(path=PosixPath('lightning-high.safetensors'), strength=0.8, component='
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 import re
@@ -38,7 +39,7 @@ import torch
 from . import dtypes
 from .checkpoint import TensorInfo, read_header, read_rows, read_tensor
 from .errors import InputError
-from .layout import relative_path_problem
+from .layout import components_in, relative_path_problem
 from .names import wan_diffusers_name, wan_native_name
 
 __all__ = [
@@ -234,10 +235,22 @@ def open_lora(spec: LoraSpec) -> LoraFile:
     return LoraFile(spec, path.stat().st_size, list(modules.values()))
 
 
-def open_loras(specs: Sequence[LoraSpec | str], unmatched: str = "error", components=None) -> LoraMerge:
+def open_loras(
+    specs: Sequence[LoraSpec | str],
+    unmatched: str = "error",
+    components: Sequence[str] | None = None,
+    source: Path | None = None,
+) -> LoraMerge:
     """The merge of `specs` (or their ``[COMPONENT=]FILE[:STRENGTH]`` texts), every file opened and checked:
-    what `convert --lora` and `plan --lora` apply. `components`: the recipe's (a LoRA for another is refused)."""
+    what `convert --lora` and `plan --lora` apply. `components`: the recipe's (a LoRA for another is refused);
+    with `source`, as they lie there (a bare ``transformer/`` is converted as the root, so a LoRA given for
+    ``transformer`` is for the root)."""
     specs = [s if isinstance(s, LoraSpec) else LoraSpec.parse(str(s)) for s in specs]
+    if components is not None and source is not None and Path(source).is_dir():
+        fitted = components_in(Path(source), list(components))
+        if fitted != list(components):
+            specs = [dataclasses.replace(s, component=".") if s.component in components else s for s in specs]
+            components = fitted
     for spec in specs:
         problem = relative_path_problem(recorded_path(spec.path))
         if problem is not None:

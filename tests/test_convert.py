@@ -291,7 +291,7 @@ def test_debug_shows_traceback_and_keeps_the_exit_code(wan_tiny, tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["convert", "a", "b"], "Missing option '--recipe'"),
+        (["convert", "a", "b"], "give --recipe RECIPE or --format FORMAT (one of them)"),
         (["convert", "a", "b", "-r", "wan-fp8", "--workers", "many"], "'many' is not a valid integer"),
         (["frobnicate"], "No such command 'frobnicate'"),
     ],

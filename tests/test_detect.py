@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -184,7 +185,67 @@ def test_a_two_component_recipe_on_one_component_says_where_to_point(sources, tm
     line = _one_line_exit_2(run_cli("convert", bare, tmp_path / "o", "--recipe", "wan2.2-a14b-diffusers-fp8"))
     assert line.endswith(
         "is one model's folder (WanTransformer3DModel), and the recipe converts 2 (transformer, transformer_2): "
-        "point at the folder that holds them all, not at one of them"
+        f"point at {sources['diffusers-a14b']}, not at one of them"
     )
     with pytest.raises(InputError, match="is one model's folder"):
         make_plan(bare, load_recipe("wan2.2-a14b-diffusers-fp8").recipe)
+
+
+def test_a_model_at_the_root_is_not_a_bare_folder(sources):
+    """Wan's own releases keep their model (config class WanModel) at the root: a recipe for other folders
+    is told which folder is missing, not that SOURCE is one component."""
+    for recipe, missing in (("wan2.2-a14b-fp8", "high_noise_model"), ("wan-diffusers-fp8", "transformer")):
+        line = _one_line_exit_2(run_cli("plan", sources["t2v"], "--recipe", recipe))
+        assert f"component folder {missing!r} named by the recipe is missing" in line
+
+
+def test_detection_agrees_with_the_conversion_on_odd_folders(sources, tmp_path):
+    # diffusers names but no config.json: no bare model folder for either
+    noconfig = tmp_path / "noconfig"
+    shutil.copytree(sources["bare-wan"], noconfig)
+    (noconfig / "config.json").unlink()
+    assert detect_layouts(noconfig) == []
+    # loose LoRAs beside a pipeline's transformer/: the pipeline is still found
+    loose = tmp_path / "loose"
+    shutil.copytree(sources["diffusers"], loose)
+    for name in ("a.safetensors", "b.safetensors"):
+        save_file({"x.lora_down.weight": torch.zeros(1, 1)}, loose / name)
+    assert [lay.name for lay in detect_layouts(loose)] == ["wan-diffusers"]
+    # the model type says TI2V
+    ti2v = tmp_path / "ti2v"
+    shutil.copytree(sources["t2v"], ti2v)
+    config = read_json(ti2v / "config.json")
+    (ti2v / "config.json").write_text(json.dumps({**config, "model_type": "ti2v"}))
+    assert detect_layouts(ti2v)[0].why.startswith("Wan2.1/2.2 TI2V,")
+
+
+def test_format_on_a_file_or_a_typo_says_so(sources, tmp_path):
+    file = tmp_path / "model.safetensors"
+    save_file({"x": torch.zeros(1)}, file)
+    assert "not a folder" in _one_line_exit_2(run_cli("convert", file, tmp_path / "o", "--format", "nf4"))
+    typo = _one_line_exit_2(run_cli("convert", tmp_path / "typo", tmp_path / "o", "--format", "nf4"))
+    assert "no such folder" in typo
+    both = _one_line_exit_2(run_cli("recipes", "wan-fp8", "--for", sources["t2v"]))
+    assert "not both" in both
+
+
+def test_a_lora_for_the_component_a_bare_folder_is(sources, tmp_path):
+    from tests.test_lora import make_lora, write_lora
+
+    bare = sources["bare-wan"]
+    lora = write_lora(
+        make_lora(bare.parent, seed=1, rel="transformer", diffs=False), tmp_path / "l.safetensors"
+    )
+    run_cli(
+        "convert",
+        bare,
+        tmp_path / "out",
+        "--format",
+        "fp8_channel",
+        "--lora",
+        f"transformer={lora}",
+        check=True,
+    )
+    manifest = read_json(tmp_path / "out" / "quantize_manifest.json")
+    assert manifest["loras"][0]["component"] == "." and manifest["loras"][0]["tensors"] == {".": 20}
+    assert manifest["source"]["name"] == "diffusers/transformer"  # what the card calls the model

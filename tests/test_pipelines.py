@@ -123,7 +123,9 @@ def test_the_source_pipeline_with_load_quantized(recipe, source, reference, tmp_
     from loaders import enable_block_offload, load_quantized
 
     out = _convert(source, tmp_path / recipe, recipe)
-    transformer = load_quantized(WanTransformer3DModel, out / "transformer", host="mmap", dtype=torch.bfloat16)
+    transformer = load_quantized(
+        WanTransformer3DModel, out / "transformer", host="mmap", dtype=torch.bfloat16
+    )
     offloader = enable_block_offload(transformer, device="cpu", host="pageable")
     pipe = WanPipeline.from_pretrained(source, transformer=transformer, torch_dtype=torch.bfloat16, **NO_TEXT)
     assert_close_to(reference, frames(pipe))
@@ -158,12 +160,11 @@ def test_block_offload_and_nf4_in_diffusers_on_a_gpu(source, reference, tmp_path
     enable_block_offload(transformer, device="cuda", host="pinned")
     pipe = WanPipeline.from_pretrained(source, transformer=transformer, torch_dtype=torch.bfloat16, **NO_TEXT)
     pipe.vae.to("cuda")
-    assert_close_to(
-        reference, frames(pipe), min_db=25
-    )  # GPU kernels round differently from the CPU reference
+    # GPU kernels round differently from the CPU reference; an unrelated transformer gives 25 / 3 dB
+    assert_close_to(reference, frames(pipe), min_db=30)
     nf4 = _convert(source, tmp_path / "nf4", "wan-diffusers-nf4")
     pipe = WanPipeline.from_pretrained(nf4, torch_dtype=torch.bfloat16, **NO_TEXT).to("cuda")
-    assert_close_to(reference, frames(pipe), min_db=25)
+    assert_close_to(reference, frames(pipe), min_db=30)
 
 
 # --- Kandinsky 5 ---------------------------------------------------------------------------------
