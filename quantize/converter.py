@@ -96,19 +96,8 @@ def _open_loras(specs, unmatched: str, components, source):
 
 
 def _convert(
-    folder,
-    out,
-    loaded,
-    overwrite,
-    max_bytes,
-    workers,
-    progress,
-    source_name,
-    base_model,
-    steps,
-    merge,
-    hasher,
-):
+    folder, out, loaded, overwrite, max_bytes, workers, progress, source_name, base_model, steps, merge, hasher
+):  # fmt: skip
     from .card import CardFacts, pipeline_tag, source_card_metadata
     from .pipeline import io_problem, write_checkpoint
     from .plan import make_plan

@@ -429,18 +429,8 @@ def test_a_key_that_matches_nothing_is_refused_naming_it(wan_tiny, make_wan, tmp
         "plan", wan_tiny, "--recipe", "wan-fp8", "--lora", path, "--lora-unmatched", "ignore", check=True
     )
     assert "i2v.safetensors: skipped in . (match no tensor)" in plan.stdout
-    run_cli(
-        "convert",
-        wan_tiny,
-        tmp_path / "out",
-        "--recipe",
-        "wan-fp8",
-        "--lora",
-        path,
-        "--lora-unmatched",
-        "ignore",
-        check=True,
-    )
+    ignore = ["--recipe", "wan-fp8", "--lora", path, "--lora-unmatched", "ignore"]
+    run_cli("convert", wan_tiny, tmp_path / "out", *ignore, check=True)
     (entry,) = read_json(tmp_path / "out" / "quantize_manifest.json")["loras"]
     assert entry["tensors"] == {".": 4} and sorted(entry["ignored"]["."]) == sorted(
         f"diffusion_model.blocks.0.cross_attn.{m}.lora_{r}.weight"
@@ -546,18 +536,9 @@ def test_ignore_still_refuses_a_lora_that_matches_nothing(wan_tiny, make_wan, tm
     other = make_wan("i2v")
     lora = make_lora(other, seed=18, linears="img_emb.", diffs=False)
     path = write_lora(lora, tmp_path / "img.safetensors")
+    ignore = ["--recipe", "wan-fp8", "--lora", path, "--lora-unmatched", "ignore"]
     _refused(
-        [
-            "convert",
-            wan_tiny,
-            tmp_path / "out",
-            "--recipe",
-            "wan-fp8",
-            "--lora",
-            path,
-            "--lora-unmatched",
-            "ignore",
-        ],
+        ["convert", wan_tiny, tmp_path / "out", *ignore],
         "none of its keys matches a tensor of the model",
         tmp_path,
     )
