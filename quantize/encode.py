@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -102,28 +103,56 @@ TakeParts = Callable[[dict[str, torch.Tensor], "tuple[int, int] | None"], dict[s
 
 def encode_and_measure(tp: TensorPlan, fmt: Format, take: TakeParts) -> ErrorStats:
     """Encode the quantized tensor `tp` with `fmt`, hand each encoding to `take`, and measure the error of the
-    decoding of what `take` returns against the source values."""
+    decoding of what `take` returns against the source values.
+
+    A row-separable format's whole-weight parts (`WEIGHT_PARTS`: a per-tensor scale, a marker) are handed to
+    `take` once, whole (`rows` None), with the first chunk; a format that decides them from the whole weight
+    first sees every row chunk once (`weight_options`), so no weight is ever held whole in float32."""
     stats = ErrorStats()
     rows, cols = tp.info.shape
     ranges = row_chunks(rows, cols)
     if fmt.ROW_SEPARABLE:
+        options = {**tp.format_options, **_weight_options(fmt, tp, ranges)}
+        whole_names = getattr(fmt, "WEIGHT_PARTS", ())
+        whole: dict[str, torch.Tensor] | None = None
         for r0, r1 in ranges:
             w = tp.source.read_rows(
                 r0, r1
             ).float()  # one float32 copy, for the encoding and the error figures
-            measured = take(_encode(fmt, tp, w), (r0, r1))
-            stats.add(w, fmt.decode(measured, torch.float32, **tp.format_options))
+            parts = _encode(fmt, tp, w, options)
+            if whole_names:
+                weight_parts = {name: parts.pop(name) for name in whole_names}
+                if whole is None:
+                    whole = take(weight_parts, None)
+            measured = take(parts, (r0, r1))
+            stats.add(w, fmt.decode({**measured, **(whole or {})}, torch.float32, **tp.format_options))
         return stats
     w = tp.source.read()
-    measured = take(_encode(fmt, tp, w), None)
+    measured = take(_encode(fmt, tp, w, tp.format_options), None)
     for r0, r1 in ranges:
         stats.add(w[r0:r1], fmt.decode(measured, torch.float32, rows=(r0, r1), **tp.format_options))
     return stats
 
 
-def _encode(fmt: Format, tp: TensorPlan, w: torch.Tensor) -> dict[str, torch.Tensor]:
+def _weight_options(fmt: Format, tp: TensorPlan, ranges: list[tuple[int, int]]) -> dict:
+    """What the format decides from the whole weight before encoding any chunk (a first streamed pass)."""
+    weight_options = getattr(fmt, "weight_options", None)
+    if weight_options is None:
+        return {}
+    with _named(tp):
+        return weight_options(tp.source.read_rows(r0, r1).float() for r0, r1 in ranges)
+
+
+def _encode(fmt: Format, tp: TensorPlan, w: torch.Tensor, options: dict) -> dict[str, torch.Tensor]:
+    with _named(tp):
+        return fmt.encode(w, **options)
+
+
+@contextmanager
+def _named(tp: TensorPlan) -> Iterator[None]:
+    """A weight the format cannot encode (NaN, Inf) as one error naming the tensor and its file."""
     try:
-        return fmt.encode(w, **tp.format_options)
+        yield
     except NonFiniteWeightError as e:
         raise InputError(f"{tp.info.file}: tensor {tp.name!r} {e}: refusing to quantize it") from None
 

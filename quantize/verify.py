@@ -633,8 +633,8 @@ def _check_quantized(
         """Requantized parts against the stored ones (the same rows); the stored ones are what is measured."""
         nonlocal identical
         mine = {
-            part: read_tensor(info) if rows is None else read_rows(info, *rows)
-            for part, info in infos.items()
+            part: read_tensor(infos[part]) if rows is None else read_rows(infos[part], *rows)
+            for part in parts  # a row chunk's parts, or the weight's whole parts (`WEIGHT_PARTS`)
         }
         identical &= all(_same_part(part, fmt, t, mine[part]) for part, t in parts.items())
         return mine

@@ -241,3 +241,28 @@ def test_our_loader_names_what_runs_a_comfy_checkpoint(make_wan, tmp_path):
         f"{tmp_path / 'out'}: a comfy_int8 checkpoint runs in comfyui, not in loaders "
         "(it loads fp8_channel, nf4, torchao_fp8)"
     )
+
+
+@pytest.mark.parametrize("recipe, fmt", [("wan-comfy-fp8", comfy_fp8), ("wan-comfy-int8", comfy_int8)])
+def test_weights_are_streamed_in_row_chunks_bit_exactly(recipe, fmt, wan_tiny, tmp_path, monkeypatch):
+    """Many row chunks a weight (comfy_fp8's scale from a first pass over them): the same bytes, manifest included,
+    as one chunk a weight; the scale and the marker written once; no weight encoded whole."""
+    import quantize.encode as chunking
+    from quantize import convert
+
+    whole = convert(wan_tiny, tmp_path / "whole", recipe, workers=1)
+    encoded: list[int] = []
+    encode = fmt.encode
+    monkeypatch.setattr(fmt, "encode", lambda w, **kw: encoded.append(w.shape[0]) or encode(w, **kw))
+    monkeypatch.setattr(chunking, "CHUNK_BYTES", 3 * 64 * 4)  # three rows of the tiny model's 64-wide weights
+    chunked = convert(wan_tiny, tmp_path / "chunked", recipe, workers=2)
+    assert max(encoded) <= 3 and len(encoded) > 3 * len(whole.tensors)
+    files = sorted(p.relative_to(tmp_path / "whole") for p in (tmp_path / "whole").rglob("*") if p.is_file())
+    for rel in (f for f in files if f.name != "quantize_manifest.json"):  # the files themselves, byte for byte
+        assert (tmp_path / "chunked" / rel).read_bytes() == (tmp_path / "whole" / rel).read_bytes(), rel
+    for key, entry in whole.tensors.items():  # the error figures are summed chunk by chunk: to the last digits
+        other = chunked.tensors[key]
+        assert other.max_abs_error == entry.max_abs_error
+        assert other.sqnr_db == pytest.approx(entry.sqnr_db, abs=1e-3)
+        assert other.cosine == pytest.approx(entry.cosine, abs=1e-7)
+    assert run_cli("verify", tmp_path / "chunked", "--source", wan_tiny).returncode == 0

@@ -32,6 +32,12 @@ class Format(Protocol):
     #: True when encoding any slice of rows gives those rows of the whole encoding, and every part
     #: has the weight's rows as its dim 0: the converter then streams a weight in row chunks.
     ROW_SEPARABLE: bool
+    #: Optional. Parts that belong to the whole weight, not to its rows (a per-tensor scale, ComfyUI's marker):
+    #: a row-separable format's `encode` of any row chunk gives them whole, the same for every chunk, and
+    #: they are written (and compared) once. A format whose such parts depend on the whole weight also
+    #: gives ``weight_options(chunks) -> dict``: a first streamed pass over the weight's float32 row chunks,
+    #: whose result `encode` then takes as keyword arguments (comfy_fp8's scale from the weight's max |w|).
+    # WEIGHT_PARTS: tuple[str, ...]
 
     def parts(self, shape: tuple[int, ...]) -> dict[str, PartSpec]:
         """The tensors a weight of `shape` becomes, by local part name; `UnsupportedShapeError` if it cannot."""

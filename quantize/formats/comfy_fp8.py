@@ -11,10 +11,14 @@ to ±448, cast to e4m3 (round to nearest even). An all-zero weight gets scale 1 
 reference would divide by zero). Decoding: q.float() · scale, what comfy-kitchen's
 ``TensorCoreFP8Layout.dequantize`` computes for a float32 ``orig_dtype``.
 
-The scale depends on the whole weight, so the weight is encoded whole (`ROW_SEPARABLE` is False).
+The scale depends on the whole weight: it is taken in a first streamed pass over the weight's row chunks
+(`weight_options`: the max of the chunks' max |w|, exactly the weight's), then the weight is encoded chunk by
+chunk with it (`ROW_SEPARABLE`); the scale and the marker are written once (`WEIGHT_PARTS`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import torch
 
@@ -22,22 +26,46 @@ from . import _comfy
 from ._e4m3 import FP8_DTYPE, FP8_MAX, dequantize_rows
 from .base import NonFiniteWeightError, PartSpec
 
-__all__ = ["NAME", "ROW_SEPARABLE", "LAYOUT", "WEIGHT", "SCALE", "parts", "encode", "decode"]
+__all__ = [
+    "NAME",
+    "ROW_SEPARABLE",
+    "WEIGHT_PARTS",
+    "LAYOUT",
+    "WEIGHT",
+    "SCALE",
+    "parts",
+    "weight_options",
+    "encode",
+    "decode",
+]
 
 NAME = "comfy_fp8"
-ROW_SEPARABLE = False
+ROW_SEPARABLE = True
 LAYOUT = "float8_e4m3fn"  # ComfyUI's name for the layout (comfy-kitchen TensorCoreFP8Layout)
 WEIGHT = "weight"
 SCALE = "weight_scale"
 _MARKER = _comfy.marker_bytes(LAYOUT)
+WEIGHT_PARTS = (SCALE, _comfy.MARKER)
 
 
 def parts(shape: tuple[int, ...]) -> dict[str, PartSpec]:
     return {WEIGHT: ("F8_E4M3", tuple(shape)), SCALE: ("F32", ()), _comfy.MARKER: ("U8", (len(_MARKER),))}
 
 
-def encode(weight: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Quantize a 2-D weight with one scale.
+def weight_options(chunks: Iterable[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The weight's scale from its float32 row chunks: max|w| / 448 (1 for an all-zero weight)."""
+    amax = torch.zeros((), dtype=torch.float32)
+    for chunk in chunks:
+        amax = torch.maximum(amax, chunk.abs().amax())  # NaN propagates
+    if not bool(torch.isfinite(amax)):
+        raise NonFiniteWeightError("holds NaN or Inf values")
+    scale = amax / FP8_MAX
+    return {"scale": torch.ones((), dtype=torch.float32) if float(scale) == 0 else scale}
+
+
+def encode(weight: torch.Tensor, scale: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Quantize a 2-D weight with one scale: the weight's own (`weight_options`), or `scale`, the whole
+    weight's, when `weight` is a chunk of its rows.
 
     >>> p = encode(torch.tensor([[1.0, -2.0], [0.0, 448.0]]))
     >>> float(p["weight_scale"]), decode(p).tolist()
@@ -46,12 +74,8 @@ def encode(weight: torch.Tensor) -> dict[str, torch.Tensor]:
     if weight.dim() != 2:
         raise ValueError(f"comfy_fp8 quantizes 2-D weights, got shape {list(weight.shape)}")
     w = weight.float()
-    amax = w.abs().amax()
-    if not bool(torch.isfinite(amax)):
-        raise NonFiniteWeightError("holds NaN or Inf values")
-    scale = amax / FP8_MAX
-    if float(scale) == 0:
-        scale = torch.ones((), dtype=torch.float32)
+    if scale is None:
+        scale = weight_options([w])["scale"]
     q = torch.clamp(w * (1.0 / scale), -FP8_MAX, FP8_MAX).to(FP8_DTYPE)  # comfy-kitchen's order of operations
     return {WEIGHT: q, SCALE: scale, _comfy.MARKER: _comfy.marker(LAYOUT)}
 

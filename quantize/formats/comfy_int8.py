@@ -10,8 +10,8 @@ scale = max(rowmax|w| / 127, 1e-30); q = clamp(round(w / scale), -128, 127), rou
 all-zero row gets the scale 1e-30 and exact zeros. Decoding: q.float() · scale, comfy-kitchen's
 ``dequantize_int8_simple``. ComfyUI runs it with int8 matmuls on the CPU and on GPUs from Turing on.
 
-Every part but the marker is per row, yet the marker is one per weight: the weight is encoded whole
-(`ROW_SEPARABLE` is False), which for Wan's largest Linear is about 280 MB of float32.
+Every part but the marker is per row: a weight is encoded in row chunks (`ROW_SEPARABLE`), the marker written
+once (`WEIGHT_PARTS`).
 """
 
 from __future__ import annotations
@@ -21,16 +21,17 @@ import torch
 from . import _comfy
 from .base import NonFiniteWeightError, PartSpec
 
-__all__ = ["NAME", "ROW_SEPARABLE", "LAYOUT", "WEIGHT", "SCALE", "parts", "encode", "decode"]
+__all__ = ["NAME", "ROW_SEPARABLE", "WEIGHT_PARTS", "LAYOUT", "WEIGHT", "SCALE", "parts", "encode", "decode"]
 
 NAME = "comfy_int8"
-ROW_SEPARABLE = False
+ROW_SEPARABLE = True
 LAYOUT = "int8_tensorwise"  # ComfyUI's name for the layout (comfy-kitchen TensorWiseINT8Layout)
 WEIGHT = "weight"
 SCALE = "weight_scale"
 INT8_MAX = 127.0
 MIN_SCALE = 1e-30  # comfy-kitchen's floor for a row's scale
 _MARKER = _comfy.marker_bytes(LAYOUT)
+WEIGHT_PARTS = (_comfy.MARKER,)
 
 
 def parts(shape: tuple[int, ...]) -> dict[str, PartSpec]:
