@@ -190,9 +190,10 @@ def test_every_convention_gives_what_converting_the_merged_model_gives(conventio
     assert_same_output(tmp_path / "out", tmp_path / "direct")
     (entry,) = manifest.loras
     assert entry.tensors == {".": len(lora.terms)} and entry.strength == 0.75 and entry.ignored == {}
-    plain = convert(wan_tiny, tmp_path / "plain", "wan-fp8", workers=2)  # the LoRA changed something
-    assert plain.output_files != manifest.output_files
-    assert "loras" not in read_json(tmp_path / "plain" / "quantize_manifest.json")  # as it always was
+    if convention == "diffusion_model":  # once: the LoRA changed something, and a plain manifest is as it was
+        plain = convert(wan_tiny, tmp_path / "plain", "wan-fp8", workers=2)
+        assert plain.output_files != manifest.output_files
+        assert "loras" not in read_json(tmp_path / "plain" / "quantize_manifest.json")
 
 
 def test_a_diffusers_named_lora_merges_into_original_names(wan_tiny, tmp_path):
