@@ -35,7 +35,7 @@ demo: setup
 	$(BIN)/quantize verify $(DEMO)/Wan2.1-T2V-small-style-fp8 --source $(DEMO)/Wan2.1-T2V-small
 
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --durations 15
 
 bench: setup
 	$(BIN)/python benchmarks/bench_convert.py --preset 1.3b --write docs/BENCHMARKS.md
