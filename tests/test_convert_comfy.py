@@ -258,11 +258,42 @@ def test_weights_are_streamed_in_row_chunks_bit_exactly(recipe, fmt, wan_tiny, t
     chunked = convert(wan_tiny, tmp_path / "chunked", recipe, workers=2)
     assert max(encoded) <= 3 and len(encoded) > 3 * len(whole.tensors)
     files = sorted(p.relative_to(tmp_path / "whole") for p in (tmp_path / "whole").rglob("*") if p.is_file())
-    for rel in (f for f in files if f.name != "quantize_manifest.json"):  # the files themselves, byte for byte
+    for rel in (
+        f for f in files if f.name != "quantize_manifest.json"
+    ):  # the files themselves, byte for byte
         assert (tmp_path / "chunked" / rel).read_bytes() == (tmp_path / "whole" / rel).read_bytes(), rel
-    for key, entry in whole.tensors.items():  # the error figures are summed chunk by chunk: to the last digits
+    for (
+        key,
+        entry,
+    ) in whole.tensors.items():  # the error figures are summed chunk by chunk: to the last digits
         other = chunked.tensors[key]
         assert other.max_abs_error == entry.max_abs_error
         assert other.sqnr_db == pytest.approx(entry.sqnr_db, abs=1e-3)
         assert other.cosine == pytest.approx(entry.cosine, abs=1e-7)
     assert run_cli("verify", tmp_path / "chunked", "--source", wan_tiny).returncode == 0
+    # the streamed file, read as ComfyUI reads it, against comfy-kitchen's own quantizer on the whole weight
+    from comfy_kitchen.backends.eager import quantization as ck
+    from comfy_kitchen.tensor import QuantizedTensor
+    from comfy_kitchen.tensor.fp8 import TensorCoreFP8Layout
+    from comfy_kitchen.tensor.int8 import TensorWiseINT8Layout
+
+    stored, source = _comfyui_reads(_file(tmp_path / "chunked")), load_all(wan_tiny)
+    assert len(stored["markers"]) == len(whole.tensors)
+    for module in stored["markers"]:
+        w, q, scale = (
+            source[f"{module}.weight"].float(),
+            *(stored["state"][f"{module}.{p}"] for p in ("weight", "weight_scale")),
+        )
+        if fmt is comfy_fp8:
+            ref_scale, layout = w.abs().amax() / 448.0, TensorCoreFP8Layout
+            ref_q = ck.quantize_per_tensor_fp8(w, ref_scale)
+        else:
+            (ref_q, ref_scale), layout = ck.quantize_int8_rowwise(w), TensorWiseINT8Layout
+        assert torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8)) and torch.equal(scale, ref_scale), (
+            module
+        )
+        params = layout.Params(scale=scale, orig_dtype=torch.float32, orig_shape=tuple(w.shape))
+        assert torch.equal(
+            QuantizedTensor(q, layout.__name__, params).dequantize(),
+            fmt.decode({"weight": q, "weight_scale": scale}),
+        )
