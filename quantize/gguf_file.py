@@ -26,7 +26,7 @@ import torch
 from . import dtypes
 from .checkpoint import TensorInfo, tensor_bytes
 from .errors import InputError
-from .writer import pwrite_all
+from .writer import PlacedWrites
 
 __all__ = ["GGUF_MAGIC", "GGUF_VERSION", "ALIGNMENT", "GGUFTensor", "header_bytes", "GGUFWriter", "read_gguf"]
 
@@ -96,7 +96,7 @@ def header_bytes(metadata: dict[str, str | int], tensors: list[GGUFTensor]) -> t
     return bytes(out), offsets
 
 
-class GGUFWriter:
+class GGUFWriter(PlacedWrites):
     """One GGUF file being written; tensors (or row ranges of them) may arrive in any order, from any thread.
 
     Created exclusively (never overwriting), sized up front, and checked at `close` for every planned byte.
@@ -107,12 +107,12 @@ class GGUFWriter:
         self.path = Path(path)
         self.tensors = list(tensors)
         header, offsets = header_bytes(metadata, self.tensors)
-        self._at = {t.name: (len(header) + off, t) for t, off in zip(self.tensors, offsets, strict=True)}
-        if len(self._at) != len(self.tensors):
+        self._offsets = {t.name: (len(header) + off, t) for t, off in zip(self.tensors, offsets, strict=True)}
+        if len(self._offsets) != len(self.tensors):
             raise ValueError(f"{self.path.name}: a tensor name is given twice")
         last = self.tensors[-1] if self.tensors else None
         self._end = len(header) + (offsets[-1] + _pad(last.nbytes) if last is not None else 0)
-        self._written = dict.fromkeys(self._at, 0)
+        self._written = dict.fromkeys(self._offsets, 0)
         self._lock = threading.Lock()
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
@@ -122,13 +122,10 @@ class GGUFWriter:
             os.close(self._fd)
             raise OSError(e.errno, e.strerror, str(self.path)) from None
 
-    def _pwrite(self, data: memoryview, offset: int) -> None:
-        pwrite_all(self._fd, data, offset, self.path)
-
     def write(self, name: str, tensor: torch.Tensor, row_start: int = 0) -> None:
         """Rows ``[row_start, row_start + len(tensor))`` of `name`: values of its dtype, or for a block type the
         rows' bytes (uint8 [rows, row bytes], what its format encodes)."""
-        _, spec = self._at[name]
+        _, spec = self._offsets[name]
         row = dtypes.by_name(spec.dtype)
         rows = spec.shape[0] if spec.shape else 1
         row_bytes = spec.nbytes // rows if rows else 0
@@ -142,34 +139,15 @@ class GGUFWriter:
         self.write_bytes(name, tensor_bytes(contiguous), row_start * row_bytes)
         del contiguous
 
-    def write_bytes(self, name: str, data: memoryview, offset: int = 0) -> None:
-        start, spec = self._at[name]
-        if not len(data):
-            return
-        if offset + len(data) > spec.nbytes:
-            raise ValueError(
-                f"{self.path.name}: {len(data)} bytes at {offset} overrun tensor {name!r} ({spec.nbytes} bytes)"
-            )
-        self._pwrite(data, start + offset)
-        with self._lock:
-            self._written[name] += len(data)
-
     def close(self, sync: bool = True) -> int:
         """Check every tensor was written whole and, with `sync`, flush; returns the tensor data bytes."""
         try:
-            for name, (_, spec) in self._at.items():
-                if self._written[name] != spec.nbytes:
-                    raise ValueError(
-                        f"{self.path.name}: tensor {name!r} got {self._written[name]} of {spec.nbytes} bytes"
-                    )
+            self._check_written_whole()
             if sync:
                 os.fsync(self._fd)
             return sum(t.nbytes for t in self.tensors)
         finally:
             os.close(self._fd)
-
-    def abort(self) -> None:
-        os.close(self._fd)
 
 
 # --- reading ---------------------------------------------------------------------------------------

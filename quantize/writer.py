@@ -29,7 +29,15 @@ import torch
 from . import dtypes
 from .checkpoint import tensor_bytes
 
-__all__ = ["TensorSpec", "shard_layout", "header_bytes", "ShardWriter", "pwrite_all", "LATE_MAX_BYTES"]
+__all__ = [
+    "TensorSpec",
+    "shard_layout",
+    "header_bytes",
+    "ShardWriter",
+    "PlacedWrites",
+    "pwrite_all",
+    "LATE_MAX_BYTES",
+]
 
 #: The most bytes a late tensor may take; a plan counts each late tensor at this size.
 LATE_MAX_BYTES = 1024
@@ -90,7 +98,45 @@ def pwrite_all(fd: int, data: memoryview, offset: int, path: Path) -> None:
         data, offset = data[n:], offset + n
 
 
-class ShardWriter:
+class PlacedWrites:
+    """What both streaming writers (`ShardWriter`, `gguf_file.GGUFWriter`) share: tensors placed at known
+    offsets of an open file (`_offsets`: name -> (start, planned spec)), written as bytes from any thread, and
+    counted so that `close` can tell a tensor that was not written whole."""
+
+    path: Path
+    _fd: int
+    _offsets: dict
+    _written: dict[str, int]
+    _lock: threading.Lock
+
+    def _pwrite(self, data: memoryview, offset: int) -> None:
+        pwrite_all(self._fd, data, offset, self.path)
+
+    def write_bytes(self, name: str, data: memoryview, offset: int = 0) -> None:
+        """Write raw bytes at `offset` within the planned tensor `name`."""
+        start, spec = self._offsets[name]
+        if not len(data):  # an empty row range writes nothing, wherever it starts
+            return
+        if offset + len(data) > spec.nbytes:
+            raise ValueError(
+                f"{self.path.name}: {len(data)} bytes at {offset} overrun tensor {name!r} ({spec.nbytes} bytes)"
+            )
+        self._pwrite(data, start + offset)
+        with self._lock:
+            self._written[name] += len(data)
+
+    def _check_written_whole(self) -> None:
+        for name, (_, spec) in self._offsets.items():
+            if self._written[name] != spec.nbytes:
+                raise ValueError(
+                    f"{self.path.name}: tensor {name!r} got {self._written[name]} of {spec.nbytes} bytes"
+                )
+
+    def abort(self) -> None:
+        os.close(self._fd)
+
+
+class ShardWriter(PlacedWrites):
     """One safetensors file being written; tensors (or row ranges of them) may arrive in any order.
 
     The file is created exclusively (never overwriting), sized up front, and checked at `close`
@@ -136,9 +182,6 @@ class ShardWriter:
         """`e` naming this file (os.pwrite, ftruncate and fsync errors name none)."""
         return OSError(e.errno, e.strerror, str(self.path))
 
-    def _pwrite(self, data: memoryview, offset: int) -> None:
-        pwrite_all(self._fd, data, offset, self.path)
-
     def write(self, name: str, tensor: torch.Tensor, row_start: int = 0) -> None:
         """Write `tensor` as rows ``[row_start, row_start + len(tensor))`` of the planned tensor `name`."""
         if name in self._late_names:
@@ -164,26 +207,11 @@ class ShardWriter:
         with self._lock:
             self._late[name] = bytes(tensor_bytes(tensor.contiguous()))
 
-    def write_bytes(self, name: str, data: memoryview, offset: int = 0) -> None:
-        """Write raw bytes at `offset` within the planned tensor `name`."""
-        start, spec = self._offsets[name]
-        if offset + len(data) > spec.nbytes:
-            raise ValueError(
-                f"{self.path.name}: {len(data)} bytes at {offset} overrun tensor {name!r} ({spec.nbytes} bytes)"
-            )
-        self._pwrite(data, start + offset)
-        with self._lock:
-            self._written[name] += len(data)
-
     def close(self, sync: bool = True) -> int:
         """Finish the file (late tensors, header) and, with `sync`, flush it to disk; returns its tensor data
         bytes. A caller passing ``sync=False`` flushes it later (`output.fsync_path`), before publishing it."""
         try:
-            for name, (_, spec) in self._offsets.items():
-                if self._written[name] != spec.nbytes:
-                    raise ValueError(
-                        f"{self.path.name}: tensor {name!r} got {self._written[name]} of {spec.nbytes} bytes"
-                    )
+            self._check_written_whole()
             missing = sorted(self._late_names - set(self._late))
             if missing:
                 raise ValueError(f"{self.path.name}: tensor {missing[0]!r} was never written")
@@ -211,9 +239,6 @@ class ShardWriter:
         raw += b" " * (room - len(raw))  # JSON allows trailing spaces; safetensors pads with them too
         self._pwrite(memoryview(struct.pack("<Q", room) + raw), 0)
         return sum(sizes.values())
-
-    def abort(self) -> None:
-        os.close(self._fd)
 
     def __enter__(self) -> ShardWriter:
         return self
