@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import json
 import math
+import mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -239,20 +240,54 @@ def _pread_into(fd: int, buf: memoryview, offset: int, path: Path) -> None:
         done += n
 
 
-def read_rows(info: TensorInfo, row_start: int, row_end: int) -> torch.Tensor:
-    """Rows ``[row_start, row_end)`` of a tensor (along dim 0; a 0-d tensor is one row), read into fresh memory."""
+def read_rows(info: TensorInfo, row_start: int, row_end: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Rows ``[row_start, row_end)`` of a tensor (along dim 0; a 0-d tensor is one row), in fresh memory; cast
+    to `dtype` if given, straight from the page cache through a short-lived memory map (one copy, not two)."""
     row = dtypes.by_name(info.dtype)
     rows = info.shape[0] if info.shape else 1
     row_bytes = info.nbytes // rows if rows else 0
     # a block type's rows come as their bytes (uint8 [rows, row bytes]), what its format encodes and decodes
     inner = info.shape[1:] if row.block == 1 else (row_bytes,)
-    out = torch.empty((row_end - row_start, *inner), dtype=row.torch)
-    fd = os.open(info.file, os.O_RDONLY)
+    shape = (row_end - row_start, *inner)
+    offset, nbytes = info.start + row_start * row_bytes, (row_end - row_start) * row_bytes
+    if dtype is not None and row.block == 1 and nbytes:
+        out = _cast_mapped(info.file, offset, nbytes, row.torch, shape, dtype)
+    else:
+        out = torch.empty(shape, dtype=row.torch)
+        fd = os.open(info.file, os.O_RDONLY)
+        try:
+            _pread_into(fd, tensor_bytes(out), offset, info.file)
+        finally:
+            os.close(fd)
+        if dtype is not None:
+            out = out.to(dtype)
+    return out if info.shape else out.reshape(())
+
+
+def _cast_mapped(
+    path: Path, offset: int, nbytes: int, stored: torch.dtype, shape: tuple[int, ...], dtype: torch.dtype
+) -> torch.Tensor:
+    """Bytes [offset, offset + nbytes) of `path` as `stored` values of `shape`, cast to `dtype` into fresh memory.
+
+    The map is private and lives for the one cast: its pages are the page cache's own (nothing copied into a
+    buffer first), never written, and gone from the process's RSS once it is closed."""
+    fd = os.open(path, os.O_RDONLY)
     try:
-        _pread_into(fd, tensor_bytes(out), info.start + row_start * row_bytes, info.file)
+        if os.fstat(fd).st_size < offset + nbytes:  # a map past the end would fault (SIGBUS), not raise
+            raise InputError(f"{path}: unexpected end of file before byte {offset + nbytes}: truncated shard")
+        start = offset - offset % mmap.ALLOCATIONGRANULARITY
+        m = mmap.mmap(
+            fd, offset + nbytes - start, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=start
+        )
     finally:
         os.close(fd)
-    return out if info.shape else out.reshape(())
+    try:
+        stored_values = torch.frombuffer(m, dtype=stored, count=math.prod(shape), offset=offset - start)
+        out = stored_values.view(shape).to(dtype, copy=True)
+        del stored_values  # the map cannot close while a tensor still points into it
+    finally:
+        m.close()
+    return out
 
 
 def read_tensor(info: TensorInfo) -> torch.Tensor:

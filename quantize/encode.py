@@ -116,9 +116,7 @@ def encode_and_measure(tp: TensorPlan, fmt: Format, take: TakeParts) -> ErrorSta
         whole_names = getattr(fmt, "WEIGHT_PARTS", ())
         whole: dict[str, torch.Tensor] | None = None
         for r0, r1 in ranges:
-            w = tp.source.read_rows(
-                r0, r1
-            ).float()  # one float32 copy, for the encoding and the error figures
+            w = tp.source.read_rows(r0, r1, torch.float32)  # one float32 copy, for the encoding and the error figures
             parts = _encode(fmt, tp, w, options)
             if whole_names:
                 weight_parts = {name: parts.pop(name) for name in whole_names}
@@ -140,7 +138,7 @@ def _weight_options(fmt: Format, tp: TensorPlan, ranges: list[tuple[int, int]]) 
     if weight_options is None:
         return {}
     with _named(tp):
-        return weight_options(tp.source.read_rows(r0, r1).float() for r0, r1 in ranges)
+        return weight_options(tp.source.read_rows(r0, r1, torch.float32) for r0, r1 in ranges)
 
 
 def _encode(fmt: Format, tp: TensorPlan, w: torch.Tensor, options: dict) -> dict[str, torch.Tensor]:
@@ -164,7 +162,7 @@ def kept_rows(tp: TensorPlan) -> Iterator[tuple[int, int, torch.Tensor]]:
     target = dtypes.by_name(spec.dtype).torch
     rows = tp.source.rows
     for r0, r1 in row_chunks(rows, tp.info.numel // max(1, rows)):
-        yield r0, r1, tp.source.read_rows(r0, r1).to(target)
+        yield r0, r1, tp.source.read_rows(r0, r1, target)
 
 
 def copy_unchanged(tp: TensorPlan, write: Callable[[memoryview, int], None]) -> bool:

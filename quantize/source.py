@@ -72,12 +72,15 @@ class TensorSource:
     def rows(self) -> int:
         return self.info.shape[0] if self.info.shape else 1
 
-    def read_rows(self, r0: int, r1: int) -> torch.Tensor:
-        """Rows [r0, r1) of the tensor, every step applied, in the stored dtype, in fresh memory."""
+    def read_rows(self, r0: int, r1: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Rows [r0, r1) of the tensor, every step applied, in fresh memory: in the stored dtype, or cast to
+        `dtype` (read and cast in one copy when no step changes the tensor)."""
+        if not self.transforms:
+            return read_rows(self.info, r0, r1, dtype)
         rows = read_rows(self.info, r0, r1)
         for t in self.transforms:
             rows = t.apply(rows, r0, r1)
-        return rows
+        return rows if dtype is None else rows.to(dtype)
 
     def read(self) -> torch.Tensor:
         """The whole tensor (see `read_rows`)."""

@@ -150,3 +150,28 @@ def test_a_ggml_block_type_in_a_safetensors_header_is_refused(tmp_path):
         InputError, match=r"tensor 'w': unsupported safetensors dtype 'Q8_0' \(a GGML block type\)"
     ):
         read_header(path)
+
+
+@pytest.mark.parametrize("stored", [torch.bfloat16, torch.float16, torch.float32])
+def test_rows_read_through_a_map_and_cast_equal_rows_read_then_cast(tmp_path, stored):
+    """`read_rows(..., dtype)` casts straight from the page cache: the same values as reading, then casting, at
+    any offset (the header's length puts tensors off the map's 4 KB grid) and for any row range."""
+    w = torch.randn(37, 1000, generator=torch.Generator().manual_seed(0)).mul_(3).to(stored)
+    p = _write(tmp_path / "m.safetensors", {"a": torch.ones(3), "w": w})
+    info = read_header(p).tensors["w"]
+    assert info.start % 4096
+    for r0, r1 in [(0, 37), (5, 6), (11, 30), (36, 37)]:
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            ours = read_rows(info, r0, r1, dtype)
+            assert ours.dtype == dtype and torch.equal(ours, w[r0:r1].to(dtype))
+            ours.add_(1)  # fresh memory: writing to it changes neither the file nor the next read
+    assert torch.equal(read_rows(info, 0, 37, torch.float32), w.float())
+
+
+def test_a_shard_truncated_after_planning_is_one_clean_error_when_mapped(tmp_path):
+    p = _write(tmp_path / "m.safetensors", {"w": torch.randn(64, 64).to(torch.bfloat16)})
+    info = read_header(p).tensors["w"]
+    with open(p, "r+b") as f:
+        f.truncate(info.start + 100)
+    with pytest.raises(InputError, match=r"m\.safetensors: unexpected end of file .*truncated shard"):
+        read_rows(info, 0, 64, torch.float32)

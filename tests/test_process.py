@@ -119,3 +119,12 @@ def test_closing_the_hasher_stops_a_file_being_hashed(tmp_path):
         time.sleep(0.001)
     hasher.close()
     assert isinstance(future.exception(), HashingStopped)
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, (16 << 20) + 3, 40 << 20])
+def test_files_are_hashed_through_maps_as_hashlib_hashes_them(tmp_path, size):
+    import hashlib
+
+    data = os.urandom(size)
+    (tmp_path / "f.bin").write_bytes(data)
+    assert sha256_file(tmp_path / "f.bin") == hashlib.sha256(data).hexdigest()

@@ -11,7 +11,8 @@ Reference numerics, bit for bit:
   faster), gguf-py's otherwise;
 - the K-quants: ggml's own reference quantizer, ``ggml_quantize_chunk`` without an importance matrix, called
   through ggml-python (the optional extra ``dit-quantize[gguf]``; its absence is one error naming the extra).
-Decoding: gguf-py's ``gguf.quants.dequantize`` (every type, K-quants included).
+Decoding: gguf-py's ``gguf.quants.dequantize`` (every type, K-quants included); Q8_0's in torch
+(`_q8_0`, the same values, tested).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 
 from .. import dtypes
 from ..errors import InputError
+from . import _q8_0
 from .base import NonFiniteWeightError, PartSpec, UnsupportedShapeError
 
 __all__ = ["NAME", "ROW_SEPARABLE", "TYPES", "K_TYPES", "WEIGHT", "parts", "encode", "decode"]
@@ -117,11 +119,13 @@ def decode(
     rows: tuple[int, int] | None = None,
     qtype: str | None = None,
 ) -> torch.Tensor:
-    """The dequantized rows (gguf-py's dequantization), cast to `dtype`."""
+    """The dequantized rows (gguf-py's dequantization; Q8_0's in torch, the same values), cast to `dtype`."""
     qtype = _check_type(qtype)
     q = parts[WEIGHT]
     if rows is not None:
         q = q[rows[0] : rows[1]]
+    if qtype == "Q8_0":  # the most used type, decoded in place (gguf-py's values, 4x faster)
+        return _q8_0.dequantize(q).to(dtype)
     g = _gguf()
     values = g.quants.dequantize(q.contiguous().numpy(), g.GGMLQuantizationType[qtype])
     return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).to(dtype)

@@ -21,6 +21,7 @@ weight in bf16, we refuse it at planning time so the recipe says what happens.
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 
@@ -85,11 +86,39 @@ def _config():
     return ao.Float8DynamicActivationFloat8WeightConfig(granularity=ao.PerRow())
 
 
+# torchao's serialized forms, written without importing torchao (1.4 s of a conversion): what its
+# `config_to_dict` gives for `_config()` and its `TensorSubclassAttributeJSONEncoder` for the `Float8Tensor`
+# that `to_float8_tensor` builds. Tests hold them equal, string for string, to torchao's own encoders.
+def _enum(kind: str, value: str) -> dict:
+    return {"_type": kind, "_data": value}
+
+
+_E4M3 = _enum("torch.dtype", "float8_e4m3fn")
+_AUTO = _enum("KernelPreference", "AUTO")
+_MM = {"emulate": False, "use_fast_accum": True, "pad_inner_dim": False}
+_CONFIG_DICT = {
+    "_type": "Float8DynamicActivationFloat8WeightConfig",
+    "_version": 2,
+    "_data": {
+        "activation_dtype": _E4M3,
+        "weight_dtype": _E4M3,
+        "granularity": [{"_type": "PerRow", "_version": 1, "_data": {"dim": -1}}] * 2,
+        "packing_format": _enum("Float8PackingFormat", "PLAIN"),
+        "mm_config": {"_type": "Float8MMConfig", "_version": 1, "_data": _MM},
+        "activation_value_lb": None,
+        "activation_value_ub": None,
+        "kernel_preference": _AUTO,
+        "set_inductor_config": True,
+        "alg_id": 0,
+    },
+}
+
+
 def quantization_config(kept_linears: list[str]) -> dict:
     """diffusers' ``TorchAoConfig(Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())).to_dict()``."""
     return {
         "quant_method": format_info(NAME).quant_method,
-        "quant_type": {"default": torchao().config_to_dict(_config())},
+        "quant_type": {"default": copy.deepcopy(_CONFIG_DICT)},
         "modules_to_not_convert": sorted(kept_linears) or None,
     }
 
@@ -122,9 +151,23 @@ def to_float8_tensor(parts: dict[str, torch.Tensor]) -> torch.Tensor:
 
 @functools.cache
 def _weight_json(in_features: int) -> str:
-    # torchao's own encoder on a one-row Float8Tensor of this width: the JSON does not depend on the data
-    probe = to_float8_tensor({QDATA: torch.zeros(1, in_features, dtype=FP8_DTYPE), SCALE: torch.ones(1, 1)})
-    return json.dumps(probe, cls=torchao().JSONEncoder)
+    """torchao's JSON for a quantized weight of `in_features` columns (it does not depend on the data)."""
+    act_quant_kwargs = {
+        "float8_dtype": _E4M3,
+        "granularity": {"_type": "PerRow", "_data": {"dim": -1}},
+        "mm_config": None,
+        "hp_value_lb": None,
+        "hp_value_ub": None,
+        "kernel_preference": _AUTO,
+    }
+    data = {
+        "block_size": [1, in_features],
+        "mm_config": {"_type": "Float8MMConfig", "_data": _MM},
+        "act_quant_kwargs": {"_type": "QuantizeTensorToFloat8Kwargs", "_data": act_quant_kwargs},
+        "kernel_preference": _AUTO,
+        "dtype": _enum("torch.dtype", "bfloat16"),
+    }
+    return json.dumps({"_type": "Float8Tensor", "_data": data, "_tensor_data_names": ["qdata", "scale"]})
 
 
 def checkpoint_metadata(tensors: list[tuple[str, tuple[int, ...] | None]]) -> dict[str, str]:

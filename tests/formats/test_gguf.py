@@ -69,6 +69,18 @@ def test_rows_encode_alone_as_in_the_whole_and_decode_as_gguf_py(qtype):
     assert not decoded[2].any()  # the all-zero row
 
 
+def test_q8_0_decodes_any_bytes_bit_for_bit_as_gguf_py():
+    """Q8_0 is decoded in torch: every int8 value, every float16 scale (subnormals, infinities, NaNs included)."""
+    q = torch.randint(0, 256, (64, 16 * 34), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    q.view(64, 16, 34)[0, :, 2:] = torch.arange(256, dtype=torch.uint8).view(16, 16).repeat(1, 2)
+    d = torch.tensor([0x7C00, 0xFC00, 0x7E00, 0x0001, 0x8000, 0x3C00], dtype=torch.int32).short()  # ±inf, NaN, 2^-24, -0, 1
+    q.view(64, 16, 34)[1, :6, :2] = d.view(torch.uint8).view(6, 2)
+    theirs = gguf.quants.dequantize(q.numpy(), gguf.GGMLQuantizationType.Q8_0).astype(np.float32)
+    ours = fmt.decode({"weight": q}, qtype="Q8_0")
+    assert np.isnan(theirs).any() and np.isinf(theirs).any()
+    assert np.array_equal(ours.numpy().view(np.uint32), theirs.view(np.uint32))
+
+
 def test_the_weight_sqnr_of_each_type_is_what_it_is_known_for():
     w = torch.randn(64, 1024, generator=torch.Generator().manual_seed(2))
     sqnr = {}

@@ -106,3 +106,33 @@ def test_quantization_config_is_diffusers_torchao_config():
         ao_fmt.quantization_config(kept)
         == diffusers.TorchAoConfig(cfg, modules_to_not_convert=sorted(kept)).to_dict()
     )
+
+
+def test_serialized_forms_are_torchaos_own_string_for_string():
+    """The format writes torchao's JSON without importing torchao: the same strings its encoders give."""
+    ao = torchao()
+    for in_features in (16, 1536, 13824):
+        probe = ao_fmt.to_float8_tensor(
+            {ao_fmt.QDATA: torch.zeros(1, in_features, dtype=torch.float8_e4m3fn), ao_fmt.SCALE: torch.ones(1, 1)}
+        )
+        assert ao_fmt._weight_json(in_features) == json.dumps(probe, cls=ao.JSONEncoder)
+    theirs = ao.config_to_dict(ao.Float8DynamicActivationFloat8WeightConfig(granularity=ao.PerRow()))
+    assert json.dumps(ao_fmt.quantization_config([])["quant_type"]["default"]) == json.dumps(theirs)
+
+
+def test_converting_to_torchao_fp8_does_not_import_torchao(tmp_path):
+    import subprocess
+    import sys
+
+    from quantize.synthetic import write_wan_example
+
+    src = tmp_path / "src"
+    write_wan_example(src, "tiny", "t2v")
+    code = (
+        "import sys; from quantize.cli import main\n"
+        f"try: main(['convert', {str(src)!r}, {str(tmp_path / 'out')!r}, '--recipe', 'wan-torchao-fp8.yaml'])\n"
+        "except SystemExit as e: assert not e.code, e.code\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torchao'))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.strip().splitlines()[-1] == "[]"
