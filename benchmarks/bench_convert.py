@@ -19,8 +19,9 @@
      checkpoint, into its own section);
    * the other formats: ``--recipe wan-torchao-fp8.yaml``, ``--recipe wan-nf4.yaml``, and ComfyUI's
      ``--recipe wan-comfy-fp8.yaml`` and ``--recipe wan-comfy-int8.yaml`` (one file per model), and GGUF
-     ``--recipe wan-gguf-q8_0.yaml`` and ``--recipe wan-gguf-q4_k_m.yaml`` (gguf-py's quantize + GGUFWriter the
-     Q8_0 peer, this script's ``--gguf-py`` mode);
+     ``--recipe wan-gguf-q8_0.yaml`` and ``--recipe wan-gguf-q4_k_m.yaml``, with their peers (this script's
+     ``--gguf-peer`` mode): gguf-py's quantize + GGUFWriter for Q8_0, ggml's own quantizer on one thread +
+     GGUFWriter for the K-quant mix;
    * ``bitsandbytes quantize_4bit``, the peer for nf4 (this script's ``--bnb-nf4`` mode): each shard
      read whole, every tensor wan-nf4.yaml quantizes passed through bitsandbytes' own
      ``quantize_4bit(blocksize=64, compress_statistics=True, quant_type="nf4")`` in bf16, the shard
@@ -60,6 +61,7 @@ NF4_RECIPE = "wan-nf4.yaml"
 COMFY_RECIPES = ("wan-comfy-fp8.yaml", "wan-comfy-int8.yaml")  # one ComfyUI file, native names
 GGUF_RECIPES = ("wan-gguf-q8_0.yaml", "wan-gguf-q4_k_m.yaml")
 GGUF_PEER = "gguf-py quantize + GGUFWriter (Q8_0 peer)"
+GGML_PEER = "ggml quantize_chunk, one thread, + GGUFWriter (K-quant mix peer)"
 LORA_RANK = 64
 LORA_CASE = f"convert --lora (rank {LORA_RANK} on every block Linear)"
 BNB_PEER = "bitsandbytes quantize_4bit (nf4 peer)"
@@ -248,17 +250,32 @@ def bnb_nf4(src: Path, out: Path) -> None:
         fsync_file(dest)
 
 
-def gguf_py_q8_0(src: Path, out: Path) -> None:
-    """The peer for gguf Q8_0: gguf-py's own quantizer and writer (which holds every tensor until it writes) over
-    the same tensors, in the same types, as `quantize convert --recipe wan-gguf-q8_0.yaml` writes them."""
+def gguf_peer(src: Path, out: Path, recipe: str) -> None:
+    """A GGUF peer: the same tensors, in the same types, as `quantize convert --recipe RECIPE` writes them,
+    quantized by the reference (gguf-py's numpy quantizer for Q8_0; ggml's own `ggml_quantize_chunk`, on this
+    one thread, for the K-quant mix) and written by gguf-py's GGUFWriter (which holds every tensor until it
+    writes)."""
+    import ctypes
+
     import gguf
+    import numpy as np
     import torch
     from safetensors import safe_open
 
+    from quantize import dtypes
     from quantize.plan import make_plan
     from quantize.recipes import load_recipe
 
-    (component,) = make_plan(src, load_recipe(GGUF_RECIPES[0]).recipe).components
+    def ggml_quantize(w: np.ndarray, qtype: str) -> np.ndarray:
+        import ggml
+
+        rows, cols = w.shape
+        q = np.empty((rows, dtypes.nbytes(qtype, (cols,))), dtype=np.uint8)
+        src_ptr = w.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        ggml.ggml_quantize_chunk(dtypes.by_name(qtype).ggml, src_ptr, q.ctypes.data, 0, rows, cols, None)
+        return q
+
+    (component,) = make_plan(src, load_recipe(recipe).recipe).components
     plans = {t.name: t for t in component.tensors}
     writer = gguf.GGUFWriter(out, "wan")
     writer.add_quantization_version(2)
@@ -268,8 +285,10 @@ def gguf_py_q8_0(src: Path, out: Path) -> None:
             for name in f.keys():
                 t, spec = f.get_tensor(name), plans[name].outputs[0]
                 if plans[name].quantize:
-                    q = gguf.quants.quantize(t.float().numpy(), gguf.GGMLQuantizationType.Q8_0)
-                    writer.add_tensor(name, q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+                    qtype = gguf.GGMLQuantizationType[spec.dtype]
+                    w = np.ascontiguousarray(t.float().numpy())
+                    q = gguf.quants.quantize(w, qtype) if spec.dtype == "Q8_0" else ggml_quantize(w, spec.dtype)
+                    writer.add_tensor(name, q, raw_dtype=qtype)
                 elif spec.dtype == "BF16":
                     writer.add_tensor(
                         name, t.view(torch.int16).numpy(), raw_dtype=gguf.GGMLQuantizationType.BF16
@@ -321,8 +340,9 @@ def make_cases(
             cases.append(Case(f"convert --recipe {recipe}", argv, out))
         peer = scratch / "bnb-nf4"
         cases.append(Case(BNB_PEER, [sys.executable, __file__, "--bnb-nf4", str(src), str(peer)], peer))
-        peer = scratch / "gguf-py.gguf"
-        cases.append(Case(GGUF_PEER, [sys.executable, __file__, "--gguf-py", str(src), str(peer)], peer))
+        for name, recipe in ((GGUF_PEER, GGUF_RECIPES[0]), (GGML_PEER, GGUF_RECIPES[1])):
+            peer = scratch / "gguf-peer.gguf"
+            cases.append(Case(name, [sys.executable, __file__, "--gguf-peer", recipe, str(src), str(peer)], peer))
     if LLMC_PYTHON.exists():
         script = str(Path(__file__).with_name("peer_llmcompressor.py"))
         view = scratch / "transformers-view"  # the same shards, hard-linked under the names it expects
@@ -484,17 +504,23 @@ def peer_note(results: list[Result]) -> str | None:
 
 
 def gguf_note(results: list[Result]) -> str | None:
-    """gguf Q8_0: our converter against gguf-py's quantize + GGUFWriter, medians of the same run."""
+    """gguf: our converter against gguf-py (Q8_0) and ggml on one thread (the K-quant mix), medians of the same run."""
     by_name = {r.case.name: r for r in results}
-    ours, peer = by_name.get(f"convert --recipe {GGUF_RECIPES[0]}"), by_name.get(GGUF_PEER)
-    if not ours or not peer:
+    lines = []
+    for recipe, peer_name, who in (
+        (GGUF_RECIPES[0], GGUF_PEER, "gguf-py's own quantizer and writer"),
+        (GGUF_RECIPES[1], GGML_PEER, "ggml's own quantizer on one thread and gguf-py's writer"),
+    ):
+        ours, peer = by_name.get(f"convert --recipe {recipe}"), by_name.get(peer_name)
+        if ours and peer:
+            lines.append(
+                f"`quantize convert --recipe {recipe}` takes {ours.median_s:.1f} s against {peer.median_s:.1f} s "
+                f"for {who} on the same tensors ({peer.median_s / ours.median_s:.1f}x faster; peak RSS "
+                f"{gb(ours.peak_rss)} vs {gb(peer.peak_rss)} GB)"
+            )
+    if not lines:
         return None
-    return (
-        f"gguf Q8_0: `quantize convert --recipe {GGUF_RECIPES[0]}` takes {ours.median_s:.1f} s against "
-        f"{peer.median_s:.1f} s for gguf-py's own quantizer and writer on the same tensors "
-        f"({peer.median_s / ours.median_s:.1f}x faster; peak RSS {gb(ours.peak_rss)} vs {gb(peer.peak_rss)} GB), "
-        "the quantized blocks identical (tests/formats/test_gguf.py)."
-    )
+    return "gguf: " + "; ".join(lines) + ". The quantized blocks are identical (tests/formats/test_gguf.py)."
 
 
 def llmc_note(results: list[Result]) -> str | None:
@@ -635,7 +661,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--read-and-write", nargs=2, type=Path, metavar=("SRC", "OUT"), help="internal: baseline")
     p.add_argument("--bnb-nf4", nargs=2, type=Path, metavar=("SRC", "OUT"), help="internal: the nf4 peer")
     p.add_argument(
-        "--gguf-py", nargs=2, type=Path, metavar=("SRC", "OUT"), help="internal: the gguf Q8_0 peer"
+        "--gguf-peer", nargs=3, metavar=("RECIPE", "SRC", "OUT"), help="internal: the gguf peers"
     )
     p.add_argument(
         "--fp8-only", action="store_true", help="skip the torchao_fp8, nf4, comfy and bitsandbytes cases"
@@ -659,8 +685,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.bnb_nf4:
         bnb_nf4(*args.bnb_nf4)
         return
-    if args.gguf_py:
-        gguf_py_q8_0(*args.gguf_py)
+    if args.gguf_peer:
+        recipe, src, out = args.gguf_peer
+        gguf_peer(Path(src), Path(out), recipe)
         return
     command = display_command([sys.executable, *sys.argv])
     data_dir = args.data_dir.absolute()

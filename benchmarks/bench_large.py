@@ -37,7 +37,16 @@ START, END = "<!-- bench:large:start -->", "<!-- bench:large:end -->"
 PRESET = "14b"
 RSS_TARGET = 1.5e9
 SOURCE_GB = 28.7  # the 14B preset in bf16
-RECIPES = ("wan-fp8.yaml", "wan-nf4.yaml")
+# every format: memory must stay flat for each (GGUF and ComfyUI write one file per model)
+RECIPES = (
+    "wan-fp8.yaml",
+    "wan-torchao-fp8.yaml",
+    "wan-nf4.yaml",
+    "wan-comfy-fp8.yaml",
+    "wan-comfy-int8.yaml",
+    "wan-gguf-q8_0.yaml",
+    "wan-gguf-q4_k_m.yaml",
+)
 
 
 def enough_disk(data_dir: Path, have_source: bool) -> bool:
@@ -84,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
                     [*quantize_command(), "convert", str(src), str(out), "--recipe", recipe],
                     scratch / "run.log",
                 )
-                out_bytes = sum(f.stat().st_size for f in out.rglob("*.safetensors"))
+                out_bytes = sum(f.stat().st_size for f in out.rglob("*") if f.suffix in (".safetensors", ".gguf"))
                 walls.append(wall)
                 rss.append(peak)
                 log(f"run {run + 1}/{args.runs} {recipe}: {wall:.1f} s, peak RSS {gb(peak)} GB")

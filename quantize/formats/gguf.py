@@ -7,12 +7,13 @@ row chunk (`ROW_SEPARABLE`); a part's rows are held as their bytes (uint8 [rows,
 
 Reference numerics, bit for bit:
 - Q8_0 and the ``_0`` / ``_1`` types: gguf-py's ``gguf.quants.quantize(w.float().numpy(), type)`` (pure
-  numpy), whose bytes ggml's own quantizer gives too (tested): ggml's is used where it is installed (much
-  faster), gguf-py's otherwise;
+  numpy), whose bytes ggml's own quantizer gives too (tested). Q8_0, the most used, is quantized in torch
+  (`_q8_0`, the same bytes, tested against both); for the others ggml's is used where it is installed
+  (much faster), gguf-py's otherwise;
 - the K-quants: ggml's own reference quantizer, ``ggml_quantize_chunk`` without an importance matrix, called
   through ggml-python (the optional extra ``dit-quantize[gguf]``; its absence is one error naming the extra).
-Decoding: gguf-py's ``gguf.quants.dequantize`` (every type, K-quants included); Q8_0's in torch
-(`_q8_0`, the same values, tested).
+Decoding: gguf-py's ``gguf.quants.dequantize`` (every type, K-quants included); Q8_0's in torch (`_q8_0`, the
+same values, tested).
 """
 
 from __future__ import annotations
@@ -93,6 +94,8 @@ def _has_ggml() -> bool:
 def encode(weight: torch.Tensor, qtype: str | None = None) -> dict[str, torch.Tensor]:
     """The rows of a 2-D weight in GGML type `qtype`, as uint8 [rows, row bytes]."""
     qtype = _check_type(qtype)
+    if qtype == "Q8_0":  # the most used type, in torch (ggml's bytes, 2.5x faster than its C)
+        return {WEIGHT: _q8_0.quantize(weight.float().contiguous())}
     w = np.ascontiguousarray(weight.float().numpy())
     if not np.isfinite(w).all():
         raise NonFiniteWeightError("holds NaN or Inf values")

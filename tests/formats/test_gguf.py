@@ -69,6 +69,39 @@ def test_rows_encode_alone_as_in_the_whole_and_decode_as_gguf_py(qtype):
     assert not decoded[2].any()  # the all-zero row
 
 
+def _q8_0_edge_blocks() -> torch.Tensor:
+    """Rows of 32-value blocks where a rounding shortcut would show: every kind of tie, zero and -0 blocks,
+    scales below float16's normal range and past its largest value, and plain random blocks."""
+    g = torch.Generator().manual_seed(4)
+    below = lambda x: float(torch.nextafter(torch.tensor(x), torch.tensor(0.0)))  # noqa: E731
+    above = lambda x: float(torch.nextafter(torch.tensor(x), torch.tensor(1e9)))  # noqa: E731
+    ties = [0.5, 1.5, 2.5, 3.5, 64.5, 125.5, 126.5, below(0.5), below(1.5), below(2.5), above(0.5), above(1.5)]
+    ties = torch.tensor(ties + [0.25, 1.0, 0.0])
+    block = torch.cat([torch.tensor([127.0]), ties, -ties, torch.tensor([-127.0])])  # d = 1: x · id is x
+    rows = [
+        block,
+        block.flip(0),
+        2 * block,  # d = 2: the same ties, scaled
+        torch.zeros(32),
+        torch.full((32,), -0.0),
+        torch.randn(32, generator=g) * 1e-9,  # d below float16's smallest subnormal
+        torch.randn(32, generator=g) * 1e-6,  # d a float16 subnormal
+        torch.randn(32, generator=g) * 1e7,  # d past float16's max: inf
+        torch.randn(32, generator=g),
+        torch.tensor([0.0] * 31 + [-5e-45]),  # one float32 subnormal
+    ]
+    return torch.stack(rows).repeat(2, 2)
+
+
+def test_q8_0_in_torch_is_ggml_and_gguf_py_on_every_edge():
+    w = _q8_0_edge_blocks()
+    ours = fmt.encode(w, "Q8_0")["weight"].numpy()
+    assert np.array_equal(ours, _ggml_reference(w.numpy(), "Q8_0"))
+    assert np.array_equal(ours, gguf.quants.quantize(w.numpy(), gguf.GGMLQuantizationType.Q8_0))
+    rnd = torch.randn(300, 4096, generator=torch.Generator().manual_seed(5)) * 0.02
+    assert np.array_equal(fmt.encode(rnd, "Q8_0")["weight"].numpy(), _ggml_reference(rnd.numpy(), "Q8_0"))
+
+
 def test_q8_0_decodes_any_bytes_bit_for_bit_as_gguf_py():
     """Q8_0 is decoded in torch: every int8 value, every float16 scale (subnormals, infinities, NaNs included)."""
     q = torch.randint(0, 256, (64, 16 * 34), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
