@@ -287,7 +287,11 @@ def gguf_peer(src: Path, out: Path, recipe: str) -> None:
                 if plans[name].quantize:
                     qtype = gguf.GGMLQuantizationType[spec.dtype]
                     w = np.ascontiguousarray(t.float().numpy())
-                    q = gguf.quants.quantize(w, qtype) if spec.dtype == "Q8_0" else ggml_quantize(w, spec.dtype)
+                    q = (
+                        gguf.quants.quantize(w, qtype)
+                        if spec.dtype == "Q8_0"
+                        else ggml_quantize(w, spec.dtype)
+                    )
                     writer.add_tensor(name, q, raw_dtype=qtype)
                 elif spec.dtype == "BF16":
                     writer.add_tensor(
@@ -342,7 +346,9 @@ def make_cases(
         cases.append(Case(BNB_PEER, [sys.executable, __file__, "--bnb-nf4", str(src), str(peer)], peer))
         for name, recipe in ((GGUF_PEER, GGUF_RECIPES[0]), (GGML_PEER, GGUF_RECIPES[1])):
             peer = scratch / "gguf-peer.gguf"
-            cases.append(Case(name, [sys.executable, __file__, "--gguf-peer", recipe, str(src), str(peer)], peer))
+            cases.append(
+                Case(name, [sys.executable, __file__, "--gguf-peer", recipe, str(src), str(peer)], peer)
+            )
     if LLMC_PYTHON.exists():
         script = str(Path(__file__).with_name("peer_llmcompressor.py"))
         view = scratch / "transformers-view"  # the same shards, hard-linked under the names it expects
@@ -660,9 +666,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--write", type=Path, metavar="MARKDOWN", help="store the results section in this file")
     p.add_argument("--read-and-write", nargs=2, type=Path, metavar=("SRC", "OUT"), help="internal: baseline")
     p.add_argument("--bnb-nf4", nargs=2, type=Path, metavar=("SRC", "OUT"), help="internal: the nf4 peer")
-    p.add_argument(
-        "--gguf-peer", nargs=3, metavar=("RECIPE", "SRC", "OUT"), help="internal: the gguf peers"
-    )
+    p.add_argument("--gguf-peer", nargs=3, metavar=("RECIPE", "SRC", "OUT"), help="internal: the gguf peers")
     p.add_argument(
         "--fp8-only", action="store_true", help="skip the torchao_fp8, nf4, comfy and bitsandbytes cases"
     )

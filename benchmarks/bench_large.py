@@ -93,7 +93,9 @@ def main(argv: list[str] | None = None) -> None:
                     [*quantize_command(), "convert", str(src), str(out), "--recipe", recipe],
                     scratch / "run.log",
                 )
-                out_bytes = sum(f.stat().st_size for f in out.rglob("*") if f.suffix in (".safetensors", ".gguf"))
+                out_bytes = sum(
+                    f.stat().st_size for f in out.rglob("*") if f.suffix in (".safetensors", ".gguf")
+                )
                 walls.append(wall)
                 rss.append(peak)
                 log(f"run {run + 1}/{args.runs} {recipe}: {wall:.1f} s, peak RSS {gb(peak)} GB")

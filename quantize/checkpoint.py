@@ -240,7 +240,9 @@ def _pread_into(fd: int, buf: memoryview, offset: int, path: Path) -> None:
         done += n
 
 
-def read_rows(info: TensorInfo, row_start: int, row_end: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+def read_rows(
+    info: TensorInfo, row_start: int, row_end: int, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """Rows ``[row_start, row_end)`` of a tensor (along dim 0; a 0-d tensor is one row), in fresh memory; cast
     to `dtype` if given, straight from the page cache through a short-lived memory map (one copy, not two)."""
     row = dtypes.by_name(info.dtype)
@@ -277,7 +279,11 @@ def _cast_mapped(
             raise InputError(f"{path}: unexpected end of file before byte {offset + nbytes}: truncated shard")
         start = offset - offset % mmap.ALLOCATIONGRANULARITY
         m = mmap.mmap(
-            fd, offset + nbytes - start, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=start
+            fd,
+            offset + nbytes - start,
+            flags=mmap.MAP_PRIVATE,
+            prot=mmap.PROT_READ | mmap.PROT_WRITE,
+            offset=start,
         )
     finally:
         os.close(fd)

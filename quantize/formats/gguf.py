@@ -12,8 +12,8 @@ Reference numerics, bit for bit:
   (much faster), gguf-py's otherwise;
 - the K-quants: ggml's own reference quantizer, ``ggml_quantize_chunk`` without an importance matrix, called
   through ggml-python (the optional extra ``dit-quantize[gguf]``; its absence is one error naming the extra).
-Decoding: gguf-py's ``gguf.quants.dequantize`` (every type, K-quants included); Q8_0's in torch (`_q8_0`, the
-same values, tested).
+Decoding: gguf-py's ``gguf.quants.dequantize``; Q8_0's and the K-quants' in torch (`_q8_0`, `_kquants`: the
+same values, tested on arbitrary bytes, several times faster).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 
 from .. import dtypes
 from ..errors import InputError
-from . import _q8_0
+from . import _kquants, _q8_0
 from .base import NonFiniteWeightError, PartSpec, UnsupportedShapeError
 
 __all__ = ["NAME", "ROW_SEPARABLE", "TYPES", "K_TYPES", "WEIGHT", "parts", "encode", "decode"]
@@ -122,13 +122,16 @@ def decode(
     rows: tuple[int, int] | None = None,
     qtype: str | None = None,
 ) -> torch.Tensor:
-    """The dequantized rows (gguf-py's dequantization; Q8_0's in torch, the same values), cast to `dtype`."""
+    """The dequantized rows (gguf-py's dequantization; Q8_0's and the K-quants' in torch, the same values), cast
+    to `dtype`."""
     qtype = _check_type(qtype)
     q = parts[WEIGHT]
     if rows is not None:
         q = q[rows[0] : rows[1]]
-    if qtype == "Q8_0":  # the most used type, decoded in place (gguf-py's values, 4x faster)
+    if qtype == "Q8_0":  # the most used types, decoded in place (gguf-py's values, several times faster)
         return _q8_0.dequantize(q).to(dtype)
+    if qtype in K_TYPES:
+        return _kquants.dequantize(q, qtype).to(dtype)
     g = _gguf()
     values = g.quants.dequantize(q.contiguous().numpy(), g.GGMLQuantizationType[qtype])
     return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).to(dtype)

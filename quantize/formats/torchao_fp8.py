@@ -28,7 +28,7 @@ import json
 import torch
 
 from . import format_info
-from ._e4m3 import FP8_DTYPE, FP8_MAX, dequantize_rows, quantize_rows, row_absmax
+from ._e4m3 import FP8_MAX, dequantize_rows, quantize_rows, row_absmax
 from ._torchao import torchao
 from .base import NonFiniteWeightError, PartSpec, UnsupportedShapeError
 

@@ -75,7 +75,20 @@ def _q8_0_edge_blocks() -> torch.Tensor:
     g = torch.Generator().manual_seed(4)
     below = lambda x: float(torch.nextafter(torch.tensor(x), torch.tensor(0.0)))  # noqa: E731
     above = lambda x: float(torch.nextafter(torch.tensor(x), torch.tensor(1e9)))  # noqa: E731
-    ties = [0.5, 1.5, 2.5, 3.5, 64.5, 125.5, 126.5, below(0.5), below(1.5), below(2.5), above(0.5), above(1.5)]
+    ties = [
+        0.5,
+        1.5,
+        2.5,
+        3.5,
+        64.5,
+        125.5,
+        126.5,
+        below(0.5),
+        below(1.5),
+        below(2.5),
+        above(0.5),
+        above(1.5),
+    ]
     ties = torch.tensor(ties + [0.25, 1.0, 0.0])
     block = torch.cat([torch.tensor([127.0]), ties, -ties, torch.tensor([-127.0])])  # d = 1: x · id is x
     rows = [
@@ -106,12 +119,29 @@ def test_q8_0_decodes_any_bytes_bit_for_bit_as_gguf_py():
     """Q8_0 is decoded in torch: every int8 value, every float16 scale (subnormals, infinities, NaNs included)."""
     q = torch.randint(0, 256, (64, 16 * 34), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
     q.view(64, 16, 34)[0, :, 2:] = torch.arange(256, dtype=torch.uint8).view(16, 16).repeat(1, 2)
-    d = torch.tensor([0x7C00, 0xFC00, 0x7E00, 0x0001, 0x8000, 0x3C00], dtype=torch.int32).short()  # ±inf, NaN, 2^-24, -0, 1
+    d = torch.tensor(
+        [0x7C00, 0xFC00, 0x7E00, 0x0001, 0x8000, 0x3C00], dtype=torch.int32
+    ).short()  # ±inf, NaN, 2^-24, -0, 1
     q.view(64, 16, 34)[1, :6, :2] = d.view(torch.uint8).view(6, 2)
     theirs = gguf.quants.dequantize(q.numpy(), gguf.GGMLQuantizationType.Q8_0).astype(np.float32)
     ours = fmt.decode({"weight": q}, qtype="Q8_0")
     assert np.isnan(theirs).any() and np.isinf(theirs).any()
     assert np.array_equal(ours.numpy().view(np.uint32), theirs.view(np.uint32))
+
+
+@pytest.mark.parametrize("qtype", fmt.K_TYPES)
+def test_k_quants_decode_any_bytes_bit_for_bit_as_gguf_py(qtype):
+    """The K-quants are decoded in torch: random bytes give every field every value (NaN and Inf scales too)."""
+    row_bytes = dtypes.nbytes(qtype, (1024,))
+    q = torch.randint(0, 256, (96, row_bytes), dtype=torch.uint8, generator=torch.Generator().manual_seed(6))
+    theirs = gguf.quants.dequantize(q.numpy(), gguf.GGMLQuantizationType[qtype]).astype(np.float32)
+    ours = fmt.decode({"weight": q}, qtype=qtype)
+    assert ours.shape == (96, 1024) and np.isnan(theirs).any()
+    assert np.array_equal(ours.numpy().view(np.uint32), theirs.view(np.uint32))
+    w = _weight((8, 1024))
+    encoded = fmt.encode(w, qtype)["weight"]
+    decoded = fmt.decode({"weight": encoded}, qtype=qtype).numpy()
+    assert np.array_equal(decoded, gguf.quants.dequantize(encoded.numpy(), gguf.GGMLQuantizationType[qtype]))
 
 
 def test_the_weight_sqnr_of_each_type_is_what_it_is_known_for():

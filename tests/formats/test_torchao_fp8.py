@@ -113,7 +113,10 @@ def test_serialized_forms_are_torchaos_own_string_for_string():
     ao = torchao()
     for in_features in (16, 1536, 13824):
         probe = ao_fmt.to_float8_tensor(
-            {ao_fmt.QDATA: torch.zeros(1, in_features, dtype=torch.float8_e4m3fn), ao_fmt.SCALE: torch.ones(1, 1)}
+            {
+                ao_fmt.QDATA: torch.zeros(1, in_features, dtype=torch.float8_e4m3fn),
+                ao_fmt.SCALE: torch.ones(1, 1),
+            }
         )
         assert ao_fmt._weight_json(in_features) == json.dumps(probe, cls=ao.JSONEncoder)
     theirs = ao.config_to_dict(ao.Float8DynamicActivationFloat8WeightConfig(granularity=ao.PerRow()))
