@@ -383,6 +383,9 @@ def reported_seconds(log_path: Path) -> float | None:
 
 
 def tree_bytes(path: Path) -> int:
+    """Bytes of an output: a folder's files, or one file (a GGUF peer's)."""
+    if path.is_file():
+        return path.stat().st_size
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
