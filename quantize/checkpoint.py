@@ -252,9 +252,10 @@ def read_rows(
     inner = info.shape[1:] if row.block == 1 else (row_bytes,)
     shape = (row_end - row_start, *inner)
     offset, nbytes = info.start + row_start * row_bytes, (row_end - row_start) * row_bytes
+    out = None
     if dtype is not None and row.block == 1 and nbytes:
         out = _cast_mapped(info.file, offset, nbytes, row.torch, shape, dtype)
-    else:
+    if out is None:
         out = torch.empty(shape, dtype=row.torch)
         fd = os.open(info.file, os.O_RDONLY)
         try:
@@ -268,8 +269,9 @@ def read_rows(
 
 def _cast_mapped(
     path: Path, offset: int, nbytes: int, stored: torch.dtype, shape: tuple[int, ...], dtype: torch.dtype
-) -> torch.Tensor:
-    """Bytes [offset, offset + nbytes) of `path` as `stored` values of `shape`, cast to `dtype` into fresh memory.
+) -> torch.Tensor | None:
+    """Bytes [offset, offset + nbytes) of `path` as `stored` values of `shape`, cast to `dtype` into fresh memory;
+    None where the file cannot be mapped.
 
     The map is private and lives for the one cast: its pages are the page cache's own (nothing copied into a
     buffer first), never written, and gone from the process's RSS once it is closed."""
@@ -278,13 +280,10 @@ def _cast_mapped(
         if os.fstat(fd).st_size < offset + nbytes:  # a map past the end would fault (SIGBUS), not raise
             raise InputError(f"{path}: unexpected end of file before byte {offset + nbytes}: truncated shard")
         start = offset - offset % mmap.ALLOCATIONGRANULARITY
-        m = mmap.mmap(
-            fd,
-            offset + nbytes - start,
-            flags=mmap.MAP_PRIVATE,
-            prot=mmap.PROT_READ | mmap.PROT_WRITE,
-            offset=start,
-        )
+        flags, prot = mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE
+        m = mmap.mmap(fd, offset + nbytes - start, flags=flags, prot=prot, offset=start)
+    except OSError:  # a file system that cannot map files: the caller reads them
+        return None
     finally:
         os.close(fd)
     try:

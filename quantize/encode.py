@@ -116,9 +116,8 @@ def encode_and_measure(tp: TensorPlan, fmt: Format, take: TakeParts) -> ErrorSta
         whole_names = getattr(fmt, "WEIGHT_PARTS", ())
         whole: dict[str, torch.Tensor] | None = None
         for r0, r1 in ranges:
-            w = tp.source.read_rows(
-                r0, r1, torch.float32
-            )  # one float32 copy, for the encoding and the error figures
+            # one float32 copy, for the encoding and the error figures
+            w = tp.source.read_rows(r0, r1, torch.float32)
             parts = _encode(fmt, tp, w, options)
             if whole_names:
                 weight_parts = {name: parts.pop(name) for name in whole_names}

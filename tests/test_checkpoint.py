@@ -175,3 +175,19 @@ def test_a_shard_truncated_after_planning_is_one_clean_error_when_mapped(tmp_pat
         f.truncate(info.start + 100)
     with pytest.raises(InputError, match=r"m\.safetensors: unexpected end of file .*truncated shard"):
         read_rows(info, 0, 64, torch.float32)
+
+
+def test_a_file_system_that_cannot_map_files_is_read_instead(tmp_path, monkeypatch):
+    import errno
+    import mmap
+
+    import quantize.checkpoint as checkpoint
+
+    def refuse(*args, **kwargs):
+        raise OSError(errno.ENODEV, "No such device")
+
+    w = torch.randn(9, 40).to(torch.bfloat16)
+    info = read_header(_write(tmp_path / "m.safetensors", {"w": w})).tensors["w"]
+    monkeypatch.setattr(checkpoint.mmap, "mmap", refuse)
+    assert torch.equal(read_rows(info, 2, 7, torch.float32), w[2:7].float())
+    assert mmap.mmap is refuse  # the same module object: the map really was refused

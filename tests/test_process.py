@@ -128,3 +128,18 @@ def test_files_are_hashed_through_maps_as_hashlib_hashes_them(tmp_path, size):
     data = os.urandom(size)
     (tmp_path / "f.bin").write_bytes(data)
     assert sha256_file(tmp_path / "f.bin") == hashlib.sha256(data).hexdigest()
+
+
+def test_a_file_system_that_cannot_map_files_is_hashed_by_reading(tmp_path, monkeypatch):
+    import errno
+    import hashlib
+
+    import quantize.hashing as hashing
+
+    def refuse(*args, **kwargs):
+        raise OSError(errno.ENODEV, "No such device")
+
+    data = os.urandom((16 << 20) + 5)
+    (tmp_path / "f.bin").write_bytes(data)
+    monkeypatch.setattr(hashing.mmap, "mmap", refuse)
+    assert sha256_file(tmp_path / "f.bin") == hashlib.sha256(data).hexdigest()
