@@ -9,7 +9,7 @@ It imports the formats and the checkpoint reader of `quantize`, and nothing else
 
 from .blocks import find_block_lists, find_blocks
 from .host import HOST_MODES
-from .materialize import CheckpointMismatchError, load_quantized
+from .materialize import CheckpointMismatchError, load_quantized, parameters_on_meta
 from .modules import MODULES, Float8Linear, FP8Linear, NF4Linear, QuantizedLinear
 from .offload import BlockOffloader, OffloadStats, enable_block_offload
 
@@ -27,4 +27,5 @@ __all__ = [
     "HOST_MODES",
     "find_block_lists",
     "find_blocks",
+    "parameters_on_meta",
 ]

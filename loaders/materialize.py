@@ -31,7 +31,7 @@ from .blocks import find_blocks
 from .host import TensorReader, remember_source
 from .modules import QuantizedLinear, module_for
 
-__all__ = ["load_quantized", "CheckpointMismatchError", "find_component"]
+__all__ = ["load_quantized", "CheckpointMismatchError", "find_component", "parameters_on_meta"]
 
 
 class CheckpointMismatchError(InputError):
@@ -112,7 +112,7 @@ def _checkpoint_format(comp: Component) -> Format:
 
 
 @contextlib.contextmanager
-def _parameters_on_meta() -> Iterator[None]:
+def parameters_on_meta() -> Iterator[None]:
     """While active, every parameter a module registers is replaced by an empty one on the meta device.
 
     It patches `nn.Module.register_parameter` for the process (as accelerate's `init_empty_weights` does):
@@ -135,7 +135,7 @@ def _parameters_on_meta() -> Iterator[None]:
 def _skeleton(cls: type[nn.Module], comp: Component) -> nn.Module:
     config = {k: v for k, v in comp.config.items() if k != "quantization_config"}
     try:
-        with _parameters_on_meta():
+        with parameters_on_meta():
             if hasattr(cls, "from_config"):
                 return cls.from_config(config)
             return cls(**{k: v for k, v in config.items() if not k.startswith("_")})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import signal
 import statistics
@@ -486,6 +487,13 @@ def _report_recovery(step: str) -> None:
 @click.option(
     "--forward", is_flag=True, help="Also compare one forward pass of the source and the quantized model."
 )
+@click.option(
+    "--inputs",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    default=None,
+    metavar="FILE",
+    help="With --forward: the pass's inputs (latents, timestep, text embeddings) as safetensors [default: fixed random].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--workers", type=int, default=None, help="Threads hashing and comparing [default: all cores].")
 @click.option(
@@ -500,6 +508,7 @@ def verify_cmd(
     checkpoint: Path,
     source: str | None,
     forward: bool,
+    inputs: Path | None,
     as_json: bool,
     workers: int | None,
     loras: tuple[Path, ...],
@@ -518,7 +527,15 @@ def verify_cmd(
 
     progress = _progress("verify", "files and tensors") if not as_json else None
     try:
-        report = verify(checkpoint, source, forward=forward, workers=workers, progress=progress, loras=loras)
+        report = verify(
+            checkpoint,
+            source,
+            forward=forward,
+            inputs=inputs,
+            workers=workers,
+            progress=progress,
+            loras=loras,
+        )
     finally:
         if progress is not None:
             progress.stop()
@@ -556,6 +573,215 @@ def verify_cmd(
         f"[red]verification failed[/]: {len(failures)} problem(s) in {escape(str(checkpoint))} ({hashing})"
     )
     return 1
+
+
+@cli.command("sensitivity")
+@click.argument("source")
+@_recipe_option
+@click.option(
+    "--inputs",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    default=None,
+    metavar="FILE",
+    help="The forward pass's inputs (latents, timestep, text embeddings) as safetensors [default: fixed random].",
+)
+@click.option(
+    "--min-forward-sqnr",
+    type=float,
+    default=None,
+    metavar="DB",
+    help="Propose the smallest raise of the most sensitive layers whose measured forward SQNR reaches DB.",
+)
+@click.option(
+    "--max-size",
+    default=None,
+    metavar="SIZE",
+    help="Propose the best measured forward SQNR whose tensors fit SIZE (e.g. 11GB for a 12 GB GPU).",
+)
+@click.option(
+    "--write-recipe",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    metavar="FILE",
+    help="Write the proposed recipe to FILE (with --min-forward-sqnr or --max-size).",
+)
+@click.option("--overwrite", is_flag=True, help="Replace the --write-recipe FILE if it exists.")
+@click.option("--top", type=int, default=25, show_default=True, help="Layers shown in the table (0: all).")
+@click.option("--json", "as_json", is_flag=True, help="Print every layer and the figures as JSON.")
+@_lora_options
+def sensitivity_cmd(
+    source: str,
+    recipe: str | None,
+    fmt: str | None,
+    inputs: Path | None,
+    min_forward_sqnr: float | None,
+    max_size: str | None,
+    write_recipe: Path | None,
+    overwrite: bool,
+    top: int,
+    as_json: bool,
+    loras: tuple[str, ...],
+    lora_unmatched: str,
+) -> int:
+    """Measure how much each quantized Linear of SOURCE hurts the output under RECIPE (one streamed forward pass),
+    and with --min-forward-sqnr or --max-size propose the recipe that raises the most sensitive ones."""
+    from .hub import recipe_files, resolve_source
+    from .layout import parse_size
+    from .lora import open_loras
+    from .plan import make_plan
+    from .recipes import dump_recipe, load_recipe, parse_recipe
+    from .sensitivity import measure, propose
+
+    if min_forward_sqnr is not None and max_size is not None:
+        raise InputError("give --min-forward-sqnr or --max-size, not both")
+    proposing = min_forward_sqnr is not None or max_size is not None
+    if write_recipe is not None and not proposing:
+        raise InputError("--write-recipe writes a proposal: give --min-forward-sqnr DB or --max-size SIZE")
+    if write_recipe is not None and write_recipe.exists() and not overwrite:
+        raise InputError(f"{write_recipe}: exists; pass --overwrite to replace it")
+    max_bytes = parse_size(max_size, "--max-size") if max_size is not None else None
+    loaded = load_recipe(_chosen_recipe(source, recipe, fmt))
+
+    def steps() -> list:  # the LoRAs merged into the source (a fresh merge for each plan)
+        return [open_loras(loras, lora_unmatched, loaded.recipe.components, Path(source))] if loras else []
+
+    steps()  # a bad LoRA fails before anything is fetched
+    folder, _, _ = resolve_source(source, recipe_files(loaded.recipe))
+    from .forward import require_known_models
+    from .process import tune_for_streaming
+
+    require_known_models(folder, loaded.recipe)
+    tune_for_streaming()
+    plan = make_plan(folder, loaded.recipe, steps=steps())
+    t0 = time.monotonic()
+    measured = measure(
+        plan, inputs=inputs, rungs=proposing, on_pass=lambda text: err.print(f"pass: {escape(text)}")
+    )
+    proposal = (
+        propose(measured, min_forward_sqnr_db=min_forward_sqnr, max_bytes=max_bytes) if proposing else None
+    )
+    elapsed = time.monotonic() - t0
+    if proposal is not None and proposal.reached and write_recipe is not None:
+        text = dump_recipe(proposal.recipe)
+        written = parse_recipe(text, str(write_recipe))  # an ordinary recipe, valid as written
+        make_plan(folder, written, steps=steps())  # and one that plans on this source
+        _write_text_atomically(write_recipe, text)
+    if as_json:
+        click.echo(json.dumps(_sensitivity_json(measured, proposal, write_recipe), indent=2))
+    else:
+        _print_sensitivity(measured, proposal, write_recipe, top, loaded.origin, elapsed)
+    if proposal is not None and not proposal.reached:
+        return 1
+    return 0
+
+
+def _db(value: float | None) -> float | None:
+    """A figure for JSON: infinite (exact) becomes null."""
+    return None if value is None or math.isinf(value) else round(value, 3)
+
+
+def _sensitivity_json(measured, proposal, write_recipe: Path | None) -> dict:
+    fmt = measured.plan.format
+    data = {
+        "recipe": measured.plan.recipe.name,
+        "format": fmt.NAME,
+        "layers": [
+            {
+                "module": lay.module,
+                "component": lay.component,
+                "type": lay.rungs[0].label(fmt),
+                "output_sqnr_db": _db(lay.output_sqnr_db(0)),
+                "weight_sqnr_db": _db(lay.weight_sqnr[0]),
+                "bytes": lay.bytes[0],
+            }
+            for lay in measured.sorted_layers()
+        ],
+        "forward_sqnr_db": _db(measured.worst_forward_sqnr_db),
+        "components": {rel: {"forward_sqnr_db": _db(db)} for rel, db in measured.forward_sqnr_db.items()},
+        "bytes": measured.plan.output_bytes,
+    }
+    if proposal is not None:
+        data["proposal"] = {
+            "reached": proposal.reached,
+            "forward_sqnr_db": _db(proposal.worst_forward_sqnr_db),
+            "bytes": proposal.bytes,
+            "recipe_bytes": proposal.base_bytes,
+            "raised": [{"module": m, "type": t} for m, t in proposal.raised],
+            "passes": proposal.passes,
+            "recipe_file": None if write_recipe is None or not write_recipe.exists() else str(write_recipe),
+        }
+    return data
+
+
+def _print_sensitivity(measured, proposal, write_recipe, top: int, origin: str, elapsed: float) -> None:
+    fmt = measured.plan.format
+    layers = measured.sorted_layers()
+    shown = layers if top <= 0 else layers[:top]
+    table = Table(
+        title=f"Sensitivity under {escape(origin)}: each quantized Linear's output SQNR (X·Q(W) against X·W), "
+        "most sensitive first",
+        title_justify="left",
+    )
+    for col, just in (
+        ("module", "left"),
+        ("component", "left"),
+        ("type", "left"),
+        ("output SQNR", "right"),
+        ("weight SQNR", "right"),
+        ("bytes", "right"),
+    ):
+        table.add_column(col, justify=just)
+    for lay in shown:
+        table.add_row(
+            escape(lay.module),
+            lay.component,
+            lay.rungs[0].label(fmt),
+            _db_text(lay.output_sqnr_db(0)),
+            _db_text(lay.weight_sqnr[0]),
+            _gb(lay.bytes[0]),
+        )
+    out.print(table)
+    if len(shown) < len(layers):
+        out.print(f"... and {len(layers) - len(shown)} more (--top 0 or --json lists them all)")
+    for rel, db in measured.forward_sqnr_db.items():
+        out.print(
+            f"forward SQNR of the recipe in {rel}: {_db_text(db)} ({_gb(measured.plan.output_bytes)} of tensors)"
+        )
+    if proposal is None:
+        out.print(f"measured in {elapsed:.1f}s")
+        return
+    raised = ", ".join(f"{escape(m)} -> {t}" for m, t in proposal.raised[:8])
+    more = f" and {len(proposal.raised) - 8} more" if len(proposal.raised) > 8 else ""
+    change = proposal.bytes / max(1, proposal.base_bytes) - 1
+    figure = f"forward SQNR {_db_text(proposal.worst_forward_sqnr_db)}"
+    sizes = f"{_gb(proposal.bytes)} against the recipe's {_gb(proposal.base_bytes)} ({change:+.1%})"
+    if not proposal.reached:
+        out.print(
+            f"[red]not reached[/]: {figure} with {len(proposal.raised)} layer(s) raised; {sizes}"
+            + ("" if proposal.raised else ": the recipe alone does not fit --max-size")
+        )
+        return
+    out.print(f"proposal: {len(proposal.raised)} layer(s) raised ({raised}{more}); {figure}; {sizes}")
+    if write_recipe is not None:
+        out.print(
+            f"wrote {escape(str(write_recipe))}: convert with --recipe {escape(str(write_recipe))}, then "
+            "verify --forward proves its min_forward_sqnr_db"
+        )
+    out.print(f"measured in {elapsed:.1f}s ({proposal.passes + 2} passes)")
+
+
+def _db_text(value: float | None) -> str:
+    return "exact" if value is None or math.isinf(value) else f"{value:.2f} dB"
+
+
+def _write_text_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise InputError(f"{path}: cannot write the recipe: {e}") from None
 
 
 @cli.command("upload")

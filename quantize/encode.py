@@ -101,9 +101,12 @@ def row_chunks(rows: int, row_elems: int, chunk_bytes: int | None = None) -> lis
 TakeParts = Callable[[dict[str, torch.Tensor], "tuple[int, int] | None"], dict[str, torch.Tensor]]
 
 
-def encode_and_measure(tp: TensorPlan, fmt: Format, take: TakeParts) -> ErrorStats:
+def encode_and_measure(
+    tp: TensorPlan, fmt: Format, take: TakeParts, into: torch.Tensor | None = None
+) -> ErrorStats:
     """Encode the quantized tensor `tp` with `fmt`, hand each encoding to `take`, and measure the error of the
-    decoding of what `take` returns against the source values.
+    decoding of what `take` returns against the source values; `into` (float32, the weight's shape), when
+    given, receives that decoding.
 
     A row-separable format's whole-weight parts (`WEIGHT_PARTS`: a per-tensor scale, a marker) are handed to
     `take` once, whole (`rows` None), with the first chunk; a format that decides them from the whole weight
@@ -124,12 +127,18 @@ def encode_and_measure(tp: TensorPlan, fmt: Format, take: TakeParts) -> ErrorSta
                 if whole is None:
                     whole = take(weight_parts, None)
             measured = take(parts, (r0, r1))
-            stats.add(w, fmt.decode({**measured, **(whole or {})}, torch.float32, **tp.format_options))
+            decoded = fmt.decode({**measured, **(whole or {})}, torch.float32, **tp.format_options)
+            if into is not None:
+                into[r0:r1] = decoded
+            stats.add(w, decoded)
         return stats
     w = tp.source.read()
     measured = take(_encode(fmt, tp, w, tp.format_options), None)
     for r0, r1 in ranges:
-        stats.add(w[r0:r1], fmt.decode(measured, torch.float32, rows=(r0, r1), **tp.format_options))
+        decoded = fmt.decode(measured, torch.float32, rows=(r0, r1), **tp.format_options)
+        if into is not None:
+            into[r0:r1] = decoded
+        stats.add(w[r0:r1], decoded)
     return stats
 
 

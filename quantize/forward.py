@@ -1,48 +1,91 @@
-"""`verify --forward`: one forward pass of the source model and of the dequantized checkpoint, compared.
+"""One forward pass of a model whose weights are read block by block: `verify --forward` and `sensitivity`.
 
-For the model classes we know how to feed (diffusers' `WanTransformer3DModel` and
-`Kandinsky5Transformer3DModel`, named by config.json's `_class_name`): both models are built in
-float32 from the component's config, the source with its own weights (read through the plan: every
-step applied), the other with every stored tensor decoded by the checkpoint's format; the same fixed random inputs go through both and the
-output SQNR must reach the recipe's `checks.min_forward_sqnr_db` (default 20 dB). It needs memory for
-two float32 copies of the model: meant for the small and medium models, or a machine with the RAM.
+A component is run as the diffusers class its config names (`WanTransformer3DModel`,
+`Kandinsky5Transformer3DModel`); a Wan model with the original names (config `WanModel`: Wan2.1/2.2,
+the A14B experts) is run as `WanTransformer3DModel`, its config derived from the original config and the
+tensor shapes, its tensors renamed through the one name table (`names.wan_diffusers_name`).
+
+The model is built with every parameter on the meta device (`loaders.parameters_on_meta`). A forward
+pass (`StreamedModel.forward`) is given where each parameter's float32 values come from (`Weights`): the
+source as the plan reads it (every step applied), a stored checkpoint decoded by its format, or the
+source encoded and decoded at other types (`sensitivity`). Each unit (every transformer block, every other
+top-level module) gets its values just before it runs and gives them back right after, so a pass holds
+one block in float32 plus the activations: the 14B shape runs in about 1.5 GB, on the CPU.
+
+The inputs are fixed random tensors shaped from the config (`ModelInputs.random`, seed 0), or real ones
+from a safetensors file (`load_inputs`: latents, timestep and text embeddings captured from a pipeline).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .checkpoint import CONFIG_NAME, Component, read_tensor
-from .containers import get_container
+from . import dtypes
+from .checkpoint import CONFIG_NAME, Component, TensorInfo, read_tensor
 from .errors import InputError
-from .formats import Format, format_info
+from .formats import Format
 from .layout import read_json_object
-from .plan import ComponentPlan, Plan
+from .names import wan_diffusers_name, wan_naming
+from .plan import ComponentPlan, TensorPlan
 from .recipes import Recipe
 
-__all__ = ["MODEL_INPUTS", "check_forward", "require_known_models", "DEFAULT_MIN_FORWARD_SQNR_DB"]
+__all__ = [
+    "MODEL_INPUTS",
+    "ModelInputs",
+    "Runnable",
+    "StreamedModel",
+    "Weights",
+    "runnable",
+    "load_inputs",
+    "check_forward",
+    "forward_sqnr_db",
+    "named_failure",
+    "require_known_models",
+    "source_weights",
+    "stored_weights",
+    "DEFAULT_MIN_FORWARD_SQNR_DB",
+]
 
 DEFAULT_MIN_FORWARD_SQNR_DB = 20.0
 
 
-def _wan_inputs(config: dict, g: torch.Generator) -> dict:
+# --- inputs ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """What one forward pass of a model class takes: the tensors a calibration file gives (`keys`, by the
+    forward's argument names), random ones shaped from the config, and the call's keyword arguments."""
+
+    keys: Callable[[dict], tuple[str, ...]]  # from the config: the tensors a pass takes
+    random: Callable[[dict, torch.Generator], dict[str, torch.Tensor]]
+    call: Callable[[dict, dict[str, torch.Tensor]], dict]  # (config, tensors) -> the forward's kwargs
+
+
+def _wan_keys(config: dict) -> tuple[str, ...]:
+    image = ("encoder_hidden_states_image",) if config.get("image_dim") else ()
+    return ("hidden_states", "timestep", "encoder_hidden_states", *image)
+
+
+def _wan_random(config: dict, g: torch.Generator) -> dict[str, torch.Tensor]:
     p = config.get("patch_size", (1, 2, 2))
     inputs = dict(
         hidden_states=torch.randn(1, config["in_channels"], 2 * p[0], 8 * p[1], 8 * p[2], generator=g),
         timestep=torch.tensor([500]),
         encoder_hidden_states=torch.randn(1, 8, config["text_dim"], generator=g),
-        return_dict=False,
     )
     if config.get("image_dim"):
         inputs["encoder_hidden_states_image"] = torch.randn(1, 4, config["image_dim"], generator=g)
     return inputs
 
 
-def _kandinsky5_inputs(config: dict, g: torch.Generator) -> dict:
+def _kandinsky5_random(config: dict, g: torch.Generator) -> dict[str, torch.Tensor]:
     p = config.get("patch_size", (1, 2, 2))
     frames, h, w = 2 * p[0], 4 * p[1], 4 * p[2]
     return dict(
@@ -50,17 +93,75 @@ def _kandinsky5_inputs(config: dict, g: torch.Generator) -> dict:
         encoder_hidden_states=torch.randn(1, 6, config["in_text_dim"], generator=g),
         timestep=torch.tensor([500.0]),
         pooled_projections=torch.randn(1, config["in_text_dim2"], generator=g),
+    )
+
+
+def _kandinsky5_call(config: dict, t: dict[str, torch.Tensor]) -> dict:
+    p = config.get("patch_size", (1, 2, 2))
+    _, frames, h, w, _ = t["hidden_states"].shape
+    return dict(
+        t,
         visual_rope_pos=(torch.arange(frames // p[0]), torch.arange(h // p[1]), torch.arange(w // p[2])),
-        text_rope_pos=torch.arange(6),
+        text_rope_pos=torch.arange(t["encoder_hidden_states"].shape[1]),
         return_dict=False,
     )
 
 
-#: diffusers class name -> fixed random inputs for one forward pass, from the model's config
-MODEL_INPUTS: dict[str, Callable[[dict, torch.Generator], dict]] = {
-    "WanTransformer3DModel": _wan_inputs,
-    "Kandinsky5Transformer3DModel": _kandinsky5_inputs,
+#: diffusers class name -> what one forward pass of it takes
+MODEL_INPUTS: dict[str, ModelInputs] = {
+    "WanTransformer3DModel": ModelInputs(
+        _wan_keys, _wan_random, lambda config, t: dict(t, return_dict=False)
+    ),
+    "Kandinsky5Transformer3DModel": ModelInputs(
+        lambda config: ("hidden_states", "encoder_hidden_states", "timestep", "pooled_projections"),
+        _kandinsky5_random,
+        _kandinsky5_call,
+    ),
 }
+
+
+def load_inputs(path: Path | None, class_name: str, config: dict) -> dict[str, torch.Tensor]:
+    """The tensors of one forward pass: from the safetensors file `path` (floating ones as float32), or the
+    fixed random ones (seed 0) when `path` is None. A missing or unknown key is an `InputError` naming it."""
+    spec = MODEL_INPUTS[class_name]
+    keys = spec.keys(config)
+    if path is None:
+        return spec.random(config, torch.Generator().manual_seed(0))
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(path)
+    except (OSError, SafetensorError) as e:
+        raise InputError(f"{path}: cannot read the inputs as safetensors: {e}") from None
+    expected = f"a {class_name} forward takes {', '.join(keys)}"
+    for key in tensors:
+        if key not in keys:
+            raise InputError(f"{path}: tensor {key!r} is not an input of this model ({expected})")
+    for key in keys:
+        if key not in tensors:
+            raise InputError(f"{path}: no tensor {key!r} ({expected})")
+    return {k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}
+
+
+# --- which model runs a component ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Runnable:
+    """A component as a model we can run: the diffusers class, its config, and the plan of each parameter."""
+
+    class_name: str
+    config: dict
+    plans: dict[str, TensorPlan]  # model parameter name -> the planned source tensor
+
+    @property
+    def inputs(self) -> ModelInputs:
+        return MODEL_INPUTS[self.class_name]
+
+
+#: config `_class_name` of the original Wan releases -> the diffusers class that runs them
+_NATIVE_WAN = "WanModel"
 
 
 def _class_name(component_dir: Path) -> str | None:
@@ -70,63 +171,253 @@ def _class_name(component_dir: Path) -> str | None:
         return None
 
 
+def _runs(name: str | None) -> bool:
+    return name in MODEL_INPUTS or name == _NATIVE_WAN
+
+
 def require_known_models(source: Path, recipe: Recipe) -> None:
-    """Refuse --forward up front when a component is not a model class we can run."""
+    """Refuse a forward pass up front when a component is not a model class we can run."""
     for rel in recipe.components:
         name = _class_name(source if rel == "." else source / rel)
-        if name not in MODEL_INPUTS:
+        if not _runs(name):
             raise InputError(
-                f"{source / rel / CONFIG_NAME}: --forward runs {', '.join(MODEL_INPUTS)}; this config names {name!r}"
+                f"{source / rel / CONFIG_NAME}: a forward pass runs {', '.join(MODEL_INPUTS)} "
+                f"(and Wan's original {_NATIVE_WAN}); this config names {name!r}"
             )
     try:
         import diffusers  # noqa: F401
     except ImportError:
-        raise InputError("--forward needs diffusers: pip install 'dit-quantize[diffusers]'") from None
+        raise InputError("a forward pass needs diffusers: pip install 'dit-quantize[diffusers]'") from None
 
 
-def check_forward(plan: Plan, checkpoint: Path, recipe: Recipe, fmt: Format, report) -> None:
-    """Record one `forward/output SQNR` check per component of `plan` (the source's plan under `recipe`)."""
-    threshold = recipe.checks.min_forward_sqnr_db
-    threshold = DEFAULT_MIN_FORWARD_SQNR_DB if threshold is None else threshold
-    for cp in plan.components:
-        name = _class_name(cp.component.dir)
-        try:
-            sqnr = _forward_sqnr(cp, name, checkpoint, fmt)
-        except Exception as e:  # a model that will not build or run is a failed check, with its reason
-            report.fail("forward", "output SQNR", f"{cp.rel}: {name} forward failed: {type(e).__name__}: {e}")
-            continue
-        ok = sqnr >= threshold
-        message = f"{cp.rel}: {name} forward output SQNR {sqnr:.2f} dB below min_forward_sqnr_db {threshold}"
-        report.record("forward", "output SQNR", ok, "" if ok else message)
-
-
-def _forward_sqnr(cp: ComponentPlan, name: str, checkpoint: Path, fmt: Format) -> float:
-    import diffusers
-
-    model_cls = getattr(diffusers, name)
-    reference = model_cls.from_config(cp.component.config).to(torch.float32).eval()
-    # the source as the plan reads it (every step applied), not the files as they lie
-    reference.load_state_dict({tp.name: tp.source.read().float() for tp in cp.tensors}, strict=True)
-    quantized = model_cls.from_config(reference.config).to(torch.float32).eval()
-    stored = get_container(format_info(fmt.NAME).container).open_stored(checkpoint, cp.rel)
-    quantized.load_state_dict(_dequantized_state(cp, stored, fmt), strict=True)
-    inputs = MODEL_INPUTS[name](dict(reference.config), torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        want = reference(**inputs)[0].float()
-        got = quantized(**inputs)[0].float()
-    noise = float((want - got).pow(2).sum())
-    return math.inf if noise == 0 else 10 * math.log10(float(want.pow(2).sum()) / noise)
-
-
-def _dequantized_state(cp: ComponentPlan, stored: Component, fmt: Format) -> dict[str, torch.Tensor]:
-    """The stored checkpoint decoded to float32, under the source's names (the model class is the source's)."""
-    state = {}
+def runnable(cp: ComponentPlan) -> Runnable:
+    """How to run the component `cp` plans; `InputError` naming the config or tensor when we cannot."""
+    config = {k: v for k, v in cp.component.config.items() if k != "quantization_config"}
+    name = config.get("_class_name")
+    if name in MODEL_INPUTS:
+        return Runnable(name, config, {tp.name: tp for tp in cp.tensors})
+    where = cp.component.dir
+    if name != _NATIVE_WAN or wan_naming(tp.name for tp in cp.tensors) != "native":
+        raise InputError(
+            f"{where / CONFIG_NAME}: a forward pass runs {', '.join(MODEL_INPUTS)} (and Wan's original "
+            f"{_NATIVE_WAN} with its original names); this config names {name!r}"
+        )
+    plans = {}
     for tp in cp.tensors:
+        renamed = wan_diffusers_name(tp.name)
+        if renamed is None:
+            raise InputError(
+                f"{where}: tensor {tp.name!r} has no counterpart in diffusers' WanTransformer3DModel "
+                "(a Wan variant it does not implement): this model cannot be run for a forward pass"
+            )
+        plans[renamed] = tp
+    return Runnable(
+        "WanTransformer3DModel", _wan_diffusers_config(config, cp.component.tensors, where), plans
+    )
+
+
+def _wan_diffusers_config(config: dict, tensors: Mapping[str, TensorInfo], where: Path) -> dict:
+    """WanTransformer3DModel's config for an original Wan config.json (dim, num_heads, in_dim...), what the
+    config does not say read off the tensor shapes (patch size, text and image widths)."""
+    try:
+        dim, heads = int(config["dim"]), int(config["num_heads"])
+        patch = tensors["patch_embedding.weight"].shape
+        image = tensors.get("img_emb.proj.1.weight")
+        return {
+            "_class_name": "WanTransformer3DModel",
+            "patch_size": list(patch[2:]),
+            "num_attention_heads": heads,
+            "attention_head_dim": dim // heads,
+            "in_channels": int(config["in_dim"]),
+            "out_channels": int(config["out_dim"]),
+            "text_dim": tensors["text_embedding.0.weight"].shape[1],
+            "freq_dim": int(config["freq_dim"]),
+            "ffn_dim": int(config["ffn_dim"]),
+            "num_layers": int(config["num_layers"]),
+            "cross_attn_norm": True,
+            "qk_norm": "rms_norm_across_heads",
+            "eps": float(config.get("eps", 1e-6)),
+            "image_dim": None if image is None else image.shape[1],
+            "added_kv_proj_dim": None if image is None else dim,
+        }
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise InputError(
+            f"{where / CONFIG_NAME}: not an original Wan config and model ({e!r} missing)"
+        ) from None
+
+
+# --- where the values come from --------------------------------------------------------------------
+
+#: model parameter name -> its float32 values for this pass
+Weights = Callable[[str], torch.Tensor]
+
+
+def source_weights(run: Runnable) -> Weights:
+    """The source as the plan reads it (every step applied): the reference."""
+    return lambda name: run.plans[name].source.read().float()
+
+
+def stored_weights(run: Runnable, stored: Component, fmt: Format) -> Weights:
+    """A converted checkpoint's tensors decoded by its format (kept ones as stored), under the model's names."""
+
+    def weight(name: str) -> torch.Tensor:
+        tp = run.plans[name]
         parts = {
             part: read_tensor(stored.tensors[spec.name])
             for part, spec in zip(tp.parts, tp.outputs, strict=True)
         }
-        state[tp.name] = (
-            fmt.decode(parts, torch.float32, **tp.format_options) if tp.quantize else parts[""].float()
-        )
-    return state
+        if tp.quantize:
+            return fmt.decode(parts, torch.float32, **tp.format_options)
+        return parts[""].float()
+
+    return weight
+
+
+def as_stored(tp: TensorPlan) -> torch.Tensor:
+    """A kept tensor's values as the output holds them (cast to its output dtype), in float32."""
+    dtype = dtypes.by_name(tp.output().dtype).torch
+    return tp.source.read().to(dtype).float()
+
+
+# --- the streamed model ----------------------------------------------------------------------------
+
+
+class StreamedModel:
+    """A model whose parameters live on the meta device and are filled unit by unit during a pass."""
+
+    def __init__(self, run: Runnable):
+        import diffusers
+        from torch import nn
+
+        from loaders import find_blocks, parameters_on_meta
+
+        self.run = run
+        try:
+            with parameters_on_meta():
+                self.model = getattr(diffusers, run.class_name).from_config(run.config).eval()
+        except (TypeError, ValueError, KeyError) as e:
+            raise InputError(f"cannot build {run.class_name} from the component's config: {e}") from None
+        names = {n for n, _ in self.model.named_parameters()}
+        missing, unexpected = sorted(names - set(run.plans)), sorted(set(run.plans) - names)
+        if missing or unexpected:
+            what = (
+                f"no tensor for parameter {missing[0]!r}"
+                if missing
+                else f"tensor {unexpected[0]!r} is no parameter"
+            )
+            raise InputError(f"{run.class_name} built from the config does not match the checkpoint: {what}")
+        blocks = find_blocks(self.model)
+        inside = {prefix.rsplit(".", 1)[0] for prefix, _ in blocks}
+        others = [
+            (name, m)
+            for name, m in self.model.named_children()
+            if name not in inside and any(True for _ in m.parameters())
+        ]
+        #: each unit: (prefix, module); a pass fills a unit just before it runs
+        self.units: list[tuple[str, nn.Module]] = [*others, *blocks]
+        #: the root's own parameters (Wan's scale_shift_table), held for the whole pass
+        self.root_params = [n for n, _ in self.model.named_parameters(recurse=False)]
+
+    def linears(self) -> dict[str, torch.nn.Module]:
+        """Every Linear, by module name in the model's names."""
+        return {n: m for n, m in self.model.named_modules() if isinstance(m, torch.nn.Linear)}
+
+    def forward(
+        self,
+        inputs: dict[str, torch.Tensor],
+        weights: Weights,
+        linear_hooks: Mapping[str, Callable[[torch.nn.Module, torch.Tensor], None]] = {},
+    ) -> torch.Tensor:
+        """One pass on `inputs` with the values `weights` gives; `linear_hooks[name](module, x)` sees each
+        named Linear's input while its weight is filled. Returns the output in float32."""
+        handles = []
+        try:
+            for prefix, unit in self.units:
+                handles.append(unit.register_forward_pre_hook(_fill(prefix, unit, weights)))
+                handles.append(unit.register_forward_hook(lambda m, args, out: _empty(m)))
+            modules = dict(self.model.named_modules())
+            for name, hook in linear_hooks.items():
+                handles.append(modules[name].register_forward_pre_hook(lambda m, args, h=hook: h(m, args[0])))
+            for name in self.root_params:
+                _set(self.model, name, weights(name))
+            with torch.no_grad():
+                out = self.model(**self.run.inputs.call(self.run.config, inputs))
+            return (out[0] if isinstance(out, (tuple, list)) else out).float()
+        finally:
+            for h in handles:
+                h.remove()
+            _empty(self.model)
+
+
+def _fill(prefix: str, unit, weights: Weights):
+    def hook(module, args):
+        for name, _ in list(unit.named_parameters()):
+            _set(unit, name, weights(f"{prefix}.{name}"))
+
+    return hook
+
+
+def _set(module, name: str, value: torch.Tensor) -> None:
+    owner, _, attr = name.rpartition(".")
+    target = module.get_submodule(owner) if owner else module
+    target._parameters[attr] = torch.nn.Parameter(value, requires_grad=False)
+
+
+def _empty(module) -> None:
+    """Give every parameter of `module` back: meta again, its memory freed."""
+    for sub in module.modules():
+        for attr, p in sub._parameters.items():
+            if p is not None and not p.is_meta:
+                sub._parameters[attr] = torch.nn.Parameter(p.to("meta"), requires_grad=False)
+
+
+def forward_sqnr_db(want: torch.Tensor, got: torch.Tensor) -> float:
+    """10·log10(|want|² / |want - got|²) in float64; inf when they are equal."""
+    want, got = want.double(), got.double()
+    noise = float((want - got).pow(2).sum())
+    return math.inf if noise == 0 else 10 * math.log10(float(want.pow(2).sum()) / noise)
+
+
+# --- verify --forward ------------------------------------------------------------------------------
+
+
+def check_forward(
+    plan, checkpoint: Path, recipe: Recipe, fmt: Format, report, inputs: Path | None = None
+) -> None:
+    """Record one `forward/output SQNR` check per component of `plan` (the source's plan under `recipe`): one
+    streamed pass of the source and one of the stored checkpoint, on the same inputs."""
+    from .containers import get_container
+    from .formats import format_info
+
+    threshold = recipe.checks.min_forward_sqnr_db
+    threshold = DEFAULT_MIN_FORWARD_SQNR_DB if threshold is None else threshold
+    container = get_container(format_info(fmt.NAME).container)
+    for cp in plan.components:
+        run = runnable(cp)
+        x = load_inputs(
+            inputs, run.class_name, run.config
+        )  # a bad inputs file is unusable input, not a check
+        try:
+            with named_failure(inputs):
+                model = StreamedModel(run)
+                want = model.forward(x, source_weights(run))
+                got = model.forward(x, stored_weights(run, container.open_stored(checkpoint, cp.rel), fmt))
+            sqnr = forward_sqnr_db(want, got)
+        except InputError as e:
+            report.fail("forward", "output SQNR", f"{cp.rel}: {e}")
+            continue
+        ok = sqnr >= threshold
+        message = f"{cp.rel}: {run.class_name} forward output SQNR {sqnr:.2f} dB below min_forward_sqnr_db {threshold}"
+        report.record("forward", "output SQNR", ok, "" if ok else message)
+
+
+@contextmanager
+def named_failure(inputs: Path | None = None) -> Iterator[None]:
+    """A model that will not run on the inputs: one `InputError` with the reason (and the inputs file)."""
+    try:
+        yield
+    except InputError:
+        raise
+    except Exception as e:  # the model's own code: shapes that do not fit, a class it does not know
+        where = f"{inputs}: " if inputs is not None else ""
+        raise InputError(f"{where}the forward pass failed: {type(e).__name__}: {e}") from None

@@ -41,6 +41,7 @@ __all__ = [
     "make_plan",
     "plan_component",
     "fitted_recipe",
+    "replanned",
     "other_files",
     "KEEP_DTYPES",
 ]
@@ -289,17 +290,9 @@ def plan_component(
         if target is not None and ignored is None:
             _check_quantizable(info, target, where)
             qtype = next((t for p, t in typed if p.fullmatch(key)), recipe.type)
-            try:
-                parts = quantized_parts(fmt, module_name(out_name), info.shape, qtype)
-            except UnsupportedShapeError as e:
-                raise InputError(
-                    f"{where}: tensor {info.name!r} {e}: add it to the recipe's ignore"
-                ) from None
-            outs = tuple(TensorSpec(k, dt, shape) for k, (dt, shape) in parts.values())
-            plans.append(TensorPlan(source, True, target, out_name, outs, tuple(parts), qtype))
+            plans.append(_quantized_plan(source, target, out_name, fmt, qtype, where))
         else:
-            kept = _kept_spec(info, out_name, recipe.keep_dtype, getattr(fmt, "kept_dtype", None))
-            plans.append(TensorPlan(source, False, ignored, out_name, (kept,), ("",)))
+            plans.append(_kept_plan(source, ignored, out_name, fmt, recipe.keep_dtype))
     check_available = getattr(fmt, "check_available", None)  # an optional library a type needs (gguf's)
     for qtype in {t.qtype for t in plans if t.qtype is not None} if check_available else ():
         check_available(qtype)
@@ -310,6 +303,35 @@ def plan_component(
         )
     _check_no_key_collision(component, plans)
     return ComponentPlan(component, tuple(plans), matches)
+
+
+def _quantized_plan(
+    source: TensorSource, pattern: str, out_name: str, fmt: Format, qtype: str | None, where: str
+) -> TensorPlan:
+    info = source.info
+    try:
+        parts = quantized_parts(fmt, module_name(out_name), info.shape, qtype)
+    except UnsupportedShapeError as e:
+        raise InputError(f"{where}: tensor {info.name!r} {e}: add it to the recipe's ignore") from None
+    outs = tuple(TensorSpec(k, dt, shape) for k, (dt, shape) in parts.values())
+    return TensorPlan(source, True, pattern, out_name, outs, tuple(parts), qtype)
+
+
+def _kept_plan(
+    source: TensorSource, pattern: str | None, out_name: str, fmt: Format, keep_dtype: str
+) -> TensorPlan:
+    kept = _kept_spec(source.info, out_name, keep_dtype, getattr(fmt, "kept_dtype", None))
+    return TensorPlan(source, False, pattern, out_name, (kept,), ("",))
+
+
+def replanned(
+    tp: TensorPlan, fmt: Format, keep_dtype: str, qtype: str | None, *, keep: bool = False
+) -> TensorPlan:
+    """The quantized tensor `tp` as another recipe would plan it: in the format's type `qtype`, or kept (`keep`),
+    with the same source and output name (what `sensitivity` weighs a layer's raise by)."""
+    if keep:
+        return _kept_plan(tp.source, tp.pattern, tp.output_name, fmt, keep_dtype)
+    return _quantized_plan(tp.source, tp.pattern or "", tp.output_name, fmt, qtype, str(tp.info.file))
 
 
 def _check_every_pattern_matches(component: Component, recipe: Recipe, matches: dict[str, int]) -> None:

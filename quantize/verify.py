@@ -13,7 +13,8 @@ Checks, by category (each one a named check that passes or fails, failures namin
               the source reproduces the stored bytes; each kept tensor is bit-exact or exactly the
               cast the recipe asked for.
   forward     (with a source and `forward=True`) one forward pass of the source model and of the
-              dequantized model on fixed random inputs agree to the recipe's `min_forward_sqnr_db`.
+              dequantized model (streamed block by block, `forward`) on fixed random inputs, or on
+              `inputs`, agree to the recipe's `min_forward_sqnr_db`.
 
 Reads are streamed: files are hashed through one buffer per thread, tensors compared in row chunks.
 A problem with the checkpoint is a failed check; only unusable input (no checkpoint, no or unreadable
@@ -127,6 +128,7 @@ def verify(
     source: str | Path | None = None,
     *,
     forward: bool = False,
+    inputs: str | Path | None = None,
     workers: int | None = None,
     progress: Progress | None = None,
     steps: Sequence[TensorStep] = (),
@@ -136,6 +138,7 @@ def verify(
 
     steps: the per-tensor steps the conversion applied (`convert(steps=...)`): parity and forward read the
     source through them, as the conversion did.
+    inputs: a safetensors file of the forward pass's inputs (`forward.load_inputs`); fixed random ones if None.
     loras: LoRA files the checkpoint was made with (`convert --lora`), when they are not at the path the
     manifest records (nor beside or inside the source): found by SHA-256, and re-applied to the source as
     the manifest says (order, strength, component).
@@ -163,6 +166,8 @@ def verify(
             raise InputError("--forward compares against the source model: give --source too")
         if recipe is not None:
             require_known_models(source, recipe)
+    elif inputs is not None:
+        raise InputError("--inputs are the forward pass's: give --forward too")
     progress = progress or NoProgress()
     progress.start(*_work_size(manifest, source is not None))
     workers = (os.cpu_count() or 1) if workers is None else workers
@@ -195,7 +200,9 @@ def verify(
                             "skipped: earlier checks failed, the models would not be comparable",
                         )
                     else:
-                        check_forward(plan, checkpoint, recipe, fmt, report)
+                        check_forward(
+                            plan, checkpoint, recipe, fmt, report, None if inputs is None else Path(inputs)
+                        )
     return report
 
 

@@ -39,6 +39,17 @@ NUMPY_TYPES = ("Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1")
 #: the K-quants, quantized by ggml itself
 K_TYPES = ("Q6_K", "Q5_K", "Q4_K")
 TYPES = NUMPY_TYPES + K_TYPES
+#: the next type up for a layer that needs more bits (`quantize sensitivity`), None: kept lossless
+RAISED: dict[str, str | None] = {
+    "Q4_K": "Q5_K",
+    "Q5_K": "Q6_K",
+    "Q6_K": "Q8_0",
+    "Q4_0": "Q5_0",
+    "Q4_1": "Q5_1",
+    "Q5_0": "Q8_0",
+    "Q5_1": "Q8_0",
+    "Q8_0": None,
+}
 EXTRA = "pip install 'dit-quantize[gguf]'"
 
 
