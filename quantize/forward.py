@@ -176,18 +176,43 @@ def _runs(name: str | None) -> bool:
 
 
 def require_known_models(source: Path, recipe: Recipe) -> None:
-    """Refuse a forward pass up front when a component is not a model class we can run."""
-    for rel in recipe.components:
+    """Refuse a forward pass up front (headers only) when a component is not a model we can run."""
+    from .checkpoint import open_component
+    from .layout import components_in
+
+    for rel in components_in(source, recipe.components):
         name = _class_name(source if rel == "." else source / rel)
         if not _runs(name):
             raise InputError(
                 f"{source / rel / CONFIG_NAME}: a forward pass runs {', '.join(MODEL_INPUTS)} "
                 f"(and Wan's original {_NATIVE_WAN}); this config names {name!r}"
             )
+        if name == _NATIVE_WAN:
+            component = open_component(source, rel)
+            _diffusers_names(list(component.tensors), component.dir)
     try:
         import diffusers  # noqa: F401
     except ImportError:
         raise InputError("a forward pass needs diffusers: pip install 'dit-quantize[diffusers]'") from None
+
+
+def _diffusers_names(names: list[str], where: Path) -> dict[str, str]:
+    """Original Wan tensor name -> diffusers WanTransformer3DModel name, or `InputError` naming one it lacks."""
+    if wan_naming(names) != "native":
+        raise InputError(
+            f"{where}: config.json names {_NATIVE_WAN} but the tensors do not have Wan's original names: "
+            "a forward pass cannot run it"
+        )
+    renamed = {}
+    for name in names:
+        diffusers_name = wan_diffusers_name(name)
+        if diffusers_name is None:
+            raise InputError(
+                f"{where}: tensor {name!r} has no counterpart in diffusers' WanTransformer3DModel "
+                "(a Wan variant it does not implement): this model cannot be run for a forward pass"
+            )
+        renamed[name] = diffusers_name
+    return renamed
 
 
 def runnable(cp: ComponentPlan) -> Runnable:
@@ -197,20 +222,13 @@ def runnable(cp: ComponentPlan) -> Runnable:
     if name in MODEL_INPUTS:
         return Runnable(name, config, {tp.name: tp for tp in cp.tensors})
     where = cp.component.dir
-    if name != _NATIVE_WAN or wan_naming(tp.name for tp in cp.tensors) != "native":
+    if name != _NATIVE_WAN:
         raise InputError(
             f"{where / CONFIG_NAME}: a forward pass runs {', '.join(MODEL_INPUTS)} (and Wan's original "
             f"{_NATIVE_WAN} with its original names); this config names {name!r}"
         )
-    plans = {}
-    for tp in cp.tensors:
-        renamed = wan_diffusers_name(tp.name)
-        if renamed is None:
-            raise InputError(
-                f"{where}: tensor {tp.name!r} has no counterpart in diffusers' WanTransformer3DModel "
-                "(a Wan variant it does not implement): this model cannot be run for a forward pass"
-            )
-        plans[renamed] = tp
+    renamed = _diffusers_names([tp.name for tp in cp.tensors], where)
+    plans = {renamed[tp.name]: tp for tp in cp.tensors}
     return Runnable(
         "WanTransformer3DModel", _wan_diffusers_config(config, cp.component.tensors, where), plans
     )

@@ -309,9 +309,33 @@ def test_forward_threshold_exceeded(tmp_path):
     assert "WanTransformer3DModel forward output SQNR" in _failures(report)["output SQNR"][0]
 
 
-def test_forward_refuses_a_model_class_it_cannot_run(converted, wan_tiny):
-    proc = run_cli("verify", converted, "--source", wan_tiny, "--forward")
-    assert proc.returncode == 2 and "this config names 'WanModel'" in proc.stderr
+@pytest.mark.parametrize("recipe", ["wan-fp8.yaml", "wan-comfy-int8.yaml", "wan-gguf-q8_0.yaml"])
+def test_forward_runs_original_names_as_the_diffusers_class(wan_tiny, tmp_path, recipe):
+    """A source with Wan's original names (config `WanModel`) runs as WanTransformer3DModel, renamed through the
+    name table, for every naming of the output (source names, ComfyUI's and GGUF's native names)."""
+    out = tmp_path / "out"
+    run_cli("convert", wan_tiny, out, "-r", recipe, check=True)
+    code, report, _ = _verify(out, "--source", wan_tiny, "--forward")
+    assert code == 0 and report["ok"], _failures(report)
+    assert {c["check"]: c["passed"] for c in report["checks"]}["output SQNR"] == 1
+
+
+def test_forward_refuses_a_model_class_it_cannot_run(converted, wan_tiny, tmp_path):
+    source = tmp_path / "src"
+    shutil.copytree(wan_tiny, source)
+    config = read_json(source / "config.json")
+    (source / "config.json").write_text(json.dumps({**config, "_class_name": "FluxTransformer2DModel"}))
+    proc = run_cli("verify", converted, "--source", source, "--forward")
+    assert proc.returncode == 2 and "this config names 'FluxTransformer2DModel'" in proc.stderr
+
+
+def test_forward_refuses_a_wan_variant_diffusers_does_not_implement(make_wan, tmp_path):
+    source = make_wan("lingbot")
+    out = tmp_path / "out"
+    run_cli("convert", source, out, "-r", "lingbot-world-fp8.yaml", check=True)
+    proc = run_cli("verify", out, "--source", source, "--forward")
+    assert proc.returncode == 2 and "has no counterpart in diffusers' WanTransformer3DModel" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
 
 
 # --- the same faults, through the library (faster), and the ones the review found ---------------

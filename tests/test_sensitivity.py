@@ -1,0 +1,375 @@
+"""`quantize sensitivity`, and the streamed forward pass it shares with `verify --forward`.
+
+The source is a diffusers Wan (dim 256, two blocks) with a planted layer: one large outlier in every row of
+`blocks.1.attn1.to_q`, which block-wise and row-wise quantizers (GGUF, int8, NF4) cannot hold without losing
+the rest of the row. It must be ranked first, raised by a proposal while most layers stay at the recipe's
+type, and the proposed recipe's checkpoint must pass `verify --forward` at the target. The figures are checked
+against oracles outside the streamed model: diffusers' own model run whole, and each layer's X·Q(W) computed
+from an ordinary forward hook and the format's encode/decode.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from quantize.forward import (
+    MODEL_INPUTS,
+    StreamedModel,
+    load_inputs,
+    runnable,
+    source_weights,
+    stored_weights,
+)
+from quantize.names import wan_native_name
+from quantize.plan import make_plan
+from quantize.recipes import load_recipe, parse_recipe
+from quantize.sensitivity import measure, planned_weights
+from tests.conftest import run_cli
+
+PLANTED = "blocks.1.attn1.to_q"
+GGUF = "wan-diffusers-gguf-q4_k_m.yaml"
+
+
+def _planted_wan(path: Path) -> Path:
+    from tests.test_bundled_recipes import _diffusers_wan
+
+    _diffusers_wan(path / "transformer", width=256)
+    file = path / "transformer" / "diffusion_pytorch_model.safetensors"
+    tensors = load_file(file)
+    w = tensors[f"{PLANTED}.weight"].float()
+    cols = torch.randint(0, w.shape[1], (w.shape[0],), generator=torch.Generator().manual_seed(1))
+    w[torch.arange(w.shape[0]), cols] = 30 * w.abs().max()
+    tensors[f"{PLANTED}.weight"] = w.to(torch.bfloat16)
+    save_file(tensors, file, metadata={"format": "pt"})
+    return path
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory) -> Path:
+    return _planted_wan(tmp_path_factory.mktemp("sensitivity") / "Wan-planted")
+
+
+def _json(*args) -> dict:
+    proc = run_cli("sensitivity", *args, "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+COMFY_INT8 = "format: comfy_int8\ncomponents: [transformer]\ntargets: ['blocks\\.\\d+\\.(attn[12]\\.\\w+|ffn\\.net\\.0\\.proj)']\nignore: ['blocks\\.\\d+\\.attn[12]\\.norm_\\w+']\n"
+
+
+@pytest.mark.parametrize("recipe", [GGUF, "wan-diffusers-nf4.yaml", "comfy_int8"])
+def test_the_planted_layer_is_ranked_first(planted, tmp_path, recipe):
+    if recipe == "comfy_int8":
+        recipe = tmp_path / "int8.yaml"
+        recipe.write_text(COMFY_INT8)
+    report = _json(planted, "-r", recipe)
+    layers = report["layers"]
+    assert layers[0]["module"] == PLANTED, layers[:3]
+    assert set(layers[0]) == {"module", "component", "type", "output_sqnr_db", "weight_sqnr_db", "bytes"}
+    figures = [lay["output_sqnr_db"] for lay in layers]
+    assert figures == sorted(figures)
+    # a clear margin: the planted layer is worse than the next by more than the spread of the rest
+    assert figures[1] - figures[0] > 3
+    plan = make_plan(planted, load_recipe(recipe).recipe)
+    (cp,) = plan.components
+    by_module = {tp.module: tp for tp in cp.quantized()}
+    assert {lay["module"] for lay in layers} == set(by_module)
+    assert all(lay["bytes"] == by_module[lay["module"]].output_bytes for lay in layers)
+    assert all(lay["component"] == "transformer" for lay in layers)
+    assert report["bytes"] == plan.output_bytes
+    assert 10 < report["forward_sqnr_db"] < 80
+
+
+def test_output_sqnr_is_x_times_q_of_w_from_an_ordinary_forward(planted):
+    """Each layer's figure, against X captured by a plain forward hook on diffusers' own model (run whole) and
+    Q(W) from the format's encode and decode: the streamed pass measures what it says."""
+    import diffusers
+
+    from quantize.formats import get_format
+
+    plan = make_plan(planted, load_recipe(GGUF).recipe)
+    measured = measure(plan)
+    model = diffusers.WanTransformer3DModel.from_pretrained(planted / "transformer").float().eval()
+    fmt = get_format("gguf")
+    (cp,) = plan.components
+    plans = {tp.module: tp for tp in cp.quantized()}
+    seen: dict[str, torch.Tensor] = {}
+    for name, m in model.named_modules():
+        if name in plans:
+            m.register_forward_pre_hook(lambda m, args, name=name: seen.__setitem__(name, args[0]))
+    run = runnable(cp)
+    with torch.no_grad():
+        model(
+            **MODEL_INPUTS["WanTransformer3DModel"].call(
+                run.config, load_inputs(None, run.class_name, run.config)
+            )
+        )
+    for layer in measured.layers:
+        tp = plans[layer.module]
+        w = tp.source.read().float()
+        q = fmt.decode(fmt.encode(w, qtype=tp.qtype), torch.float32, qtype=tp.qtype)
+        x = seen[layer.module].reshape(-1, w.shape[1])
+        want = 10 * math.log10(
+            float((x @ w.T).double().pow(2).sum()) / float((x @ (w - q).T).double().pow(2).sum())
+        )
+        assert layer.output_sqnr_db() == pytest.approx(want, abs=0.01), layer.module
+
+
+def test_the_streamed_pass_is_the_models_forward_holding_one_unit_at_a_time(planted):
+    import diffusers
+
+    plan = make_plan(planted, load_recipe(GGUF).recipe)
+    (cp,) = plan.components
+    run = runnable(cp)
+    streamed = StreamedModel(run)
+    x = load_inputs(None, run.class_name, run.config)
+    held = []
+
+    def count(module, args):
+        held.append(sum(p.numel() for p in streamed.model.parameters() if not p.is_meta))
+
+    hooks = [
+        m.register_forward_pre_hook(count) for m in streamed.model.modules() if isinstance(m, torch.nn.Linear)
+    ]
+    got = streamed.forward(x, source_weights(run))
+    for h in hooks:
+        h.remove()
+    model = diffusers.WanTransformer3DModel.from_pretrained(planted / "transformer").float().eval()
+    with torch.no_grad():
+        want = model(**run.inputs.call(run.config, x))[0]
+    assert torch.equal(got, want)
+    units = max(sum(p.numel() for p in unit.parameters()) for _, unit in streamed.units)
+    root = sum(p.numel() for p in streamed.model.parameters(recurse=False))
+    total = sum(p.numel() for p in model.parameters())
+    assert max(held) <= units + root < total / 2
+    assert all(p.is_meta for p in streamed.model.parameters())  # all given back
+
+
+def test_original_names_run_as_the_diffusers_class(planted, tmp_path):
+    """A native-named copy of the source (renamed through the name table, with an original Wan config) runs as
+    WanTransformer3DModel and gives the very same output."""
+    native = tmp_path / "Wan-native"
+    native.mkdir()
+    tensors = load_file(planted / "transformer" / "diffusion_pytorch_model.safetensors")
+    save_file({wan_native_name(k): v for k, v in tensors.items()}, native / "model.safetensors")
+    config = json.loads((planted / "transformer" / "config.json").read_text())
+    dim = config["num_attention_heads"] * config["attention_head_dim"]
+    (native / "config.json").write_text(
+        json.dumps(
+            {
+                "_class_name": "WanModel",
+                "model_type": "t2v",
+                "dim": dim,
+                "eps": 1e-06,
+                "ffn_dim": config["ffn_dim"],
+                "freq_dim": config["freq_dim"],
+                "in_dim": config["in_channels"],
+                "num_heads": config["num_attention_heads"],
+                "num_layers": config["num_layers"],
+                "out_dim": config["out_channels"],
+                "text_len": 512,
+            }
+        )
+    )
+    outputs = []
+    for src, recipe in ((planted, GGUF), (native, "wan-gguf-q4_k_m.yaml")):
+        (cp,) = make_plan(src, load_recipe(recipe).recipe).components
+        run = runnable(cp)
+        outputs.append(
+            StreamedModel(run).forward(load_inputs(None, run.class_name, run.config), source_weights(run))
+        )
+    assert torch.equal(*outputs)
+
+
+def test_the_recipes_figure_is_what_verify_decodes_from_the_converted_files(planted, tmp_path):
+    """`planted_weights` (what sensitivity runs for the recipe) equals the converted checkpoint decoded."""
+    from quantize.containers import get_container
+
+    out = tmp_path / "out"
+    run_cli("convert", planted, out, "-r", GGUF, check=True)
+    plan = make_plan(planted, load_recipe(GGUF).recipe)
+    (cp,) = plan.components
+    run = runnable(cp)
+    stored = get_container("gguf_file").open_stored(out, cp.rel)
+    planned, decoded = planned_weights(run, plan.format), stored_weights(run, stored, plan.format)
+    for name in run.plans:
+        assert torch.equal(planned(name), decoded(name)), name
+
+
+def test_a_proposal_reaches_the_target_and_verify_proves_it(planted, tmp_path):
+    base = _json(planted, "-r", GGUF)["forward_sqnr_db"]
+    target = round(base + 0.5, 2)
+    written = tmp_path / "proposed.yaml"
+    report = _json(planted, "-r", GGUF, "--min-forward-sqnr", target, "--write-recipe", written)
+    proposal = report["proposal"]
+    assert proposal["reached"] and proposal["forward_sqnr_db"] >= target
+    raised = {r["module"]: r["type"] for r in proposal["raised"]}
+    assert PLANTED in raised
+    assert 0 < len(raised) < len(report["layers"]) / 2  # most layers stay at the recipe's types
+    assert proposal["bytes"] > proposal["recipe_bytes"]
+    # an ordinary recipe: the raised modules as explicit types ahead of the recipe's own, the target as a check
+    recipe = parse_recipe(written.read_text())
+    assert recipe.checks.min_forward_sqnr_db == target
+    assert list(recipe.types)[: len(raised)] == [m.replace(".", "\\.") for m in raised]
+    assert recipe.type == "Q4_K" and recipe.ignore == []
+    out = tmp_path / "out"
+    run_cli("convert", planted, out, "-r", written, check=True)
+    assert sum(f.stat().st_size for f in out.rglob("*.gguf")) >= proposal["bytes"]
+    (cp,) = make_plan(planted, recipe).components
+    assert {tp.module: tp.qtype for tp in cp.quantized() if tp.module in raised} == raised
+    proc = run_cli("verify", out, "--source", planted, "--forward")
+    assert proc.returncode == 0, proc.stdout
+    # and the same checkpoint held to a figure above the one it reached fails
+    strict = tmp_path / "strict.yaml"
+    strict.write_text(
+        written.read_text().replace(f"min_forward_sqnr_db: {target}", "min_forward_sqnr_db: 200")
+    )
+    out2 = tmp_path / "out2"
+    run_cli("convert", planted, out2, "-r", strict, check=True)
+    assert run_cli("verify", out2, "--source", planted, "--forward").returncode == 1
+
+
+def test_a_format_with_one_encoding_raises_to_kept(planted, tmp_path):
+    written = tmp_path / "nf4.yaml"
+    report = _json(
+        planted, "-r", "wan-diffusers-nf4.yaml", "--min-forward-sqnr", 40, "--write-recipe", written
+    )
+    raised = report["proposal"]["raised"]
+    assert raised and all(r["type"] == "kept" for r in raised) and raised[0]["module"] == PLANTED
+    recipe = parse_recipe(written.read_text())
+    assert PLANTED.replace(".", "\\.") in recipe.ignore
+
+
+def test_an_unreachable_target_exits_1_and_writes_nothing(planted, tmp_path):
+    written = tmp_path / "never.yaml"
+    proc = run_cli("sensitivity", planted, "-r", GGUF, "--min-forward-sqnr", 500, "--write-recipe", written)
+    assert proc.returncode == 1, proc.stderr
+    assert "not reached" in proc.stdout and not written.exists()
+
+
+def test_a_size_budget(planted, tmp_path):
+    base = _json(planted, "-r", GGUF)
+    budget = base["bytes"] + 120_000
+    written = tmp_path / "budget.yaml"
+    report = _json(planted, "-r", GGUF, "--max-size", budget, "--write-recipe", written)
+    proposal = report["proposal"]
+    assert proposal["reached"] and base["bytes"] < proposal["bytes"] <= budget
+    assert proposal["forward_sqnr_db"] > base["forward_sqnr_db"]
+    assert PLANTED in {r["module"] for r in proposal["raised"]}
+    recipe = parse_recipe(written.read_text())
+    assert make_plan(planted, recipe).output_bytes == proposal["bytes"]
+    assert recipe.checks.min_forward_sqnr_db == math.floor(proposal["forward_sqnr_db"] * 10) / 10
+    proc = run_cli("sensitivity", planted, "-r", GGUF, "--max-size", base["bytes"] - 1)
+    assert proc.returncode == 1 and "does not fit --max-size" in proc.stdout
+
+
+def test_the_table(planted):
+    proc = run_cli("sensitivity", planted, "-r", GGUF, "--top", 3)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.index(PLANTED) < proc.stdout.index("... and 17 more")
+    assert "forward SQNR of the recipe in transformer" in proc.stdout
+
+
+# --- inputs captured from a pipeline ---------------------------------------------------------------
+
+
+def capture_inputs(pipe, path: Path, **call) -> None:
+    """README's recipe: keep the transformer's first call's inputs, then save them (what --inputs reads)."""
+    keys = ("hidden_states", "timestep", "encoder_hidden_states", "encoder_hidden_states_image")
+    captured: dict[str, torch.Tensor] = {}
+
+    def keep_first(module, args, kwargs):
+        if not captured:
+            captured.update(
+                {
+                    k: v.detach().cpu().contiguous()
+                    for k, v in kwargs.items()
+                    if k in keys and torch.is_tensor(v)
+                }
+            )
+
+    handle = pipe.transformer.register_forward_pre_hook(keep_first, with_kwargs=True)
+    pipe(**call)
+    handle.remove()
+    save_file(captured, str(path))
+
+
+def test_inputs_captured_from_a_pipeline(tmp_path):
+    from diffusers import WanPipeline
+
+    from tests.test_pipelines import NO_TEXT, _save_pipeline
+
+    src = _save_pipeline(tmp_path / "Wan-pipeline")
+    pipe = WanPipeline.from_pretrained(src, torch_dtype=torch.bfloat16, **NO_TEXT)
+    embeds = torch.randn(1, 8, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    inputs = tmp_path / "inputs.safetensors"
+    capture_inputs(
+        pipe,
+        inputs,
+        prompt_embeds=embeds,
+        negative_prompt_embeds=torch.zeros_like(embeds),
+        height=32,
+        width=32,
+        num_frames=5,
+        num_inference_steps=2,
+        guidance_scale=1.0,
+        output_type="latent",
+    )
+    assert set(load_file(inputs)) == {"hidden_states", "timestep", "encoder_hidden_states"}
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        "format: fp8_channel\ncomponents: [transformer]\ntargets: ['blocks\\.\\d+\\.ffn\\.net\\.0\\.proj']\n"
+    )
+    captured = _json(src, "-r", recipe, "--inputs", inputs)
+    random = _json(src, "-r", recipe)
+    assert captured["forward_sqnr_db"] != random["forward_sqnr_db"]
+    out = tmp_path / "out"
+    run_cli("convert", src, out, "-r", recipe, check=True)
+    assert run_cli("verify", out, "--source", src, "--forward", "--inputs", inputs).returncode == 0
+    # a tensor the model does not take is named
+    bad = tmp_path / "bad.safetensors"
+    save_file({**load_file(inputs), "latents": torch.zeros(1)}, str(bad))
+    proc = run_cli("sensitivity", src, "-r", recipe, "--inputs", bad)
+    assert proc.returncode == 2 and "'latents' is not an input of this model" in proc.stderr
+    proc = run_cli("verify", out, "--source", src, "--forward", "--inputs", bad)
+    assert proc.returncode == 2 and "'latents'" in proc.stderr
+    save_file({"hidden_states": torch.zeros(1, 16, 2, 8, 8)}, str(bad))
+    proc = run_cli("sensitivity", src, "-r", recipe, "--inputs", bad)
+    assert proc.returncode == 2 and "no tensor 'timestep'" in proc.stderr
+
+
+def test_kandinsky5(tmp_path):
+    from tests.diffusers_models import kandinsky5
+
+    src = tmp_path / "K5"
+    kandinsky5(src / "transformer")
+    # diffusers initializes the output layer to zeros (every output 0, whatever the weights): give it values
+    (file,) = (src / "transformer").glob("*.safetensors")
+    tensors = load_file(file)
+    g = torch.Generator().manual_seed(0)
+    tensors = {
+        k: torch.randn(v.shape, generator=g).to(v.dtype) / 8 if not v.any() else v for k, v in tensors.items()
+    }
+    save_file(tensors, file, metadata={"format": "pt"})
+    report = _json(src, "-r", "kandinsky5-torchao-fp8.yaml")
+    assert report["layers"] and 20 < report["forward_sqnr_db"] < 80
+    assert {lay["module"].split(".")[0] for lay in report["layers"]} >= {
+        "text_transformer_blocks",
+        "visual_transformer_blocks",
+    }
+
+
+def test_usage_errors(planted, tmp_path):
+    proc = run_cli("sensitivity", planted, "-r", GGUF, "--write-recipe", tmp_path / "x.yaml")
+    assert proc.returncode == 2 and "--min-forward-sqnr" in proc.stderr
+    existing = tmp_path / "exists.yaml"
+    existing.write_text("keep me")
+    proc = run_cli("sensitivity", planted, "-r", GGUF, "--min-forward-sqnr", 30, "--write-recipe", existing)
+    assert proc.returncode == 2 and "--overwrite" in proc.stderr and existing.read_text() == "keep me"
