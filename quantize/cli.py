@@ -560,6 +560,11 @@ def verify_cmd(
         out.print(f"[red]x[/] {escape(failure)}", soft_wrap=True)
     if len(failures) > 20:
         out.print(f"... and {len(failures) - 20} more (--json lists them all)")
+    for rel, figure in report.forward.items():
+        out.print(
+            f"forward in {escape(rel)}: {figure['model']} output SQNR {_db_text(figure['output_sqnr_db'])} "
+            f"(min_forward_sqnr_db {figure['min_forward_sqnr_db']})"
+        )
     hashing = f"hashed {_gb(report.hashed_bytes)} at {_gb(report.hash_gbps * 1e9)}/s"
     if report.ok:
         scope = (
@@ -608,6 +613,12 @@ def verify_cmd(
 @click.option("--overwrite", is_flag=True, help="Replace the --write-recipe FILE if it exists.")
 @click.option("--top", type=int, default=25, show_default=True, help="Layers shown in the table (0: all).")
 @click.option("--json", "as_json", is_flag=True, help="Print every layer and the figures as JSON.")
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Threads encoding a layer's types [default: all cores]. The figures are the same for any value.",
+)
 @_lora_options
 def sensitivity_cmd(
     source: str,
@@ -620,6 +631,7 @@ def sensitivity_cmd(
     overwrite: bool,
     top: int,
     as_json: bool,
+    workers: int | None,
     loras: tuple[str, ...],
     lora_unmatched: str,
 ) -> int:
@@ -655,7 +667,11 @@ def sensitivity_cmd(
     plan = make_plan(folder, loaded.recipe, steps=steps())
     t0 = time.monotonic()
     measured = measure(
-        plan, inputs=inputs, rungs=proposing, on_pass=lambda text: err.print(f"pass: {escape(text)}")
+        plan,
+        inputs=inputs,
+        rungs=proposing,
+        on_pass=lambda text: err.print(f"pass: {escape(text)}"),
+        workers=workers,
     )
     proposal = (
         propose(measured, min_forward_sqnr_db=min_forward_sqnr, max_bytes=max_bytes) if proposing else None

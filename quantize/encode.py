@@ -35,6 +35,7 @@ __all__ = [
     "row_chunks",
     "CHUNK_BYTES",
     "TakeParts",
+    "SeenChunk",
 ]
 
 # float32 bytes of one row chunk: small enough to stay in cache, large enough to amortize per-call costs
@@ -101,12 +102,17 @@ def row_chunks(rows: int, row_elems: int, chunk_bytes: int | None = None) -> lis
 TakeParts = Callable[[dict[str, torch.Tensor], "tuple[int, int] | None"], dict[str, torch.Tensor]]
 
 
+#: What a caller does with each chunk's decoding: ``seen(r0, r1, w, decoded)``, the source rows r0..r1 in
+#: float32 and their decoding, both read-only and valid only during the call (`quantize sensitivity`).
+SeenChunk = Callable[[int, int, torch.Tensor, torch.Tensor], None]
+
+
 def encode_and_measure(
-    tp: TensorPlan, fmt: Format, take: TakeParts, into: torch.Tensor | None = None
+    tp: TensorPlan, fmt: Format, take: TakeParts, seen: SeenChunk | None = None
 ) -> ErrorStats:
     """Encode the quantized tensor `tp` with `fmt`, hand each encoding to `take`, and measure the error of the
-    decoding of what `take` returns against the source values; `into` (float32, the weight's shape), when
-    given, receives that decoding.
+    decoding of what `take` returns against the source values; `seen`, when given, is shown each row chunk's
+    source values and decoding (in row order) before they are measured.
 
     A row-separable format's whole-weight parts (`WEIGHT_PARTS`: a per-tensor scale, a marker) are handed to
     `take` once, whole (`rows` None), with the first chunk; a format that decides them from the whole weight
@@ -128,16 +134,16 @@ def encode_and_measure(
                     whole = take(weight_parts, None)
             measured = take(parts, (r0, r1))
             decoded = fmt.decode({**measured, **(whole or {})}, torch.float32, **tp.format_options)
-            if into is not None:
-                into[r0:r1] = decoded
+            if seen is not None:
+                seen(r0, r1, w, decoded)
             stats.add(w, decoded)
         return stats
     w = tp.source.read()
     measured = take(_encode(fmt, tp, w, tp.format_options), None)
     for r0, r1 in ranges:
         decoded = fmt.decode(measured, torch.float32, rows=(r0, r1), **tp.format_options)
-        if into is not None:
-            into[r0:r1] = decoded
+        if seen is not None:
+            seen(r0, r1, w[r0:r1].float(), decoded)
         stats.add(w[r0:r1], decoded)
     return stats
 

@@ -1,4 +1,4 @@
-"""One forward pass of a model whose weights are read block by block: `verify --forward` and `sensitivity`.
+"""One forward pass of a model whose weights are read layer by layer: `verify --forward` and `sensitivity`.
 
 A component is run as the diffusers class its config names (`WanTransformer3DModel`,
 `Kandinsky5Transformer3DModel`); a Wan model with the original names (config `WanModel`: Wan2.1/2.2,
@@ -8,9 +8,10 @@ tensor shapes, its tensors renamed through the one name table (`names.wan_diffus
 The model is built with every parameter on the meta device (`loaders.parameters_on_meta`). A forward
 pass (`StreamedModel.forward`) is given where each parameter's float32 values come from (`Weights`): the
 source as the plan reads it (every step applied), a stored checkpoint decoded by its format, or the
-source encoded and decoded at other types (`sensitivity`). Each unit (every transformer block, every other
-top-level module) gets its values just before it runs and gives them back right after, so a pass holds
-one block in float32 plus the activations: the 14B shape runs in about 1.5 GB, on the CPU.
+source encoded and decoded at other types (`sensitivity`). Each unit (every module with parameters of its
+own: a Linear, a norm, a block's modulation table) gets its values just
+before it runs and gives them back right after, so a pass holds one layer in float32 plus the activations:
+far less than one block (the 14B shape's largest Linear is 283 MB in float32), on the CPU.
 
 The inputs are fixed random tensors shaped from the config (`ModelInputs.random`, seed 0), or real ones
 from a safetensors file (`load_inputs`: latents, timestep and text embeddings captured from a pipeline).
@@ -272,7 +273,7 @@ Weights = Callable[[str], torch.Tensor]
 
 def source_weights(run: Runnable) -> Weights:
     """The source as the plan reads it (every step applied): the reference."""
-    return lambda name: run.plans[name].source.read().float()
+    return lambda name: run.plans[name].source.read_rows(0, run.plans[name].source.rows, torch.float32)
 
 
 def stored_weights(run: Runnable, stored: Component, fmt: Format) -> Weights:
@@ -307,7 +308,7 @@ class StreamedModel:
         import diffusers
         from torch import nn
 
-        from loaders import find_blocks, parameters_on_meta
+        from loaders import parameters_on_meta
 
         self.run = run
         try:
@@ -324,21 +325,15 @@ class StreamedModel:
                 else f"tensor {unexpected[0]!r} is no parameter"
             )
             raise InputError(f"{run.class_name} built from the config does not match the checkpoint: {what}")
-        blocks = find_blocks(self.model)
-        inside = {prefix.rsplit(".", 1)[0] for prefix, _ in blocks}
-        others = [
+        #: each unit: (prefix, module), every module with parameters of its own (a Linear, a norm, a block's
+        #: modulation table); a pass fills a unit's own parameters just before it runs, empties them right after
+        self.units: list[tuple[str, nn.Module]] = [
             (name, m)
-            for name, m in self.model.named_children()
-            if name not in inside and any(True for _ in m.parameters())
+            for name, m in self.model.named_modules()
+            if name and any(True for _ in m.parameters(recurse=False))
         ]
-        #: each unit: (prefix, module); a pass fills a unit just before it runs
-        self.units: list[tuple[str, nn.Module]] = [*others, *blocks]
         #: the root's own parameters (Wan's scale_shift_table), held for the whole pass
         self.root_params = [n for n, _ in self.model.named_parameters(recurse=False)]
-
-    def linears(self) -> dict[str, torch.nn.Module]:
-        """Every Linear, by module name in the model's names."""
-        return {n: m for n, m in self.model.named_modules() if isinstance(m, torch.nn.Linear)}
 
     def forward(
         self,
@@ -352,7 +347,7 @@ class StreamedModel:
         try:
             for prefix, unit in self.units:
                 handles.append(unit.register_forward_pre_hook(_fill(prefix, unit, weights)))
-                handles.append(unit.register_forward_hook(lambda m, args, out: _empty(m)))
+                handles.append(unit.register_forward_hook(lambda m, args, out: _empty(m, recurse=False)))
             modules = dict(self.model.named_modules())
             for name, hook in linear_hooks.items():
                 handles.append(modules[name].register_forward_pre_hook(lambda m, args, h=hook: h(m, args[0])))
@@ -369,7 +364,7 @@ class StreamedModel:
 
 def _fill(prefix: str, unit, weights: Weights):
     def hook(module, args):
-        for name, _ in list(unit.named_parameters()):
+        for name, _ in list(unit.named_parameters(recurse=False)):
             _set(unit, name, weights(f"{prefix}.{name}"))
 
     return hook
@@ -381,9 +376,9 @@ def _set(module, name: str, value: torch.Tensor) -> None:
     target._parameters[attr] = torch.nn.Parameter(value, requires_grad=False)
 
 
-def _empty(module) -> None:
-    """Give every parameter of `module` back: meta again, its memory freed."""
-    for sub in module.modules():
+def _empty(module, recurse: bool = True) -> None:
+    """Give every parameter of `module` (its own only, unless `recurse`) back: meta again, its memory freed."""
+    for sub in module.modules() if recurse else (module,):
         for attr, p in sub._parameters.items():
             if p is not None and not p.is_meta:
                 sub._parameters[attr] = torch.nn.Parameter(p.to("meta"), requires_grad=False)
@@ -427,6 +422,11 @@ def check_forward(
         ok = sqnr >= threshold
         message = f"{cp.rel}: {run.class_name} forward output SQNR {sqnr:.2f} dB below min_forward_sqnr_db {threshold}"
         report.record("forward", "output SQNR", ok, "" if ok else message)
+        report.forward[cp.rel] = {
+            "model": run.class_name,
+            "output_sqnr_db": None if math.isinf(sqnr) else round(sqnr, 3),  # None: identical outputs
+            "min_forward_sqnr_db": threshold,
+        }
 
 
 @contextmanager

@@ -20,14 +20,17 @@ raised modules as explicit `types` (first match wins, so they come first) or `ig
 from __future__ import annotations
 
 import math
+import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from .encode import encode_and_measure
+from .encode import ErrorStats, encode_and_measure, kept_rows, row_chunks
 from .formats import Format
 from .forward import (
     Runnable,
@@ -124,9 +127,11 @@ def measure(
     inputs: Path | None = None,
     rungs: bool = False,
     on_pass: Callable[[str], None] | None = None,
+    workers: int | None = None,
 ) -> Measurement:
     """Measure every targeted Linear of `plan` (at the recipe's type; at every rung of its ladder too when
-    `rungs`), and the recipe's forward SQNR, per component."""
+    `rungs`), and the recipe's forward SQNR, per component; the rungs of a layer are measured on `workers`
+    threads (default: every core)."""
     fmt = plan.format
     recipe = plan.recipe
     note = on_pass or (lambda text: None)
@@ -139,7 +144,9 @@ def measure(
         x = load_inputs(inputs, run.class_name, run.config)
         found = _layers(cp, run, fmt, recipe, rungs)
         note(f"{cp.rel}: the source model, and each of its {len(found)} quantized Linears")
-        want = _run(model, x, source_weights(run), inputs, {lay.param: _capture(lay, fmt) for lay in found})
+        with _rung_pool(workers) as pool:
+            hooks = {lay.param: _capture(lay, fmt, pool) for lay in found}
+            want = _run(model, x, source_weights(run), inputs, hooks)
         note(f"{cp.rel}: the recipe's model")
         got = _run(model, x, planned_weights(run, fmt), inputs)
         figures[cp.rel] = forward_sqnr_db(want, got)
@@ -175,13 +182,13 @@ def _layers(cp: ComponentPlan, run: Runnable, fmt: Format, recipe: Recipe, rungs
     return found
 
 
-def _decoded(tp: TensorPlan, fmt: Format) -> tuple[torch.Tensor, float | None]:
-    """What `convert` would store for `tp`, decoded to float32, and its weight SQNR (None: exact)."""
+def _decoded(tp: TensorPlan, fmt: Format) -> torch.Tensor:
+    """What `convert` would store for `tp`, decoded to float32."""
     if not tp.quantize:
-        return as_stored(tp), None
+        return as_stored(tp)
     out = torch.empty(tp.info.shape, dtype=torch.float32)
-    stats = encode_and_measure(tp, fmt, lambda parts, rows: parts, into=out)
-    return out, stats.sqnr_db
+    encode_and_measure(tp, fmt, lambda parts, rows: parts, lambda r0, r1, w, q: out[r0:r1].copy_(q))
+    return out
 
 
 def planned_weights(run: Runnable, fmt: Format, changes: dict[str, TensorPlan] | None = None) -> Weights:
@@ -190,25 +197,64 @@ def planned_weights(run: Runnable, fmt: Format, changes: dict[str, TensorPlan] |
     changes = changes or {}
 
     def weight(name: str) -> torch.Tensor:
-        return _decoded(changes.get(name, run.plans[name]), fmt)[0]
+        return _decoded(changes.get(name, run.plans[name]), fmt)
 
     return weight
 
 
-def _capture(layer: Layer, fmt: Format):
-    """A hook on the layer's Linear: its input X against W (loaded) and each rung's Q(W)."""
+def rung_noise(tp: TensorPlan, fmt: Format, x: torch.Tensor) -> tuple[float, float | None]:
+    """|X·(W − Q(W))ᵀ|² for the weight as `tp` plans it (Q(W): what `convert` would store, decoded), and the
+    weight SQNR (None: exact). Streamed in row chunks of W: no copy of the whole weight is made."""
+    noise = 0.0
+
+    def seen(r0: int, r1: int, w: torch.Tensor, q: torch.Tensor) -> None:
+        nonlocal noise
+        noise += float(torch.linalg.vector_norm(x @ (q - w).T)) ** 2
+
+    if tp.quantize:
+        stats = encode_and_measure(tp, fmt, lambda parts, rows: parts, seen)
+    else:
+        stats = ErrorStats()
+        for r0, r1, kept in kept_rows(tp):
+            w, q = tp.source.read_rows(r0, r1, torch.float32), kept.float()
+            seen(r0, r1, w, q)
+            stats.add(w, q)
+    return noise, stats.sqnr_db
+
+
+@contextmanager
+def _rung_pool(workers: int | None) -> Iterator[ThreadPoolExecutor]:
+    """Threads for the rungs of a layer, each running torch on one thread (as convert's workers do); the
+    process's torch threads are as they were afterwards."""
+    saved = torch.get_num_threads()
+    pool = ThreadPoolExecutor(
+        workers or os.cpu_count() or 1,
+        thread_name_prefix="sensitivity",
+        initializer=torch.set_num_threads,
+        initargs=(1,),
+    )
+    try:
+        yield pool
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        torch.set_num_threads(saved)
+
+
+def _capture(layer: Layer, fmt: Format, pool: Executor):
+    """A hook on the layer's Linear: its input X against W (loaded) and each rung's Q(W), the rungs measured on
+    the pool's threads."""
     layer.noise = [0.0] * len(layer.rungs)
 
     def hook(module: torch.nn.Module, x: torch.Tensor) -> None:
-        w = module.weight
         x2 = x.reshape(-1, x.shape[-1]).float()
-        layer.signal += float(torch.linalg.vector_norm(x2 @ w.T)) ** 2
-        first = not layer.weight_sqnr
-        for i, tp in enumerate(layer.plans):
-            q, sqnr = _decoded(tp, fmt)
-            layer.noise[i] += float(torch.linalg.vector_norm(x2 @ (w - q).T)) ** 2
-            if first:
-                layer.weight_sqnr.append(sqnr)
+        w = module.weight
+        for r0, r1 in row_chunks(*w.shape):  # |X·Wᵀ|², never the whole output at once
+            layer.signal += float(torch.linalg.vector_norm(x2 @ w[r0:r1].T)) ** 2
+        found = list(pool.map(lambda tp: rung_noise(tp, fmt, x2), layer.plans))
+        for i, (noise, _) in enumerate(found):
+            layer.noise[i] += noise
+        if not layer.weight_sqnr:
+            layer.weight_sqnr = [sqnr for _, sqnr in found]
 
     return hook
 

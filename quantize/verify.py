@@ -76,6 +76,8 @@ class Report:
     checks: dict[tuple[str, str], CheckResult] = field(default_factory=dict)
     hashed_bytes: int = 0
     hash_seconds: float = 0.0
+    #: component -> the forward check's figures (`forward.check_forward`): class, output SQNR, threshold
+    forward: dict[str, dict] = field(default_factory=dict)
 
     def record(self, category: str, name: str, ok: bool, failure: str = "") -> None:
         """One subject checked: a pass, or a failure with its one-line message."""
@@ -115,6 +117,7 @@ class Report:
                 }
                 for c in sorted(self.checks.values(), key=lambda c: (CATEGORIES.index(c.category), c.name))
             ],
+            "forward": self.forward,
             "hashing": {
                 "bytes": self.hashed_bytes,
                 "seconds": round(self.hash_seconds, 3),
