@@ -30,6 +30,10 @@ demo: setup
 	$(BIN)/quantize verify $(DEMO)/Wan2.1-T2V-small-comfy-fp8 --source $(DEMO)/Wan2.1-T2V-small
 	$(BIN)/quantize convert $(DEMO)/Wan2.1-T2V-small $(DEMO)/Wan2.1-T2V-small-gguf-q8_0 --recipe wan-gguf-q8_0.yaml
 	$(BIN)/quantize verify $(DEMO)/Wan2.1-T2V-small-gguf-q8_0 --source $(DEMO)/Wan2.1-T2V-small
+	$(BIN)/quantize sensitivity $(DEMO)/Wan2.1-T2V-small --recipe wan-gguf-q4_k_m.yaml --top 5
+	$(BIN)/quantize sensitivity $(DEMO)/Wan2.1-T2V-small --recipe wan-gguf-q4_k_m.yaml --min-forward-sqnr 28 --write-recipe $(DEMO)/wan-q4-28db.yaml
+	$(BIN)/quantize convert $(DEMO)/Wan2.1-T2V-small $(DEMO)/Wan2.1-T2V-small-q4-28db --recipe $(DEMO)/wan-q4-28db.yaml
+	$(BIN)/quantize verify $(DEMO)/Wan2.1-T2V-small-q4-28db --source $(DEMO)/Wan2.1-T2V-small --forward
 	$(BIN)/quantize plan $(DEMO)/Wan2.1-T2V-small --recipe wan-fp8.yaml --lora $(DEMO)/style-lora.safetensors:0.8
 	$(BIN)/quantize convert $(DEMO)/Wan2.1-T2V-small $(DEMO)/Wan2.1-T2V-small-style-fp8 --recipe wan-fp8.yaml --lora $(DEMO)/style-lora.safetensors:0.8
 	$(BIN)/quantize verify $(DEMO)/Wan2.1-T2V-small-style-fp8 --source $(DEMO)/Wan2.1-T2V-small
@@ -41,12 +45,14 @@ bench: setup
 	$(BIN)/python benchmarks/bench_convert.py --preset 1.3b --write docs/BENCHMARKS.md
 	$(BIN)/python benchmarks/bench_convert.py --preset 1.3b --lora-only --write docs/BENCHMARKS.md
 	$(BIN)/python benchmarks/bench_verify.py --preset 1.3b --write docs/BENCHMARKS.md
+	$(BIN)/python benchmarks/bench_sensitivity.py --preset 1.3b --write docs/BENCHMARKS.md
 	$(BIN)/python benchmarks/bench_load.py --write docs/BENCHMARKS.md
 	$(BIN)/python benchmarks/bench_faults.py --write docs/BENCHMARKS.md
 
 # a 14B-shaped source (about 28.6 GB, generated once where the disk allows): memory does not grow with the model
 bench-large: setup
 	$(BIN)/python benchmarks/bench_large.py --write docs/BENCHMARKS.md
+	$(BIN)/python benchmarks/bench_large.py --forward --write docs/BENCHMARKS.md
 
 # llm-compressor, the fp8 peer of `make bench`, in its own virtual environment (never one of our dependencies);
 # torch is held at the same CPU wheel so that nothing pulls a CUDA build

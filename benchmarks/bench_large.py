@@ -6,12 +6,17 @@ The source (dim 5120, ffn 13824, 40 blocks, random bf16 weights, 1 GB shards, ab
 generated once under ``bench-data/`` when the disk has room for it and one converted output; each
 format is converted ``--runs`` times in its own process (wall time, peak RSS from ``os.wait4``). No
 read-and-write baseline here: its copy would need another 28 GB; the 1.3B section has the ratios.
+
+With ``--forward``, the streamed forward pass on the same source instead, into its own section:
+``quantize sensitivity SRC --recipe wan-fp8.yaml`` (the source pass with each layer's X·Q(W), then the
+recipe's model) and ``quantize verify OUT --source SRC --forward`` on a wan-fp8.yaml conversion.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import shutil
 import statistics
 import sys
@@ -34,6 +39,7 @@ from bench_convert import (  # noqa: E402
 )
 
 START, END = "<!-- bench:large:start -->", "<!-- bench:large:end -->"
+FORWARD_MARKS = "<!-- bench:large-forward:start -->", "<!-- bench:large-forward:end -->"
 PRESET = "14b"
 RSS_TARGET = 1.5e9
 SOURCE_GB = 28.7  # the 14B preset in bf16
@@ -60,6 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--runs", type=int, default=1)
     p.add_argument("--data-dir", type=Path, default=REPO / "bench-data")
     p.add_argument("--write", type=Path, help="update this markdown file's large-model section")
+    p.add_argument("--forward", action="store_true", help="measure sensitivity and verify --forward instead")
     p.add_argument("--generate", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.generate:
@@ -78,6 +85,9 @@ def main(argv: list[str] | None = None) -> None:
     gen = [sys.executable, __file__, "--generate", "--data-dir", str(data_dir)]
     run_process(gen, data_dir / "generate-large.log")
     src = data_dir / f"wan-{PRESET}-bf16"
+    if args.forward:
+        forward_cases(src, data_dir, args.write)
+        return
     warm_page_cache(src)
     scratch = data_dir / "scratch-large"
     shutil.rmtree(scratch, ignore_errors=True)
@@ -135,6 +145,81 @@ def main(argv: list[str] | None = None) -> None:
     print(body)
     if args.write:
         update_section(args.write, body, (START, END))
+
+
+def forward_cases(src: Path, data_dir: Path, write: Path | None) -> None:
+    """sensitivity and verify --forward at 14B scale, one run each: memory is one layer, not the model."""
+    scratch = data_dir / "scratch-large"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir()
+    out, log_path = scratch / "out", scratch / "run.log"
+    q = quantize_command()
+    cases = {
+        "sensitivity --recipe wan-fp8.yaml": [
+            *q,
+            "sensitivity",
+            str(src),
+            "--recipe",
+            "wan-fp8.yaml",
+            "--json",
+        ],
+        "convert --recipe wan-fp8.yaml (for verify)": [
+            *q,
+            "convert",
+            str(src),
+            str(out),
+            "--recipe",
+            "wan-fp8.yaml",
+        ],
+        "verify OUT --source SRC --forward": [
+            *q,
+            "verify",
+            str(out),
+            "--source",
+            str(src),
+            "--forward",
+            "--json",
+        ],
+    }
+    rows, peaks, figures = [], [], []
+    try:
+        for name, argv in cases.items():
+            warm_page_cache(src)
+            wall, peak = run_process(argv, log_path)
+            text = log_path.read_text()
+            if "--json" in argv:
+                report = json.loads(text[text.index("{") :])
+                figures.append(
+                    report["forward_sqnr_db"]
+                    if "layers" in report
+                    else next(iter(report["forward"].values()))["output_sqnr_db"]
+                )
+            log(f"{name}: {wall:.1f} s, peak RSS {gb(peak)} GB")
+            peaks.append(peak)
+            rows.append([name, f"{wall:.1f}", gb(peak)])
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    verdict = "met" if max(peaks) <= RSS_TARGET else "NOT met"
+    body = "\n".join(
+        [
+            "## The streamed forward pass at 14B scale (`sensitivity`, `verify --forward`)",
+            "",
+            f"Run {datetime.date.today().isoformat()} with `{display_command([sys.executable, *sys.argv])}`.",
+            "",
+            *(f"- {line}" for line in machine_lines(data_dir)),
+            f"- Source: the 14B-shaped checkpoint above ({gb(source_bytes(src))} GB bf16); fixed random inputs; "
+            "one run each. Whole, the model would be 57 GB in float32 (two copies for a forward check).",
+            "",
+            markdown_table(rows, ["case", "time (s)", "peak RSS (GB)"]),
+            "",
+            f"- forward SQNR of wan-fp8.yaml: {figures[0]:.2f} dB (sensitivity), {figures[1]:.2f} dB (verify "
+            "--forward on the converted checkpoint): the same passes",
+            f"- Peak RSS target at 14B scale <= {RSS_TARGET / 1e9:.1f} GB: {verdict} (highest {gb(max(peaks))} GB).",
+        ]
+    )
+    print(body)
+    if write:
+        update_section(write, body, FORWARD_MARKS)
 
 
 if __name__ == "__main__":

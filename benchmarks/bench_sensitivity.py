@@ -9,8 +9,8 @@ once with wan-fp8.yaml into ``<data-dir>/wan-<preset>-fp8-verify/`` (shared with
 is its own process, measured for wall time and peak RSS (``os.wait4``):
 
 * the peer, *whole models* (this script's ``--whole`` mode): what a forward check costs without streaming:
-  the source and the dequantized checkpoint each built as diffusers' ``WanTransformer3DModel`` in float32,
-  every weight loaded, one forward pass of each on the same inputs (the source as ``verify`` reads it, the
+  the source and the dequantized checkpoint each built as diffusers' ``WanTransformer3DModel`` in float32
+  (on the meta device first, so no initial weights are made), every weight loaded, one forward pass of each on the same inputs (the source as ``verify`` reads it, the
   checkpoint decoded by its format); the output SQNR is checked equal to ``verify --forward``'s;
 * ``quantize verify OUT --source SRC`` without and with ``--forward``: the difference is the streamed
   forward check (two passes);
@@ -54,6 +54,7 @@ def whole_models(src: Path, out: Path) -> None:
     import torch
     from diffusers import WanTransformer3DModel
 
+    from loaders import parameters_on_meta
     from quantize.containers import get_container
     from quantize.formats import format_info
     from quantize.forward import forward_sqnr_db, load_inputs, runnable, source_weights, stored_weights
@@ -69,7 +70,8 @@ def whole_models(src: Path, out: Path) -> None:
     outputs = []
     models = []  # both held, as a whole-model check holds them
     for weights in (source_weights(run), stored_weights(run, stored, fmt)):
-        model = WanTransformer3DModel.from_config(run.config).eval()
+        with parameters_on_meta():  # no initial weights: each model holds only what is loaded into it
+            model = WanTransformer3DModel.from_config(run.config).eval()
         model.load_state_dict({name: weights(name) for name in run.plans}, assign=True)
         models.append(model)
         with torch.no_grad():

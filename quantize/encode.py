@@ -15,8 +15,12 @@ A kept tensor is either its stored bytes (`copy_unchanged`) or its rows cast to 
 
 from __future__ import annotations
 
+import itertools
 import math
+import os
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, Future
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -108,7 +112,11 @@ SeenChunk = Callable[[int, int, torch.Tensor, torch.Tensor], None]
 
 
 def encode_and_measure(
-    tp: TensorPlan, fmt: Format, take: TakeParts, seen: SeenChunk | None = None
+    tp: TensorPlan,
+    fmt: Format,
+    take: TakeParts,
+    seen: SeenChunk | None = None,
+    pool: Executor | None = None,
 ) -> ErrorStats:
     """Encode the quantized tensor `tp` with `fmt`, hand each encoding to `take`, and measure the error of the
     decoding of what `take` returns against the source values; `seen`, when given, is shown each row chunk's
@@ -116,7 +124,9 @@ def encode_and_measure(
 
     A row-separable format's whole-weight parts (`WEIGHT_PARTS`: a per-tensor scale, a marker) are handed to
     `take` once, whole (`rows` None), with the first chunk; a format that decides them from the whole weight
-    first sees every row chunk once (`weight_options`), so no weight is ever held whole in float32."""
+    first sees every row chunk once (`weight_options`), so no weight is ever held whole in float32. With a
+    `pool`, row chunks are read and encoded on its threads (at most `AHEAD` ahead), and still taken,
+    decoded and measured in row order: the same results."""
     stats = ErrorStats()
     rows, cols = tp.info.shape
     ranges = row_chunks(rows, cols)
@@ -124,10 +134,12 @@ def encode_and_measure(
         options = {**tp.format_options, **_weight_options(fmt, tp, ranges)}
         whole_names = getattr(fmt, "WEIGHT_PARTS", ())
         whole: dict[str, torch.Tensor] | None = None
-        for r0, r1 in ranges:
-            # one float32 copy, for the encoding and the error figures
-            w = tp.source.read_rows(r0, r1, torch.float32)
-            parts = _encode(fmt, tp, w, options)
+
+        def encoded(r0: int, r1: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            w = tp.source.read_rows(r0, r1, torch.float32)  # one float32 copy, for encoding and figures
+            return w, _encode(fmt, tp, w, options)
+
+        for (r0, r1), (w, parts) in zip(ranges, _in_order(encoded, ranges, pool), strict=True):
             if whole_names:
                 weight_parts = {name: parts.pop(name) for name in whole_names}
                 if whole is None:
@@ -146,6 +158,31 @@ def encode_and_measure(
             seen(r0, r1, w[r0:r1].float(), decoded)
         stats.add(w[r0:r1], decoded)
     return stats
+
+
+#: row chunks encoded ahead of the one being taken, two a core (bounds what waits in memory: 4 MB each)
+AHEAD = 2 * (os.cpu_count() or 1)
+
+
+def _in_order(work: Callable, ranges: list[tuple[int, int]], pool: Executor | None) -> Iterator:
+    """work(r0, r1) for each range, in order: computed here, or on `pool` at most AHEAD ranges ahead."""
+    if pool is None:
+        yield from (work(r0, r1) for r0, r1 in ranges)
+        return
+    pending: deque[Future] = deque()
+    todo = iter(ranges)
+    try:
+        for r in itertools.islice(todo, AHEAD):
+            pending.append(pool.submit(work, *r))
+        while pending:
+            result = pending.popleft().result()
+            nxt = next(todo, None)
+            if nxt is not None:
+                pending.append(pool.submit(work, *nxt))
+            yield result
+    finally:
+        for f in pending:
+            f.cancel()
 
 
 def _weight_options(fmt: Format, tp: TensorPlan, ranges: list[tuple[int, int]]) -> dict:

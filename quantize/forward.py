@@ -34,6 +34,7 @@ from .formats import Format
 from .layout import read_json_object
 from .names import wan_diffusers_name, wan_naming
 from .plan import ComponentPlan, TensorPlan
+from .process import release_free_memory
 from .recipes import Recipe
 
 __all__ = [
@@ -344,10 +345,11 @@ class StreamedModel:
         """One pass on `inputs` with the values `weights` gives; `linear_hooks[name](module, x)` sees each
         named Linear's input while its weight is filled. Returns the output in float32."""
         handles = []
+        filler = _Filler(weights)
         try:
             for prefix, unit in self.units:
-                handles.append(unit.register_forward_pre_hook(_fill(prefix, unit, weights)))
-                handles.append(unit.register_forward_hook(lambda m, args, out: _empty(m, recurse=False)))
+                handles.append(unit.register_forward_pre_hook(filler.pre_hook(prefix, unit)))
+                handles.append(unit.register_forward_hook(filler.post_hook))
             modules = dict(self.model.named_modules())
             for name, hook in linear_hooks.items():
                 handles.append(modules[name].register_forward_pre_hook(lambda m, args, h=hook: h(m, args[0])))
@@ -362,12 +364,33 @@ class StreamedModel:
             _empty(self.model)
 
 
-def _fill(prefix: str, unit, weights: Weights):
-    def hook(module, args):
-        for name, _ in list(unit.named_parameters(recurse=False)):
-            _set(unit, name, weights(f"{prefix}.{name}"))
+#: float32 bytes filled between two returns of the allocator's free pages to the kernel
+TRIM_EVERY = 256 << 20
 
-    return hook
+
+class _Filler:
+    """Fills a unit's own parameters before it runs and empties them after; every `TRIM_EVERY` bytes given
+    out, the memory they and the layers' temporaries took goes back to the kernel
+    (`process.release_free_memory`: else the allocator's heaps grow layer after layer)."""
+
+    def __init__(self, weights: Weights):
+        self.weights = weights
+        self.since_trim = 0
+
+    def pre_hook(self, prefix: str, unit):
+        def hook(module, args):
+            for name, _ in list(unit.named_parameters(recurse=False)):
+                value = self.weights(f"{prefix}.{name}")
+                self.since_trim += value.nbytes
+                _set(unit, name, value)
+
+        return hook
+
+    def post_hook(self, module, args, out) -> None:
+        _empty(module, recurse=False)
+        if self.since_trim >= TRIM_EVERY:
+            release_free_memory()
+            self.since_trim = 0
 
 
 def _set(module, name: str, value: torch.Tensor) -> None:

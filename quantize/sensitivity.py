@@ -144,21 +144,22 @@ def measure(
         x = load_inputs(inputs, run.class_name, run.config)
         found = _layers(cp, run, fmt, recipe, rungs)
         note(f"{cp.rel}: the source model, and each of its {len(found)} quantized Linears")
-        with _rung_pool(workers) as pool:
+        with _pool(workers) as pool:
             hooks = {lay.param: _capture(lay, fmt, pool) for lay in found}
             want = _run(model, x, source_weights(run), inputs, hooks)
-        note(f"{cp.rel}: the recipe's model")
-        got = _run(model, x, planned_weights(run, fmt), inputs)
+            note(f"{cp.rel}: the recipe's model")
+            got = _run(model, x, planned_weights(run, fmt, pool=pool), inputs)
         figures[cp.rel] = forward_sqnr_db(want, got)
         models[cp.rel] = (run, model, x, want)
         layers += found
 
     def remeasure(changes: dict[str, dict[str, TensorPlan]]) -> dict[str, float]:
         result = {}
-        for rel, (run, model, x, want) in models.items():
-            note(f"{rel}: a proposal's model")
-            got = _run(model, x, planned_weights(run, fmt, changes.get(rel, {})), inputs)
-            result[rel] = forward_sqnr_db(want, got)
+        with _pool(workers) as pool:
+            for rel, (run, model, x, want) in models.items():
+                note(f"{rel}: a proposal's model")
+                got = _run(model, x, planned_weights(run, fmt, changes.get(rel, {}), pool), inputs)
+                result[rel] = forward_sqnr_db(want, got)
         return result
 
     return Measurement(plan, layers, figures, remeasure)
@@ -182,29 +183,37 @@ def _layers(cp: ComponentPlan, run: Runnable, fmt: Format, recipe: Recipe, rungs
     return found
 
 
-def _decoded(tp: TensorPlan, fmt: Format) -> torch.Tensor:
-    """What `convert` would store for `tp`, decoded to float32."""
+def _decoded(tp: TensorPlan, fmt: Format, pool: Executor | None = None) -> torch.Tensor:
+    """What `convert` would store for `tp`, decoded to float32 (row chunks encoded on `pool`)."""
     if not tp.quantize:
         return as_stored(tp)
     out = torch.empty(tp.info.shape, dtype=torch.float32)
-    encode_and_measure(tp, fmt, lambda parts, rows: parts, lambda r0, r1, w, q: out[r0:r1].copy_(q))
+    encode_and_measure(tp, fmt, lambda parts, rows: parts, lambda r0, r1, w, q: out[r0:r1].copy_(q), pool)
     return out
 
 
-def planned_weights(run: Runnable, fmt: Format, changes: dict[str, TensorPlan] | None = None) -> Weights:
+def planned_weights(
+    run: Runnable,
+    fmt: Format,
+    changes: dict[str, TensorPlan] | None = None,
+    pool: Executor | None = None,
+) -> Weights:
     """Every tensor as a conversion under the plan (with `changes`: model param -> replanned tensor) would store
-    it, decoded to float32: equal, bit for bit, to what `verify --forward` decodes from the converted files."""
+    it, decoded to float32: equal, bit for bit, to what `verify --forward` decodes from the converted files.
+    With a `pool`, each weight's row chunks are encoded on its threads."""
     changes = changes or {}
 
     def weight(name: str) -> torch.Tensor:
-        return _decoded(changes.get(name, run.plans[name]), fmt)
+        return _decoded(changes.get(name, run.plans[name]), fmt, pool)
 
     return weight
 
 
-def rung_noise(tp: TensorPlan, fmt: Format, x: torch.Tensor) -> tuple[float, float | None]:
+def rung_noise(
+    tp: TensorPlan, fmt: Format, x: torch.Tensor, pool: Executor | None = None
+) -> tuple[float, float | None]:
     """|X·(W − Q(W))ᵀ|² for the weight as `tp` plans it (Q(W): what `convert` would store, decoded), and the
-    weight SQNR (None: exact). Streamed in row chunks of W: no copy of the whole weight is made."""
+    weight SQNR (None: exact). Streamed in row chunks of W (encoded on `pool`): no copy of the whole weight."""
     noise = 0.0
 
     def seen(r0: int, r1: int, w: torch.Tensor, q: torch.Tensor) -> None:
@@ -212,7 +221,7 @@ def rung_noise(tp: TensorPlan, fmt: Format, x: torch.Tensor) -> tuple[float, flo
         noise += float(torch.linalg.vector_norm(x @ (q - w).T)) ** 2
 
     if tp.quantize:
-        stats = encode_and_measure(tp, fmt, lambda parts, rows: parts, seen)
+        stats = encode_and_measure(tp, fmt, lambda parts, rows: parts, seen, pool)
     else:
         stats = ErrorStats()
         for r0, r1, kept in kept_rows(tp):
@@ -223,9 +232,9 @@ def rung_noise(tp: TensorPlan, fmt: Format, x: torch.Tensor) -> tuple[float, flo
 
 
 @contextmanager
-def _rung_pool(workers: int | None) -> Iterator[ThreadPoolExecutor]:
-    """Threads for the rungs of a layer, each running torch on one thread (as convert's workers do); the
-    process's torch threads are as they were afterwards."""
+def _pool(workers: int | None) -> Iterator[ThreadPoolExecutor]:
+    """Threads for the rungs of a layer and the row chunks of a weight, each running torch on one thread (as
+    convert's workers do); the process's torch threads are as they were afterwards."""
     saved = torch.get_num_threads()
     pool = ThreadPoolExecutor(
         workers or os.cpu_count() or 1,
@@ -241,8 +250,8 @@ def _rung_pool(workers: int | None) -> Iterator[ThreadPoolExecutor]:
 
 
 def _capture(layer: Layer, fmt: Format, pool: Executor):
-    """A hook on the layer's Linear: its input X against W (loaded) and each rung's Q(W), the rungs measured on
-    the pool's threads."""
+    """A hook on the layer's Linear: its input X against W (loaded) and each rung's Q(W), each rung's row
+    chunks encoded on the pool's threads."""
     layer.noise = [0.0] * len(layer.rungs)
 
     def hook(module: torch.nn.Module, x: torch.Tensor) -> None:
@@ -250,7 +259,7 @@ def _capture(layer: Layer, fmt: Format, pool: Executor):
         w = module.weight
         for r0, r1 in row_chunks(*w.shape):  # |X·Wᵀ|², never the whole output at once
             layer.signal += float(torch.linalg.vector_norm(x2 @ w[r0:r1].T)) ** 2
-        found = list(pool.map(lambda tp: rung_noise(tp, fmt, x2), layer.plans))
+        found = [rung_noise(tp, fmt, x2, pool) for tp in layer.plans]
         for i, (noise, _) in enumerate(found):
             layer.noise[i] += noise
         if not layer.weight_sqnr:

@@ -13,7 +13,7 @@ Checks, by category (each one a named check that passes or fails, failures namin
               the source reproduces the stored bytes; each kept tensor is bit-exact or exactly the
               cast the recipe asked for.
   forward     (with a source and `forward=True`) one forward pass of the source model and of the
-              dequantized model (streamed block by block, `forward`) on fixed random inputs, or on
+              dequantized model (streamed layer by layer, `forward`) on fixed random inputs, or on
               `inputs`, agree to the recipe's `min_forward_sqnr_db`.
 
 Reads are streamed: files are hashed through one buffer per thread, tensors compared in row chunks.

@@ -191,19 +191,32 @@ def test_original_names_run_as_the_diffusers_class(planted, tmp_path):
     assert torch.equal(*outputs)
 
 
-def test_the_recipes_figure_is_what_verify_decodes_from_the_converted_files(planted, tmp_path):
-    """`planted_weights` (what sensitivity runs for the recipe) equals the converted checkpoint decoded."""
+@pytest.mark.parametrize("recipe", [GGUF, "wan-diffusers-comfy-fp8.yaml", "wan-diffusers-nf4.yaml"])
+def test_the_recipes_figure_is_what_verify_decodes_from_the_converted_files(
+    planted, tmp_path, recipe, monkeypatch
+):
+    """`planted_weights` (what sensitivity runs for the recipe), its row chunks encoded here or on threads a
+    few ahead, equals the converted checkpoint decoded."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import quantize.encode
     from quantize.containers import get_container
+    from quantize.formats import format_info
 
     out = tmp_path / "out"
-    run_cli("convert", planted, out, "-r", GGUF, check=True)
-    plan = make_plan(planted, load_recipe(GGUF).recipe)
+    run_cli("convert", planted, out, "-r", recipe, check=True)
+    plan = make_plan(planted, load_recipe(recipe).recipe)
     (cp,) = plan.components
     run = runnable(cp)
-    stored = get_container("gguf_file").open_stored(out, cp.rel)
-    planned, decoded = planned_weights(run, plan.format), stored_weights(run, stored, plan.format)
-    for name in run.plans:
-        assert torch.equal(planned(name), decoded(name)), name
+    stored = get_container(format_info(plan.format.NAME).container).open_stored(out, cp.rel)
+    decoded = stored_weights(run, stored, plan.format)
+    monkeypatch.setattr(quantize.encode, "CHUNK_BYTES", 64 << 10)  # many chunks a weight, 3 in flight
+    monkeypatch.setattr(quantize.encode, "AHEAD", 3)
+    with ThreadPoolExecutor(2) as pool:
+        here, threaded = planned_weights(run, plan.format), planned_weights(run, plan.format, pool=pool)
+        for name in run.plans:
+            want = decoded(name)
+            assert torch.equal(here(name), want) and torch.equal(threaded(name), want), name
 
 
 def test_a_proposal_reaches_the_target_and_verify_proves_it(planted, tmp_path):
@@ -395,3 +408,42 @@ def test_usage_errors(planted, tmp_path):
     existing.write_text("keep me")
     proc = run_cli("sensitivity", planted, "-r", GGUF, "--min-forward-sqnr", 30, "--write-recipe", existing)
     assert proc.returncode == 2 and "--overwrite" in proc.stderr and existing.read_text() == "keep me"
+
+
+def test_two_experts_are_measured_and_raised_together(make_wan, tmp_path):
+    """A14B: each expert measured on its own (the figure is the worse one's); a raise names a module, so it
+    raises it in both experts, and verify --forward proves the target in each."""
+    src = make_wan("a14b", preset="small")
+    recipe = "wan2.2-a14b-gguf-q4_k_m.yaml"
+    report = _json(src, "-r", recipe)
+    experts = {"high_noise_model", "low_noise_model"}
+    assert {lay["component"] for lay in report["layers"]} == experts == set(report["components"])
+    assert report["forward_sqnr_db"] == min(c["forward_sqnr_db"] for c in report["components"].values())
+    target = round(report["forward_sqnr_db"] + 0.5, 2)
+    written = tmp_path / "a14b.yaml"
+    proposal = _json(src, "-r", recipe, "--min-forward-sqnr", target, "--write-recipe", written)["proposal"]
+    assert proposal["reached"] and proposal["forward_sqnr_db"] >= target
+    raised = {r["module"]: r["type"] for r in proposal["raised"]}
+    plan = make_plan(src, parse_recipe(written.read_text()))
+    for cp in plan.components:
+        assert {tp.module: tp.qtype for tp in cp.quantized() if tp.module in raised} == raised, cp.rel
+    out = tmp_path / "out"
+    run_cli("convert", src, out, "-r", written, check=True)
+    proc = run_cli("verify", out, "--source", src, "--forward", "--json")
+    assert proc.returncode == 0, proc.stdout
+    figures = json.loads(proc.stdout)["forward"]
+    assert set(figures) == experts and all(f["output_sqnr_db"] >= target for f in figures.values())
+    assert min(f["output_sqnr_db"] for f in figures.values()) == proposal["forward_sqnr_db"]
+
+
+def test_a_lora_is_measured_merged(make_wan, tmp_path):
+    """With --lora, the source measured is the merged one: the same figures as the merged model saved."""
+    from tests.test_lora import make_lora, merged_source, write_lora
+
+    src = make_wan("t2v")
+    lora = make_lora(src, seed=3)
+    path = write_lora(lora, tmp_path / "style.safetensors")
+    merged = merged_source(src, tmp_path / "merged", [lora])
+    with_lora = _json(src, "-r", "wan-fp8.yaml", "--lora", path)
+    assert with_lora == _json(merged, "-r", "wan-fp8.yaml")
+    assert with_lora["layers"] != _json(src, "-r", "wan-fp8.yaml")["layers"]
