@@ -617,7 +617,7 @@ def verify_cmd(
     "--workers",
     type=click.IntRange(min=1),
     default=None,
-    help="Threads encoding a layer's types [default: all cores]. The figures are the same for any value.",
+    help="Threads encoding each weight's row chunks [default: all cores]. The figures are the same for any value.",
 )
 @_lora_options
 def sensitivity_cmd(
@@ -651,6 +651,10 @@ def sensitivity_cmd(
         raise InputError("--write-recipe writes a proposal: give --min-forward-sqnr DB or --max-size SIZE")
     if write_recipe is not None and write_recipe.exists() and not overwrite:
         raise InputError(f"{write_recipe}: exists; pass --overwrite to replace it")
+    if write_recipe is not None and not write_recipe.absolute().parent.is_dir():
+        raise InputError(f"{write_recipe}: its folder does not exist; create it first")
+    if min_forward_sqnr is not None and not math.isfinite(min_forward_sqnr):
+        raise InputError(f"--min-forward-sqnr {min_forward_sqnr}: give a finite figure in dB, such as 30")
     max_bytes = parse_size(max_size, "--max-size") if max_size is not None else None
     loaded = load_recipe(_chosen_recipe(source, recipe, fmt))
 
@@ -662,14 +666,14 @@ def sensitivity_cmd(
     from .forward import require_known_models
     from .process import tune_for_streaming
 
-    require_known_models(folder, loaded.recipe)
+    require_known_models(folder, loaded.recipe, inputs)
     tune_for_streaming()
     plan = make_plan(folder, loaded.recipe, steps=steps())
     t0 = time.monotonic()
     measured = measure(
         plan,
         inputs=inputs,
-        rungs=proposing,
+        all_rungs=proposing,
         on_pass=lambda text: err.print(f"pass: {escape(text)}"),
         workers=workers,
     )
@@ -677,15 +681,16 @@ def sensitivity_cmd(
         propose(measured, min_forward_sqnr_db=min_forward_sqnr, max_bytes=max_bytes) if proposing else None
     )
     elapsed = time.monotonic() - t0
+    written = None
     if proposal is not None and proposal.reached and write_recipe is not None:
         text = dump_recipe(proposal.recipe)
-        written = parse_recipe(text, str(write_recipe))  # an ordinary recipe, valid as written
-        make_plan(folder, written, steps=steps())  # and one that plans on this source
+        make_plan(folder, parse_recipe(text, str(write_recipe)), steps=steps())  # valid, and plans here
         _write_text_atomically(write_recipe, text)
+        written = write_recipe
     if as_json:
-        click.echo(json.dumps(_sensitivity_json(measured, proposal, write_recipe), indent=2))
+        click.echo(json.dumps(_sensitivity_json(measured, proposal, written), indent=2))
     else:
-        _print_sensitivity(measured, proposal, write_recipe, top, loaded.origin, elapsed)
+        _print_sensitivity(measured, proposal, written, top, loaded.origin, elapsed)
     if proposal is not None and not proposal.reached:
         return 1
     return 0
@@ -696,7 +701,7 @@ def _db(value: float | None) -> float | None:
     return None if value is None or math.isinf(value) else round(value, 3)
 
 
-def _sensitivity_json(measured, proposal, write_recipe: Path | None) -> dict:
+def _sensitivity_json(measured, proposal, written: Path | None) -> dict:
     fmt = measured.plan.format
     data = {
         "recipe": measured.plan.recipe.name,
@@ -724,12 +729,12 @@ def _sensitivity_json(measured, proposal, write_recipe: Path | None) -> dict:
             "recipe_bytes": proposal.base_bytes,
             "raised": [{"module": m, "type": t} for m, t in proposal.raised],
             "passes": proposal.passes,
-            "recipe_file": None if write_recipe is None or not write_recipe.exists() else str(write_recipe),
+            "recipe_file": None if written is None else str(written),
         }
     return data
 
 
-def _print_sensitivity(measured, proposal, write_recipe, top: int, origin: str, elapsed: float) -> None:
+def _print_sensitivity(measured, proposal, written, top: int, origin: str, elapsed: float) -> None:
     fmt = measured.plan.format
     layers = measured.sorted_layers()
     shown = layers if top <= 0 else layers[:top]
@@ -759,9 +764,10 @@ def _print_sensitivity(measured, proposal, write_recipe, top: int, origin: str, 
     out.print(table)
     if len(shown) < len(layers):
         out.print(f"... and {len(layers) - len(shown)} more (--top 0 or --json lists them all)")
+    component_bytes = {cp.rel: cp.output_bytes for cp in measured.plan.components}
     for rel, db in measured.forward_sqnr_db.items():
         out.print(
-            f"forward SQNR of the recipe in {rel}: {_db_text(db)} ({_gb(measured.plan.output_bytes)} of tensors)"
+            f"forward SQNR of the recipe in {escape(rel)}: {_db_text(db)} ({_gb(component_bytes[rel])} of tensors)"
         )
     if proposal is None:
         out.print(f"measured in {elapsed:.1f}s")
@@ -778,9 +784,9 @@ def _print_sensitivity(measured, proposal, write_recipe, top: int, origin: str, 
         )
         return
     out.print(f"proposal: {len(proposal.raised)} layer(s) raised ({raised}{more}); {figure}; {sizes}")
-    if write_recipe is not None:
+    if written is not None:
         out.print(
-            f"wrote {escape(str(write_recipe))}: convert with --recipe {escape(str(write_recipe))}, then "
+            f"wrote {escape(str(written))}: convert with --recipe {escape(str(written))}, then "
             "verify --forward proves its min_forward_sqnr_db"
         )
     out.print(f"measured in {elapsed:.1f}s ({proposal.passes + 2} passes)")

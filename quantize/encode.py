@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future
@@ -40,6 +39,7 @@ __all__ = [
     "CHUNK_BYTES",
     "TakeParts",
     "SeenChunk",
+    "ChunkPool",
 ]
 
 # float32 bytes of one row chunk: small enough to stay in cache, large enough to amortize per-call costs
@@ -116,7 +116,7 @@ def encode_and_measure(
     fmt: Format,
     take: TakeParts,
     seen: SeenChunk | None = None,
-    pool: Executor | None = None,
+    pool: ChunkPool | None = None,
 ) -> ErrorStats:
     """Encode the quantized tensor `tp` with `fmt`, hand each encoding to `take`, and measure the error of the
     decoding of what `take` returns against the source values; `seen`, when given, is shown each row chunk's
@@ -125,7 +125,7 @@ def encode_and_measure(
     A row-separable format's whole-weight parts (`WEIGHT_PARTS`: a per-tensor scale, a marker) are handed to
     `take` once, whole (`rows` None), with the first chunk; a format that decides them from the whole weight
     first sees every row chunk once (`weight_options`), so no weight is ever held whole in float32. With a
-    `pool`, row chunks are read and encoded on its threads (at most `AHEAD` ahead), and still taken,
+    `pool`, row chunks are read and encoded on its threads (at most `pool.ahead` ahead), and still taken,
     decoded and measured in row order: the same results."""
     stats = ErrorStats()
     rows, cols = tp.info.shape
@@ -160,25 +160,35 @@ def encode_and_measure(
     return stats
 
 
-#: row chunks encoded ahead of the one being taken, two a core (bounds what waits in memory: 4 MB each)
-AHEAD = 2 * (os.cpu_count() or 1)
+@dataclass(frozen=True)
+class ChunkPool:
+    """Threads that read and encode a weight's row chunks ahead of the one being taken: at most `ahead` chunks
+    (about 4 MB of float32 each, and their encoding) wait at a time."""
+
+    executor: Executor
+    ahead: int
+
+    @classmethod
+    def of(cls, executor: Executor, workers: int) -> ChunkPool:
+        """Two chunks a thread: each thread has the next one to start when it finishes one."""
+        return cls(executor, 2 * max(1, workers))
 
 
-def _in_order(work: Callable, ranges: list[tuple[int, int]], pool: Executor | None) -> Iterator:
-    """work(r0, r1) for each range, in order: computed here, or on `pool` at most AHEAD ranges ahead."""
+def _in_order(work: Callable, ranges: list[tuple[int, int]], pool: ChunkPool | None) -> Iterator:
+    """work(r0, r1) for each range, in order: computed here, or on `pool` at most `pool.ahead` ranges ahead."""
     if pool is None:
         yield from (work(r0, r1) for r0, r1 in ranges)
         return
     pending: deque[Future] = deque()
     todo = iter(ranges)
     try:
-        for r in itertools.islice(todo, AHEAD):
-            pending.append(pool.submit(work, *r))
+        for r in itertools.islice(todo, pool.ahead):
+            pending.append(pool.executor.submit(work, *r))
         while pending:
             result = pending.popleft().result()
             nxt = next(todo, None)
             if nxt is not None:
-                pending.append(pool.submit(work, *nxt))
+                pending.append(pool.executor.submit(work, *nxt))
             yield result
     finally:
         for f in pending:

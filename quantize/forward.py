@@ -68,6 +68,7 @@ class ModelInputs:
     keys: Callable[[dict], tuple[str, ...]]  # from the config: the tensors a pass takes
     random: Callable[[dict, torch.Generator], dict[str, torch.Tensor]]
     call: Callable[[dict, dict[str, torch.Tensor]], dict]  # (config, tensors) -> the forward's kwargs
+    accepts: tuple[str, ...]  # every tensor a pass of this class may take, whatever the config
 
 
 def _wan_keys(config: dict) -> tuple[str, ...]:
@@ -85,6 +86,9 @@ def _wan_random(config: dict, g: torch.Generator) -> dict[str, torch.Tensor]:
     if config.get("image_dim"):
         inputs["encoder_hidden_states_image"] = torch.randn(1, 4, config["image_dim"], generator=g)
     return inputs
+
+
+_KANDINSKY5_KEYS = ("hidden_states", "encoder_hidden_states", "timestep", "pooled_projections")
 
 
 def _kandinsky5_random(config: dict, g: torch.Generator) -> dict[str, torch.Tensor]:
@@ -112,14 +116,33 @@ def _kandinsky5_call(config: dict, t: dict[str, torch.Tensor]) -> dict:
 #: diffusers class name -> what one forward pass of it takes
 MODEL_INPUTS: dict[str, ModelInputs] = {
     "WanTransformer3DModel": ModelInputs(
-        _wan_keys, _wan_random, lambda config, t: dict(t, return_dict=False)
+        _wan_keys,
+        _wan_random,
+        lambda config, t: dict(t, return_dict=False),
+        _wan_keys({"image_dim": 1}),
     ),
     "Kandinsky5Transformer3DModel": ModelInputs(
-        lambda config: ("hidden_states", "encoder_hidden_states", "timestep", "pooled_projections"),
-        _kandinsky5_random,
-        _kandinsky5_call,
+        lambda config: _KANDINSKY5_KEYS, _kandinsky5_random, _kandinsky5_call, _KANDINSKY5_KEYS
     ),
 }
+
+
+def _check_input_names(path: Path, class_name: str) -> None:
+    """The tensor names of the inputs file `path` (its header only) are all inputs of `class_name`."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(path, "pt") as f:
+            names = list(f.keys())
+    except (OSError, SafetensorError) as e:
+        raise InputError(f"{path}: cannot read the inputs as safetensors: {e}") from None
+    accepts = MODEL_INPUTS[class_name].accepts
+    for key in names:
+        if key not in accepts:
+            raise InputError(
+                f"{path}: tensor {key!r} is not an input of this model (a {class_name} forward takes "
+                f"{', '.join(accepts)})"
+            )
 
 
 def load_inputs(path: Path | None, class_name: str, config: dict) -> dict[str, torch.Tensor]:
@@ -177,11 +200,13 @@ def _runs(name: str | None) -> bool:
     return name in MODEL_INPUTS or name == _NATIVE_WAN
 
 
-def require_known_models(source: Path, recipe: Recipe) -> None:
-    """Refuse a forward pass up front (headers only) when a component is not a model we can run."""
+def require_known_models(source: Path, recipe: Recipe, inputs: Path | None = None) -> None:
+    """Refuse a forward pass up front (headers only) when a component is not a model we can run, or when the
+    `inputs` file holds a tensor no pass of it takes (what each pass needs is checked by `load_inputs`)."""
     from .checkpoint import open_component
     from .layout import components_in
 
+    classes = set()
     for rel in components_in(source, recipe.components):
         name = _class_name(source if rel == "." else source / rel)
         if not _runs(name):
@@ -192,6 +217,10 @@ def require_known_models(source: Path, recipe: Recipe) -> None:
         if name == _NATIVE_WAN:
             component = open_component(source, rel)
             _diffusers_names(list(component.tensors), component.dir)
+        classes.add("WanTransformer3DModel" if name == _NATIVE_WAN else name)
+    if inputs is not None:
+        for class_name in sorted(classes):
+            _check_input_names(inputs, class_name)
     try:
         import diffusers  # noqa: F401
     except ImportError:
@@ -460,5 +489,5 @@ def named_failure(inputs: Path | None = None) -> Iterator[None]:
     except InputError:
         raise
     except Exception as e:  # the model's own code: shapes that do not fit, a class it does not know
-        where = f"{inputs}: " if inputs is not None else ""
-        raise InputError(f"{where}the forward pass failed: {type(e).__name__}: {e}") from None
+        on = f" on the inputs {inputs}" if inputs is not None else ""
+        raise InputError(f"the forward pass{on} failed: {type(e).__name__}: {e}") from None

@@ -9,12 +9,14 @@ by the format, from the source as stored), and the layer's *output SQNR* is
 runs the whole recipe (every tensor as the output would hold it) against the source: the *forward SQNR*.
 
 Proposing a recipe (`propose`): a layer is raised one rung at a time, the step with the most predicted
-gain per byte first. The prediction: the forward's noise is taken as a sum of the layers' relative output
-noises, scaled by one factor per component fitted to the last measured pass. Every prediction is then
-measured (another pass, only of what changed): for a quality target, steps are added until the measured
-forward SQNR reaches it; for a size budget, until no step fits. The result is an ordinary recipe: the
-raised modules as explicit `types` (first match wins, so they come first) or `ignore` entries, and
-`checks.min_forward_sqnr_db` for `verify --forward` to prove.
+gain per byte first, counting the gain only in the components that need it (those short of the target;
+for a budget, the worst one: the figure is the worst component's). The prediction: the forward's noise is
+taken as a sum of the layers' relative output noises, scaled by one factor per component fitted to the
+last measured pass. Every prediction is then measured (another pass): for a quality target, steps are
+added until the measured forward SQNR reaches it (at most `MAX_PASSES` passes); for a size budget, until
+no step fits, and a proposal measured worse than the recipe falls back to the recipe. The result is an
+ordinary recipe: the raised modules as explicit `types` (first match wins, so they come first) or `ignore`
+entries, and `checks.min_forward_sqnr_db` for `verify --forward` to prove.
 """
 
 from __future__ import annotations
@@ -23,14 +25,15 @@ import math
 import os
 import re
 from collections.abc import Callable, Iterator
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from .encode import ErrorStats, encode_and_measure, kept_rows, row_chunks
+from .encode import ChunkPool, ErrorStats, encode_and_measure, kept_rows, row_chunks
+from .errors import InputError
 from .formats import Format
 from .forward import (
     Runnable,
@@ -125,13 +128,14 @@ def measure(
     plan: Plan,
     *,
     inputs: Path | None = None,
-    rungs: bool = False,
+    all_rungs: bool = False,
     on_pass: Callable[[str], None] | None = None,
     workers: int | None = None,
 ) -> Measurement:
     """Measure every targeted Linear of `plan` (at the recipe's type; at every rung of its ladder too when
-    `rungs`), and the recipe's forward SQNR, per component; the rungs of a layer are measured on `workers`
-    threads (default: every core)."""
+    `all_rungs`), and the recipe's forward SQNR, per component; each weight's row chunks are encoded on
+    `workers` threads (default: every core). A targeted Linear the model never calls is an `InputError`
+    naming it (its figure would be missing, not measured)."""
     fmt = plan.format
     recipe = plan.recipe
     note = on_pass or (lambda text: None)
@@ -142,11 +146,12 @@ def measure(
         run = runnable(cp)
         model = StreamedModel(run)
         x = load_inputs(inputs, run.class_name, run.config)
-        found = _layers(cp, run, fmt, recipe, rungs)
+        found = _layers(cp, run, fmt, recipe, all_rungs)
         note(f"{cp.rel}: the source model, and each of its {len(found)} quantized Linears")
         with _pool(workers) as pool:
             hooks = {lay.param: _capture(lay, fmt, pool) for lay in found}
             want = _run(model, x, source_weights(run), inputs, hooks)
+            _require_every_layer_ran(found, cp, run)
             note(f"{cp.rel}: the recipe's model")
             got = _run(model, x, planned_weights(run, fmt, pool=pool), inputs)
         figures[cp.rel] = forward_sqnr_db(want, got)
@@ -165,12 +170,22 @@ def measure(
     return Measurement(plan, layers, figures, remeasure)
 
 
-def _layers(cp: ComponentPlan, run: Runnable, fmt: Format, recipe: Recipe, rungs: bool) -> list[Layer]:
+def _require_every_layer_ran(found: list[Layer], cp: ComponentPlan, run: Runnable) -> None:
+    idle = [lay.module for lay in found if not lay.weight_sqnr]
+    if idle:
+        raise InputError(
+            f"{cp.component.dir}: {run.class_name}'s forward never called the targeted Linear {idle[0]!r}"
+            + (f" (and {len(idle) - 1} more)" if len(idle) > 1 else "")
+            + ": its sensitivity cannot be measured; add it to the recipe's ignore or targets"
+        )
+
+
+def _layers(cp: ComponentPlan, run: Runnable, fmt: Format, recipe: Recipe, all_rungs: bool) -> list[Layer]:
     found = []
     for param, tp in run.plans.items():
         if not tp.quantize:
             continue
-        ladder_ = ladder(fmt, tp.qtype) if rungs else [Rung(tp.qtype)]
+        ladder_ = ladder(fmt, tp.qtype) if all_rungs else [Rung(tp.qtype)]
         plans = [
             tp if i == 0 else replanned(tp, fmt, recipe.keep_dtype, r.qtype, keep=r.keep)
             for i, r in enumerate(ladder_)
@@ -183,7 +198,7 @@ def _layers(cp: ComponentPlan, run: Runnable, fmt: Format, recipe: Recipe, rungs
     return found
 
 
-def _decoded(tp: TensorPlan, fmt: Format, pool: Executor | None = None) -> torch.Tensor:
+def _decoded(tp: TensorPlan, fmt: Format, pool: ChunkPool | None = None) -> torch.Tensor:
     """What `convert` would store for `tp`, decoded to float32 (row chunks encoded on `pool`)."""
     if not tp.quantize:
         return as_stored(tp)
@@ -196,7 +211,7 @@ def planned_weights(
     run: Runnable,
     fmt: Format,
     changes: dict[str, TensorPlan] | None = None,
-    pool: Executor | None = None,
+    pool: ChunkPool | None = None,
 ) -> Weights:
     """Every tensor as a conversion under the plan (with `changes`: model param -> replanned tensor) would store
     it, decoded to float32: equal, bit for bit, to what `verify --forward` decodes from the converted files.
@@ -210,7 +225,7 @@ def planned_weights(
 
 
 def rung_noise(
-    tp: TensorPlan, fmt: Format, x: torch.Tensor, pool: Executor | None = None
+    tp: TensorPlan, fmt: Format, x: torch.Tensor, pool: ChunkPool | None = None
 ) -> tuple[float, float | None]:
     """|X·(W − Q(W))ᵀ|² for the weight as `tp` plans it (Q(W): what `convert` would store, decoded), and the
     weight SQNR (None: exact). Streamed in row chunks of W (encoded on `pool`): no copy of the whole weight."""
@@ -232,24 +247,22 @@ def rung_noise(
 
 
 @contextmanager
-def _pool(workers: int | None) -> Iterator[ThreadPoolExecutor]:
-    """Threads for the rungs of a layer and the row chunks of a weight, each running torch on one thread (as
-    convert's workers do); the process's torch threads are as they were afterwards."""
+def _pool(workers: int | None) -> Iterator[ChunkPool]:
+    """Threads for the row chunks of a weight, each running torch on one thread (as convert's workers do); the
+    process's torch threads are as they were afterwards."""
     saved = torch.get_num_threads()
-    pool = ThreadPoolExecutor(
-        workers or os.cpu_count() or 1,
-        thread_name_prefix="sensitivity",
-        initializer=torch.set_num_threads,
-        initargs=(1,),
+    workers = workers or os.cpu_count() or 1
+    executor = ThreadPoolExecutor(
+        workers, thread_name_prefix="sensitivity", initializer=torch.set_num_threads, initargs=(1,)
     )
     try:
-        yield pool
+        yield ChunkPool.of(executor, workers)
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        executor.shutdown(wait=True, cancel_futures=True)
         torch.set_num_threads(saved)
 
 
-def _capture(layer: Layer, fmt: Format, pool: Executor):
+def _capture(layer: Layer, fmt: Format, pool: ChunkPool):
     """A hook on the layer's Linear: its input X against W (loaded) and each rung's Q(W), each rung's row
     chunks encoded on the pool's threads."""
     layer.noise = [0.0] * len(layer.rungs)
@@ -335,10 +348,19 @@ def propose(
         reached = total_bytes() <= max_bytes
         if reached:
             scale = _fit(choices, measured)
-            while (step := _best_step(choices, scale, m.plan, room=max_bytes - total_bytes())) is not None:
+            while True:
+                predicted = _predicted(choices, scale)
+                worst = {max(predicted, key=predicted.__getitem__)}  # the figure is the worst component's
+                step = _best_step(choices, scale, m.plan, worst, room=max_bytes - total_bytes())
+                if step is None:
+                    break
                 step.level += 1
             if any(c.level for c in choices):
                 measured, passes = remeasure(), 1
+                if min(measured.values()) < m.worst_forward_sqnr_db:  # predicted better, measured worse
+                    for c in choices:
+                        c.level = 0
+                    measured = dict(m.forward_sqnr_db)
     else:
         target = 10 ** (-min_forward_sqnr_db / 10)  # relative noise
         while True:
@@ -347,8 +369,13 @@ def propose(
                 break
             scale = _fit(choices, measured)
             steps = 0
-            while steps == 0 or max(_predicted(choices, scale).values()) > target:
-                step = _best_step(choices, scale, m.plan)
+            while True:
+                short = {rel for rel, noise in _predicted(choices, scale).items() if noise > target}
+                if steps and not short:
+                    break
+                # at least one step a pass, for the components the last pass measured short of the target
+                needy = short or {rel for rel, db in measured.items() if db < min_forward_sqnr_db}
+                step = _best_step(choices, scale, m.plan, needy)
                 if step is None:
                     break
                 step.level += 1
@@ -388,9 +415,10 @@ def _predicted(choices: list[_Choice], scale: dict[str, float]) -> dict[str, flo
 
 
 def _best_step(
-    choices: list[_Choice], scale: dict[str, float], plan: Plan, room: int | None = None
+    choices: list[_Choice], scale: dict[str, float], plan: Plan, needy: set[str], room: int | None = None
 ) -> _Choice | None:
-    """The raise with the most predicted gain per byte (that fits in `room` bytes), None when none helps."""
+    """The raise with the most predicted gain per byte in the `needy` components (that fits in `room` bytes),
+    None when none helps. Its bytes count in every component: a recipe pattern raises a module in each."""
     quantized_left = {cp.rel: sum(1 for t in cp.tensors if t.quantize) for cp in plan.components}
     for c in choices:
         for lay in c.layers:
@@ -405,6 +433,7 @@ def _best_step(
         gain = sum(
             scale[lay.component] * (lay.relative_noise(c.level) - lay.relative_noise(c.level + 1))
             for lay in c.layers
+            if lay.component in needy
         )
         cost = c.step_bytes()
         if gain <= 0 or (room is not None and cost > room):

@@ -168,7 +168,7 @@ def verify(
         if source is None:
             raise InputError("--forward compares against the source model: give --source too")
         if recipe is not None:
-            require_known_models(source, recipe)
+            require_known_models(source, recipe, None if inputs is None else Path(inputs))
     elif inputs is not None:
         raise InputError("--inputs are the forward pass's: give --forward too")
     progress = progress or NoProgress()

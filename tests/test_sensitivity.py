@@ -88,14 +88,15 @@ def test_the_planted_layer_is_ranked_first(planted, tmp_path, recipe):
 
 
 def test_output_sqnr_is_x_times_q_of_w_from_an_ordinary_forward(planted):
-    """Each layer's figure, against X captured by a plain forward hook on diffusers' own model (run whole) and
-    Q(W) from the format's encode and decode: the streamed pass measures what it says."""
+    """Each layer's figure at every rung (Q4_K, Q5_K, Q6_K, Q8_0, kept), against X captured by a plain forward
+    hook on diffusers' own model (run whole) and Q(W) from the format's encode and decode, and its weight SQNR:
+    the streamed pass measures what it says."""
     import diffusers
 
     from quantize.formats import get_format
 
     plan = make_plan(planted, load_recipe(GGUF).recipe)
-    measured = measure(plan)
+    measured = measure(plan, all_rungs=True)
     model = diffusers.WanTransformer3DModel.from_pretrained(planted / "transformer").float().eval()
     fmt = get_format("gguf")
     (cp,) = plan.components
@@ -111,15 +112,40 @@ def test_output_sqnr_is_x_times_q_of_w_from_an_ordinary_forward(planted):
                 run.config, load_inputs(None, run.class_name, run.config)
             )
         )
+    ladders = set()
     for layer in measured.layers:
         tp = plans[layer.module]
         w = tp.source.read().float()
-        q = fmt.decode(fmt.encode(w, qtype=tp.qtype), torch.float32, qtype=tp.qtype)
         x = seen[layer.module].reshape(-1, w.shape[1])
-        want = 10 * math.log10(
-            float((x @ w.T).double().pow(2).sum()) / float((x @ (w - q).T).double().pow(2).sum())
-        )
-        assert layer.output_sqnr_db() == pytest.approx(want, abs=0.01), layer.module
+        ladders.add(tuple(r.label(fmt) for r in layer.rungs))
+        for level, rung in enumerate(layer.rungs):
+            if rung.keep:  # kept as stored (bf16 source): exact
+                assert layer.noise[level] == 0 and layer.weight_sqnr[level] is None
+                assert layer.output_sqnr_db(level) == math.inf
+                continue
+            q = fmt.decode(fmt.encode(w, qtype=rung.qtype), torch.float32, qtype=rung.qtype)
+            signal, noise = (x @ w.T).double().pow(2).sum(), (x @ (w - q).T).double().pow(2).sum()
+            want = 10 * math.log10(float(signal) / float(noise))
+            assert layer.output_sqnr_db(level) == pytest.approx(want, abs=0.01), (layer.module, rung)
+            weight = 10 * math.log10(float(w.double().pow(2).sum()) / float((w - q).double().pow(2).sum()))
+            assert layer.weight_sqnr[level] == pytest.approx(weight, abs=0.01), (layer.module, rung)
+    # the recipe's Q4_K layers and its Q6_K ones (ffn.2, attn v) each climb their own ladder
+    assert ladders == {("Q4_K", "Q5_K", "Q6_K", "Q8_0", "kept"), ("Q6_K", "Q8_0", "kept")}
+
+
+def test_a_targeted_linear_the_model_never_calls_is_named(planted, monkeypatch):
+    import quantize.sensitivity
+    from quantize.errors import InputError
+
+    real = quantize.sensitivity._capture
+
+    def capture(layer, fmt, pool):  # as if the model never called blocks.0.attn1.to_k
+        hook = real(layer, fmt, pool)
+        return (lambda module, x: None) if layer.module == "blocks.0.attn1.to_k" else hook
+
+    monkeypatch.setattr(quantize.sensitivity, "_capture", capture)
+    with pytest.raises(InputError, match=r"never called the targeted Linear 'blocks\.0\.attn1\.to_k'"):
+        measure(make_plan(planted, load_recipe(GGUF).recipe))
 
 
 def test_the_streamed_pass_is_the_models_forward_holding_one_layer_at_a_time(planted):
@@ -211,8 +237,8 @@ def test_the_recipes_figure_is_what_verify_decodes_from_the_converted_files(
     stored = get_container(format_info(plan.format.NAME).container).open_stored(out, cp.rel)
     decoded = stored_weights(run, stored, plan.format)
     monkeypatch.setattr(quantize.encode, "CHUNK_BYTES", 64 << 10)  # many chunks a weight, 3 in flight
-    monkeypatch.setattr(quantize.encode, "AHEAD", 3)
-    with ThreadPoolExecutor(2) as pool:
+    with ThreadPoolExecutor(2) as executor:
+        pool = quantize.encode.ChunkPool(executor, ahead=3)
         here, threaded = planned_weights(run, plan.format), planned_weights(run, plan.format, pool=pool)
         for name in run.plans:
             want = decoded(name)
@@ -263,13 +289,21 @@ def test_a_proposal_reaches_the_target_and_verify_proves_it(planted, tmp_path):
 
 def test_a_format_with_one_encoding_raises_to_kept(planted, tmp_path):
     written = tmp_path / "nf4.yaml"
+    target = round(_json(planted, "-r", "wan-diffusers-nf4.yaml")["forward_sqnr_db"] + 3, 2)
     report = _json(
-        planted, "-r", "wan-diffusers-nf4.yaml", "--min-forward-sqnr", 40, "--write-recipe", written
+        planted, "-r", "wan-diffusers-nf4.yaml", "--min-forward-sqnr", target, "--write-recipe", written
     )
-    raised = report["proposal"]["raised"]
+    proposal = report["proposal"]
+    raised = proposal["raised"]
     assert raised and all(r["type"] == "kept" for r in raised) and raised[0]["module"] == PLANTED
+    assert len(raised) < len(report["layers"]) / 2
     recipe = parse_recipe(written.read_text())
     assert PLANTED.replace(".", "\\.") in recipe.ignore
+    out = tmp_path / "out"
+    run_cli("convert", planted, out, "-r", written, check=True)
+    proc = run_cli("verify", out, "--source", planted, "--forward", "--json")
+    assert proc.returncode == 0, proc.stdout
+    assert json.loads(proc.stdout)["forward"]["transformer"]["output_sqnr_db"] == proposal["forward_sqnr_db"]
 
 
 def test_an_unreachable_target_exits_1_and_writes_nothing(planted, tmp_path):
@@ -277,6 +311,16 @@ def test_an_unreachable_target_exits_1_and_writes_nothing(planted, tmp_path):
     proc = run_cli("sensitivity", planted, "-r", GGUF, "--min-forward-sqnr", 500, "--write-recipe", written)
     assert proc.returncode == 1, proc.stderr
     assert "not reached" in proc.stdout and not written.exists()
+    # the same as JSON, over a recipe file that stays as it was
+    written.write_text("keep me")
+    proc = run_cli(
+        "sensitivity", planted, "-r", GGUF, "--min-forward-sqnr", 500, "--write-recipe", written,
+        "--overwrite", "--json",
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    proposal = json.loads(proc.stdout)["proposal"]
+    assert not proposal["reached"] and proposal["recipe_file"] is None and written.read_text() == "keep me"
+    assert proposal["passes"] >= 1 and proposal["forward_sqnr_db"] < 500
 
 
 def test_a_size_budget(planted, tmp_path):
@@ -408,6 +452,22 @@ def test_usage_errors(planted, tmp_path):
     existing.write_text("keep me")
     proc = run_cli("sensitivity", planted, "-r", GGUF, "--min-forward-sqnr", 30, "--write-recipe", existing)
     assert proc.returncode == 2 and "--overwrite" in proc.stderr and existing.read_text() == "keep me"
+    for target in ("nan", "inf"):
+        proc = run_cli("sensitivity", planted, "-r", GGUF, "--min-forward-sqnr", target)
+        assert proc.returncode == 2 and "give a finite figure" in proc.stderr
+    proc = run_cli(
+        "sensitivity",
+        planted,
+        "-r",
+        GGUF,
+        "--min-forward-sqnr",
+        30,
+        "--write-recipe",
+        tmp_path / "no" / "r.yaml",
+    )
+    assert proc.returncode == 2 and "its folder does not exist" in proc.stderr
+    both = run_cli("sensitivity", planted, "-r", GGUF, "--min-forward-sqnr", 30, "--max-size", "1GB")
+    assert both.returncode == 2 and "not both" in both.stderr
 
 
 def test_two_experts_are_measured_and_raised_together(make_wan, tmp_path):
