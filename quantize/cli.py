@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 import re
 import signal
 import statistics
@@ -132,6 +134,19 @@ def _gb(n: float) -> str:
         if n >= scale / 10:
             return f"{n / scale:.2f} {unit}"
     return f"{int(n)} B"
+
+
+#: loggers of what importing diffusers pulls in, warning about optional kernels a CPU pass never uses
+#: (torchao's CUDA libraries, bitsandbytes' kernels package, torch.compile's registrations)
+_IMPORT_NOISE = ("torchao", "torch.utils._pytree", "bitsandbytes", "diffusers")
+
+
+def _quiet_model_imports() -> None:
+    """Before a forward pass imports diffusers: its libraries' import warnings hidden (shown with --debug)."""
+    if not _state["debug"]:
+        for name in _IMPORT_NOISE:
+            logging.getLogger(name).setLevel(logging.ERROR)
+        os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")  # diffusers sets its own level when imported
 
 
 # --- commands ----------------------------------------------------------------------------------
@@ -514,6 +529,8 @@ def verify_cmd(
     loras: tuple[Path, ...],
 ) -> int:
     """Prove CHECKPOINT: hashes and layout; with --source, provenance and per-tensor parity. Exit 1 if a check fails."""
+    if forward:
+        _quiet_model_imports()
     from .process import tune_for_streaming
     from .verify import verify
 
@@ -666,6 +683,7 @@ def sensitivity_cmd(
     from .forward import require_known_models
     from .process import tune_for_streaming
 
+    _quiet_model_imports()
     require_known_models(folder, loaded.recipe, inputs)
     tune_for_streaming()
     plan = make_plan(folder, loaded.recipe, steps=steps())

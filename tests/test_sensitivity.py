@@ -344,6 +344,11 @@ def test_the_table(planted):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.index(PLANTED) < proc.stdout.index("... and 17 more")
     assert "forward SQNR of the recipe in transformer" in proc.stdout
+    # what importing diffusers pulls in stays quiet (torchao's CUDA libraries, bitsandbytes' kernels)
+    assert proc.stderr.splitlines() == [
+        "pass: transformer: the source model, and each of its 20 quantized Linears",
+        "pass: transformer: the recipe's model",
+    ]
 
 
 # --- inputs captured from a pipeline ---------------------------------------------------------------
