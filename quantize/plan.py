@@ -328,9 +328,10 @@ def replanned(
     tp: TensorPlan, fmt: Format, keep_dtype: str, qtype: str | None, *, keep: bool = False
 ) -> TensorPlan:
     """The quantized tensor `tp` as another recipe would plan it: in the format's type `qtype`, or kept (`keep`),
-    with the same source and output name (what `sensitivity` weighs a layer's raise by)."""
+    with the same source and output name (what `sensitivity` weighs a layer's raise by). Kept, it names no
+    pattern: a kept plan's pattern is the ignore entry that kept it, and the proposal has yet to write one."""
     if keep:
-        return _kept_plan(tp.source, tp.pattern, tp.output_name, fmt, keep_dtype)
+        return _kept_plan(tp.source, None, tp.output_name, fmt, keep_dtype)
     return _quantized_plan(tp.source, tp.pattern or "", tp.output_name, fmt, qtype, str(tp.info.file))
 
 
