@@ -323,9 +323,13 @@ def stored_weights(run: Runnable, stored: Component, fmt: Format) -> Weights:
 
 
 def as_stored(tp: TensorPlan) -> torch.Tensor:
-    """A kept tensor's values as the output holds them (cast to its output dtype), in float32."""
+    """A kept tensor's values as the output holds them (cast to its output dtype), in float32: read straight
+    into float32 when the output keeps the stored dtype (exact), else through the output dtype's rounding."""
     dtype = dtypes.by_name(tp.output().dtype).torch
-    return tp.source.read().to(dtype).float()
+    rows = tp.source.rows
+    if dtype == dtypes.by_name(tp.info.dtype).torch or dtype == torch.float32:
+        return tp.source.read_rows(0, rows, torch.float32)
+    return tp.source.read_rows(0, rows, dtype).float()
 
 
 # --- the streamed model ----------------------------------------------------------------------------
