@@ -149,6 +149,18 @@ def _quiet_model_imports() -> None:
         os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")  # diffusers sets its own level when imported
 
 
+def _inputs_option(lead: str):
+    """--inputs FILE: a forward pass's inputs captured from a pipeline (verify --forward, sensitivity)."""
+    return click.option(
+        "--inputs",
+        type=click.Path(path_type=Path, exists=True, dir_okay=False),
+        default=None,
+        metavar="FILE",
+        help=f"{lead} forward pass's inputs (latents, timestep, text embeddings) as safetensors "
+        "[default: fixed random].",
+    )
+
+
 # --- commands ----------------------------------------------------------------------------------
 
 
@@ -502,13 +514,7 @@ def _report_recovery(step: str) -> None:
 @click.option(
     "--forward", is_flag=True, help="Also compare one forward pass of the source and the quantized model."
 )
-@click.option(
-    "--inputs",
-    type=click.Path(path_type=Path, exists=True, dir_okay=False),
-    default=None,
-    metavar="FILE",
-    help="With --forward: the pass's inputs (latents, timestep, text embeddings) as safetensors [default: fixed random].",
-)
+@_inputs_option("With --forward: the")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--workers", type=int, default=None, help="Threads hashing and comparing [default: all cores].")
 @click.option(
@@ -600,13 +606,7 @@ def verify_cmd(
 @cli.command("sensitivity")
 @click.argument("source")
 @_recipe_option
-@click.option(
-    "--inputs",
-    type=click.Path(path_type=Path, exists=True, dir_okay=False),
-    default=None,
-    metavar="FILE",
-    help="The forward pass's inputs (latents, timestep, text embeddings) as safetensors [default: fixed random].",
-)
+@_inputs_option("The")
 @click.option(
     "--min-forward-sqnr",
     type=float,
