@@ -11,7 +11,7 @@ source as the plan reads it (every step applied), a stored checkpoint decoded by
 source encoded and decoded at other types (`sensitivity`). Each unit (every module with parameters of its
 own: a Linear, a norm, a block's modulation table) gets its values just before it runs and gives them back
 right after, so a pass holds one layer in float32 plus the activations: far less than one block (the 14B
-shape's largest Linear is 283 MB in float32), on the CPU.
+shape's largest Linear, its time projection, is 0.63 GB in float32), on the CPU.
 
 The inputs are fixed random tensors shaped from the config (`ModelInputs.random`, seed 0), or real ones
 from a safetensors file (`load_inputs`: latents, timestep and text embeddings captured from a pipeline).
