@@ -20,6 +20,7 @@ import ctypes
 import functools
 import gc
 import platform
+from collections.abc import Callable
 
 __all__ = ["tune_for_streaming", "release_free_memory", "MMAP_THRESHOLD", "TRIM_THRESHOLD"]
 
@@ -40,31 +41,28 @@ def tune_for_streaming() -> bool:
 
 def release_free_memory() -> None:
     """Give the allocator's free pages back to the kernel (glibc's `malloc_trim`; nothing elsewhere)."""
-    trim = _malloc_trim()
+    trim = _glibc("malloc_trim", (ctypes.c_size_t,))
     if trim is not None:
         trim(0)
 
 
 @functools.cache
-def _malloc_trim():
+def _glibc(name: str, argtypes: tuple) -> Callable[..., int] | None:
+    """glibc's function `name` (returning int), or None where the C library is not glibc or lacks it."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return None
     try:
-        trim = ctypes.CDLL(None).malloc_trim
+        function = getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):
         return None
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return trim
+    function.argtypes, function.restype = list(argtypes), ctypes.c_int
+    return function
 
 
 def _keep_freed_memory() -> bool:
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    mallopt = _glibc("mallopt", (ctypes.c_int, ctypes.c_int))
+    if mallopt is None:
         return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     # the mmap threshold first: setting either one fixes both (no more dynamic adjustment), and a trim
     # threshold alone, with the default 128 KiB mmap threshold, would map every chunk afresh
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(

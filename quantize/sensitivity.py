@@ -32,7 +32,8 @@ from pathlib import Path
 
 import torch
 
-from .encode import ChunkPool, ErrorStats, encode_and_measure, kept_rows, row_chunks
+from . import dtypes
+from .encode import ChunkPool, ErrorStats, encode_and_measure, row_chunks
 from .errors import InputError
 from .formats import Format
 from .forward import (
@@ -237,10 +238,12 @@ def rung_noise(
 
     if tp.quantize:
         stats = encode_and_measure(tp, fmt, lambda parts, rows: parts, seen, pool)
-    else:
+    else:  # kept: each chunk read once; what is stored is its cast to the output dtype (as `kept_rows` casts)
         stats = ErrorStats()
-        for r0, r1, kept in kept_rows(tp):
-            w, q = tp.source.read_rows(r0, r1, torch.float32), kept.float()
+        stored = dtypes.by_name(tp.output().dtype).torch
+        for r0, r1 in row_chunks(tp.source.rows, tp.info.numel // max(1, tp.source.rows)):
+            w = tp.source.read_rows(r0, r1, torch.float32)
+            q = w.to(stored).float()
             seen(r0, r1, w, q)
             stats.add(w, q)
     return noise, stats.sqnr_db
