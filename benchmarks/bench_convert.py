@@ -144,7 +144,7 @@ def is_complete(path: Path, preset: str) -> bool:
     """Every expected tensor is there, bf16, with its shape, and every shard is whole."""
     from quantize.checkpoint import open_component
     from quantize.errors import QuantizeError
-    from quantize.synthetic import WAN_PRESETS, wan_tensors
+    from quantize.models import get_family
 
     if not (path / "example.json").is_file():
         return False
@@ -154,14 +154,15 @@ def is_complete(path: Path, preset: str) -> bool:
         return False
     found = {name: info.shape for name, info in component.tensors.items()}
     bf16 = all(info.dtype == "BF16" for info in component.tensors.values())
-    return bf16 and found == dict(wan_tensors(WAN_PRESETS[preset]))
+    (model,) = get_family("wan").example(preset, "t2v")
+    return bf16 and found == dict(model.tensors)
 
 
 def ensure_checkpoint(data_dir: Path, preset: str) -> Path:
     """The benchmark checkpoint, generated unless a complete one is already there."""
     import torch
 
-    from quantize.synthetic import write_wan_example
+    from quantize.synthetic import write_example
 
     path = checkpoint_dir(data_dir, preset)
     if path.is_dir() and is_complete(path, preset):
@@ -172,7 +173,7 @@ def ensure_checkpoint(data_dir: Path, preset: str) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     log(f"generating {path} (random bf16 weights, {SOURCE_SHARD_BYTES / 1e9:g} GB shards)")
     t0 = time.perf_counter()
-    write_wan_example(tmp, preset, "t2v", dtype=torch.bfloat16, max_shard_size=SOURCE_SHARD_BYTES)
+    write_example(tmp, preset, "t2v", dtype=torch.bfloat16, max_shard_size=SOURCE_SHARD_BYTES)
     os.rename(tmp, path)
     log(f"generated {gb(source_bytes(path))} GB in {time.perf_counter() - t0:.0f} s")
     return path
@@ -180,12 +181,12 @@ def ensure_checkpoint(data_dir: Path, preset: str) -> Path:
 
 def ensure_lora(data_dir: Path, preset: str) -> Path:
     """A rank-`LORA_RANK` LoRA on every block Linear of the benchmark model, generated once."""
-    from quantize.synthetic import write_wan_lora
+    from quantize.synthetic import write_example_lora
 
     path = data_dir / f"wan-{preset}-lora-r{LORA_RANK}.safetensors"
     if not path.is_file():
         tmp = path.with_name(f".{path.name}.tmp")
-        write_wan_lora(tmp, preset, rank=LORA_RANK)
+        write_example_lora(tmp, preset, rank=LORA_RANK)
         os.rename(tmp, path)
     return path
 
@@ -476,13 +477,14 @@ def machine_lines(data_dir: Path) -> list[str]:
 
 
 def checkpoint_line(src: Path, preset: str) -> str:
-    from quantize.synthetic import WAN_PRESETS, wan_tensors
+    from quantize.models import get_family
 
-    s = WAN_PRESETS[preset]
+    s = get_family("wan").presets[preset]
+    (model,) = get_family("wan").example(preset, "t2v")
     shards = len(source_shards(src))
     return (
         f"Wan2.1-{preset}-shaped T2V DiT, original key names, random weights: dim {s.dim}, ffn {s.ffn_dim}, "
-        f"{s.num_layers} blocks, {s.num_heads} heads, {len(wan_tensors(s))} tensors, bf16, "
+        f"{s.num_layers} blocks, {s.num_heads} heads, {len(model.tensors)} tensors, bf16, "
         f"{SOURCE_SHARD_BYTES / 1e9:g} GB shards ({shards} file{'s' if shards > 1 else ''}), "
         f"{gb(source_bytes(src))} GB in total"
     )

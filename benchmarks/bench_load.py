@@ -73,7 +73,7 @@ def ensure_source(data_dir: Path) -> Path:
     import torch
     from diffusers import WanTransformer3DModel
 
-    from quantize.synthetic import write_checkpoint
+    from quantize.synthetic import write_random_checkpoint
 
     tmp = root.with_name(f".{root.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -83,7 +83,7 @@ def ensure_source(data_dir: Path) -> Path:
     config = {**dict(model.config), "_class_name": "WanTransformer3DModel"}
     config = json.loads(json.dumps(config, default=list))
     log(f"generating {root} ({len(shapes)} tensors, random bf16)")
-    write_checkpoint(tmp / "transformer", shapes, max_shard_size=SHARD_BYTES, config=config)
+    write_random_checkpoint(tmp / "transformer", shapes, max_shard_size=SHARD_BYTES, config=config)
     os.rename(tmp, root)
     return root
 

@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ from torch import nn
 from quantize.checkpoint import CONFIG_NAME, Component, TensorInfo, open_component
 from quantize.errors import InputError
 from quantize.formats import Format, format_of_config, quantized_parts
+from quantize.models.meta import parameters_on_meta
 
 from .blocks import find_blocks
 from .host import TensorReader, remember_source
@@ -109,27 +109,6 @@ def _checkpoint_format(comp: Component) -> Format:
 
 
 # -- 1. the skeleton --------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def parameters_on_meta() -> Iterator[None]:
-    """While active, every parameter a module registers is replaced by an empty one on the meta device.
-
-    It patches `nn.Module.register_parameter` for the process (as accelerate's `init_empty_weights` does):
-    a module built on another thread meanwhile gets meta parameters too.
-    """
-    original = nn.Module.register_parameter
-
-    def register(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
-        original(module, name, param)
-        if param is not None and not param.is_meta:
-            module._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=False)
-
-    nn.Module.register_parameter = register
-    try:
-        yield
-    finally:
-        nn.Module.register_parameter = original
 
 
 def _skeleton(cls: type[nn.Module], comp: Component) -> nn.Module:

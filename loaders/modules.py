@@ -186,7 +186,7 @@ class FP8Linear(QuantizedLinear):
     the weight is dequantized to the input's dtype for that call and used by `F.linear`.
     """
 
-    FORMAT = fp8_channel
+    FORMAT = fp8_channel.FORMAT
     COMPUTE = ("scaled_mm", "dequantize")
 
     def __init__(self, *args, compute: str = "scaled_mm", **kw):
@@ -232,7 +232,7 @@ class Float8Linear(QuantizedLinear):
     so the numbers are torchao's own. `.weight` returns that tensor too.
     """
 
-    FORMAT = torchao_fp8
+    FORMAT = torchao_fp8.FORMAT
 
     @property
     def weight(self) -> torch.Tensor:
@@ -254,7 +254,7 @@ class NF4Linear(QuantizedLinear):
     input's dtype, as bitsandbytes' `Linear4bit` does.
     """
 
-    FORMAT = nf4
+    FORMAT = nf4.FORMAT
     compute_dtype = torch.bfloat16
 
     def __init__(self, *args, **kw):

@@ -17,13 +17,12 @@ import yaml
 
 from .formats import format_info
 from .manifest import Manifest
+from .models import Family, diffusers_classes, family_of_class
 
 __all__ = ["CARD_NAME", "CardFacts", "source_card_metadata", "pipeline_tag", "render_card"]
 
 CARD_NAME = "README.md"
 _FRONT_MATTER = re.compile(r"\A---\s*\n(.*?)\n---\s*(\n|\Z)", re.S)
-
-_DIFFUSERS_CLASSES = {"WanTransformer3DModel", "Kandinsky5Transformer3DModel"}
 
 
 @dataclass
@@ -37,6 +36,7 @@ class CardFacts:
     model_files: list[str] = field(
         default_factory=list
     )  # the files holding the models, relative to the output
+    family: Family | None = None  # the model family of the components (what ComfyUI and GGUF notes say)
 
 
 def source_card_metadata(source: Path) -> dict:
@@ -56,18 +56,14 @@ def source_card_metadata(source: Path) -> dict:
 
 
 def pipeline_tag(configs: list[dict | None]) -> str | None:
-    """text-to-video or image-to-video where the config says which (Wan's model_type, an image embedder), else None."""
+    """text-to-video or image-to-video where each config's family says which (Wan's model_type, an image
+    embedder), else None."""
     tags = set()
     for config in configs:
-        if not config:
-            continue
-        cls, model_type = config.get("_class_name"), config.get("model_type")
-        if model_type in ("t2v", "i2v"):
-            tags.add("text-to-video" if model_type == "t2v" else "image-to-video")
-        elif cls == "WanTransformer3DModel":
-            tags.add("image-to-video" if config.get("image_dim") else "text-to-video")
-        elif cls == "Kandinsky5Transformer3DModel":
-            tags.add("text-to-video")
+        family = family_of_class((config or {}).get("_class_name"))
+        tag = None if family is None else family.pipeline_tag(config)
+        if tag is not None:
+            tags.add(tag)
     return tags.pop() if len(tags) == 1 else None
 
 
@@ -94,7 +90,7 @@ def _diffusers_layout(manifest: Manifest, facts: CardFacts) -> bool:
     return (
         format_info(manifest.format).diffusers_layout
         and bool(facts.classes)
-        and all(c in _DIFFUSERS_CLASSES for c in facts.classes.values())
+        and all(c in diffusers_classes() for c in facts.classes.values())
     )
 
 
@@ -241,9 +237,9 @@ def _loading_section(manifest: Manifest, facts: CardFacts) -> list[str]:
     if info.card_note is not None:
         out += [info.card_note, ""]
     if "comfyui" in info.runs_in:
-        out += _comfyui_section(facts.model_files)
+        out += _comfyui_section(facts.model_files, facts.family)
     if "comfyui-gguf" in info.runs_in:
-        out += _gguf_section(facts.model_files, manifest)
+        out += _gguf_section(facts.model_files, manifest, facts.family)
     if "loaders" not in info.runs_in:
         return out
     if _diffusers_layout(manifest, facts):
@@ -267,28 +263,29 @@ def _loading_section(manifest: Manifest, facts: CardFacts) -> list[str]:
     return out
 
 
-def _comfyui_section(files: list[str]) -> list[str]:
+def _comfyui_section(files: list[str], family: Family | None) -> list[str]:
     """Where each model file goes in ComfyUI, and the node that loads it."""
+    title = family.title if family is not None else "the model"
     out = [
         "In ComfyUI: put the model file in `ComfyUI/models/diffusion_models/` and load it with the stock "
         "**Load Diffusion Model** node (weight_dtype `default`); the per-layer `comfy_quant` markers tell "
-        "ComfyUI the layout. Keys are Wan's native names, one file per model:",
+        f"ComfyUI the layout. Keys are {title}'s native names, one file per model:",
         "",
     ]
     out += [f"- `{f}`" for f in files]
-    if len(files) > 1:
-        out += [
-            "",
-            "Wan2.2 A14B: load the high-noise expert for the first steps and the low-noise one for the rest.",
-        ]
+    if len(files) > 1 and family is not None and family.experts_note:
+        out += ["", family.experts_note]
     return [*out, ""]
 
 
-def _gguf_section(files: list[str], manifest: Manifest) -> list[str]:
+def _gguf_section(files: list[str], manifest: Manifest, family: Family | None) -> list[str]:
     """Where each GGUF file goes in ComfyUI-GGUF, and how diffusers loads it."""
     types = sorted({t.type for t in manifest.tensors.values() if t.type})
+    title = family.title if family is not None else "the model"
+    cls = family.diffusers_class if family is not None else "the model class"
+    arch = family.gguf_architecture if family is not None else None
     out = [
-        f"One GGUF file per model (GGML types {', '.join(types)}; Wan's native names; `general.architecture` wan):",
+        f"One GGUF file per model (GGML types {', '.join(types)}; {title}'s native names; `general.architecture` {arch}):",
         "",
         *[f"- `{f}`" for f in files],
         "",
@@ -300,10 +297,10 @@ def _gguf_section(files: list[str], manifest: Manifest) -> list[str]:
         "",
         "```python",
         "import torch",
-        "from diffusers import GGUFQuantizationConfig, WanTransformer3DModel",
-        "model = WanTransformer3DModel.from_single_file(",
+        f"from diffusers import GGUFQuantizationConfig, {cls}",
+        f"model = {cls}.from_single_file(",
         f'    "path/to/this-checkpoint/{files[0] if files else "diffusion_model.gguf"}",',
-        '    config="path/to/the-diffusers-Wan-of-this-size",  # its transformer/config.json fits this file',
+        f'    config="path/to/the-diffusers-{title}-of-this-size",  # its transformer/config.json fits this file',
         '    subfolder="transformer",',
         "    quantization_config=GGUFQuantizationConfig(compute_dtype=torch.bfloat16),",
         "    torch_dtype=torch.bfloat16,",

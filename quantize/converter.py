@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import ConversionError, InputError
-from .layout import DEFAULT_MAX_SHARD_SIZE, components_in, files_of_components, parse_size
+from .layout import DEFAULT_MAX_SHARD_SIZE, parse_size
 from .output import check_output_location, claimed_output, publish, staging_dir
 from .progress import NoProgress, Progress
 from .recipes import LoadedRecipe, load_recipe
@@ -66,38 +66,33 @@ def convert(
     max_bytes = parse_size(max_shard_size, "max_shard_size")
     workers = (os.cpu_count() or 1) if workers is None else workers
     if workers < 1:
-        raise InputError(f"--workers must be at least 1, got {workers}")
+        raise InputError(f"`workers` must be at least 1, got {workers}", parameters=("workers",))
     out = Path(out).absolute()
-    merge = _open_loras(loras, lora_unmatched, loaded.recipe.components, source) if loras else None
+    merge = _open_loras(loras, lora_unmatched, loaded.recipe.components) if loras else None
     with claimed_output(Path(source), out, overwrite, report=on_recovery):
         from .hashing import FileHasher
-        from .hub import recipe_files, resolve_source
+        from .source_folder import open_source
 
-        folder, source_name, repo_id = resolve_source(source, recipe_files(loaded.recipe))
-        folder = folder.absolute()
-        check_output_location(folder, out, overwrite)  # a Hub source resolves to its cached folder
-        components = components_in(folder, loaded.recipe.components)
-        if repo_id is None and components != loaded.recipe.components:  # a bare transformer/: name its model
-            source_name = f"{folder.parent.name}/{folder.name}"
+        src = open_source(source, loaded.recipe)
+        src.folder = src.folder.absolute()
+        check_output_location(src.folder, out, overwrite)  # a Hub source resolves to its cached folder
         with FileHasher(min(2, workers)) as hasher:
-            for f in files_of_components(folder, components):
+            for f in src.files():
                 hasher.submit(f, background=True)  # while torch is imported, a core has nothing else to do
             return _convert(
-                folder, out, loaded, overwrite, max_bytes, workers, progress or NoProgress(),
-                source_name, base_model or repo_id, steps, merge, hasher,
+                src, out, loaded, overwrite, max_bytes, workers, progress or NoProgress(),
+                base_model or src.repo_id, steps, merge, hasher,
             )  # fmt: skip
 
 
-def _open_loras(specs, unmatched: str, components, source):
+def _open_loras(specs, unmatched: str, components):
     """Every LoRA file read and checked (headers), before OUT is claimed: a bad one is refused before any work."""
     from .lora import open_loras
 
-    return open_loras(specs, unmatched, components, Path(source))
+    return open_loras(specs, unmatched, components)
 
 
-def _convert(
-    folder, out, loaded, overwrite, max_bytes, workers, progress, source_name, base_model, steps, merge, hasher
-):  # fmt: skip
+def _convert(src, out, loaded, overwrite, max_bytes, workers, progress, base_model, steps, merge, hasher):
     from .card import CardFacts, pipeline_tag, source_card_metadata
     from .pipeline import io_problem, write_checkpoint
     from .plan import make_plan
@@ -106,18 +101,19 @@ def _convert(
         steps = [merge, *steps]
         for lora in merge.loras:
             hasher.submit(lora.path, background=True)
-    plan = make_plan(folder, loaded.recipe, steps=steps)
+    plan = make_plan(src, loaded.recipe, steps=steps)
     progress.start(plan.source_bytes, plan.tensor_count)
     facts = CardFacts(
         classes={cp.rel: (cp.component.config or {}).get("_class_name") for cp in plan.components},
         pipeline_tag=pipeline_tag([cp.component.config for cp in plan.components]),
         base_model=base_model,
-        source_metadata=source_card_metadata(folder),
+        source_metadata=source_card_metadata(src.folder),
+        family=next((cp.family for cp in plan.components if cp.family is not None), None),
     )
     with staging_dir(out) as tmp:
         try:
             manifest = write_checkpoint(
-                plan, loaded, tmp, max_bytes, workers, progress, source_name, facts, hasher, merge
+                plan, loaded, tmp, max_bytes, workers, progress, src.name, facts, hasher, merge
             )
             publish(tmp, out, overwrite)
         except OSError as e:

@@ -5,7 +5,8 @@ out by descending rank, then by name, which keeps every tensor aligned to its it
 
 A *block* type stores `block` values of a row in `itemsize` bytes (GGML's quantized types: 32 or 256
 values a block); every safetensors dtype is a block of one. Byte counts come from `nbytes` alone, so a
-part of a quantized weight may be of either kind.
+part of a quantized weight may be of either kind. GGML's facts (type ids, block sizes, bytes a block) are
+read from its one table, `quantize.ggml_types`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import InputError
+from .ggml_types import GGML_TYPES
 
 __all__ = [
     "DType",
@@ -43,6 +45,8 @@ class DType:
         return self.rank >= 0
 
 
+_GGML_IDS = {t.name: t.id for t in GGML_TYPES}
+
 DTYPES: tuple[DType, ...] = (
     DType("BOOL", torch.bool, 1, 0),
     DType("U8", torch.uint8, 1, 4),
@@ -51,23 +55,20 @@ DTYPES: tuple[DType, ...] = (
     DType("F8_E4M3", torch.float8_e4m3fn, 1, 7),
     DType("I16", torch.int16, 2, 9),
     DType("U16", torch.uint16, 2, 10),
-    DType("F16", torch.float16, 2, 11, ggml=1),
-    DType("BF16", torch.bfloat16, 2, 12, ggml=30),
+    DType("F16", torch.float16, 2, 11, ggml=_GGML_IDS["F16"]),
+    DType("BF16", torch.bfloat16, 2, 12, ggml=_GGML_IDS["BF16"]),
     DType("I32", torch.int32, 4, 13),
     DType("U32", torch.uint32, 4, 14),
-    DType("F32", torch.float32, 4, 15, ggml=0),
+    DType("F32", torch.float32, 4, 15, ggml=_GGML_IDS["F32"]),
     DType("F64", torch.float64, 8, 17),
     DType("I64", torch.int64, 8, 18),
     DType("U64", torch.uint64, 8, 19),
-    # GGML's quantized block types (ggml.h; gguf-py's GGML_QUANT_SIZES): values a block, bytes a block, type id
-    DType("Q4_0", torch.uint8, 18, -1, block=32, ggml=2),
-    DType("Q4_1", torch.uint8, 20, -1, block=32, ggml=3),
-    DType("Q5_0", torch.uint8, 22, -1, block=32, ggml=6),
-    DType("Q5_1", torch.uint8, 24, -1, block=32, ggml=7),
-    DType("Q8_0", torch.uint8, 34, -1, block=32, ggml=8),
-    DType("Q4_K", torch.uint8, 144, -1, block=256, ggml=12),
-    DType("Q5_K", torch.uint8, 176, -1, block=256, ggml=13),
-    DType("Q6_K", torch.uint8, 210, -1, block=256, ggml=14),
+    # GGML's quantized block types, their bytes held as uint8 rows: bytes a block, values a block, type id
+    *(
+        DType(t.name, torch.uint8, t.type_size, -1, block=t.block, ggml=t.id)
+        for t in GGML_TYPES
+        if t.quantized
+    ),
 )
 
 _BY_NAME = {d.name: d for d in DTYPES}

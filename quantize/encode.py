@@ -131,13 +131,13 @@ def encode_and_measure(
     rows, cols = tp.info.shape
     ranges = row_chunks(rows, cols)
     if fmt.ROW_SEPARABLE:
-        options = {**tp.format_options, **_weight_options(fmt, tp, ranges)}
-        whole_names = getattr(fmt, "WEIGHT_PARTS", ())
+        decided = _weight_options(fmt, tp, ranges)
+        whole_names = fmt.WEIGHT_PARTS
         whole: dict[str, torch.Tensor] | None = None
 
         def encoded(r0: int, r1: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             w = tp.source.read_rows(r0, r1, torch.float32)  # one float32 copy, for encoding and figures
-            return w, _encode(fmt, tp, w, options)
+            return w, _encode(fmt, tp, w, decided)
 
         for (r0, r1), (w, parts) in zip(ranges, _in_order(encoded, ranges, pool), strict=True):
             if whole_names:
@@ -145,15 +145,15 @@ def encode_and_measure(
                 if whole is None:
                     whole = take(weight_parts, None)
             measured = take(parts, (r0, r1))
-            decoded = fmt.decode({**measured, **(whole or {})}, torch.float32, **tp.format_options)
+            decoded = fmt.decode({**measured, **(whole or {})}, torch.float32, options=tp.options)
             if seen is not None:
                 seen(r0, r1, w, decoded)
             stats.add(w, decoded)
         return stats
     w = tp.source.read()
-    measured = take(_encode(fmt, tp, w, tp.format_options), None)
+    measured = take(_encode(fmt, tp, w, {}), None)
     for r0, r1 in ranges:
-        decoded = fmt.decode(measured, torch.float32, rows=(r0, r1), **tp.format_options)
+        decoded = fmt.decode(measured, torch.float32, rows=(r0, r1), options=tp.options)
         if seen is not None:
             seen(r0, r1, w[r0:r1].float(), decoded)
         stats.add(w[r0:r1], decoded)
@@ -195,18 +195,20 @@ def _in_order(work: Callable, ranges: list[tuple[int, int]], pool: ChunkPool | N
             f.cancel()
 
 
-def _weight_options(fmt: Format, tp: TensorPlan, ranges: list[tuple[int, int]]) -> dict:
-    """What the format decides from the whole weight before encoding any chunk (a first streamed pass)."""
-    weight_options = getattr(fmt, "weight_options", None)
-    if weight_options is None:
-        return {}
+def _weight_options(fmt: Format, tp: TensorPlan, ranges: list[tuple[int, int]]) -> dict[str, torch.Tensor]:
+    """What the format decides from the whole weight before encoding any chunk (a first streamed pass, which a
+    format that decides nothing never reads)."""
     with _named(tp):
-        return weight_options(tp.source.read_rows(r0, r1, torch.float32) for r0, r1 in ranges)
+        return fmt.weight_options(
+            (tp.source.read_rows(r0, r1, torch.float32) for r0, r1 in ranges), tp.options
+        )
 
 
-def _encode(fmt: Format, tp: TensorPlan, w: torch.Tensor, options: dict) -> dict[str, torch.Tensor]:
+def _encode(
+    fmt: Format, tp: TensorPlan, w: torch.Tensor, whole: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
     with _named(tp):
-        return fmt.encode(w, **options)
+        return fmt.encode(w, tp.options, **whole)
 
 
 @contextmanager

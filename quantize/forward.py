@@ -1,11 +1,11 @@
 """One forward pass of a model whose weights are read layer by layer: `verify --forward` and `sensitivity`.
 
-A component is run as the diffusers class its config names (`WanTransformer3DModel`,
-`Kandinsky5Transformer3DModel`); a Wan model with the original names (config `WanModel`: Wan2.1/2.2,
-the A14B experts) is run as `WanTransformer3DModel`, its config derived from the original config and the
-tensor shapes, its tensors renamed through the one name table (`names.wan_diffusers_name`).
+A component is run as its model family's diffusers class (`models.Family.diffusers_class`), found by the class
+its config names; a model of the family's original release (Wan's ``WanModel``) is run as that class too, its
+config derived from the original one and the tensor shapes (`Family.diffusers_config`), its tensors renamed
+through the family's one name table (`Family.runnable_names`).
 
-The model is built with every parameter on the meta device (`loaders.parameters_on_meta`). A forward
+The model is built with every parameter on the meta device (`models.meta.parameters_on_meta`). A forward
 pass (`StreamedModel.forward`) is given where each parameter's float32 values come from (`Weights`): the
 source as the plan reads it (every step applied), a stored checkpoint decoded by its format, or the
 source encoded and decoded at other types (`sensitivity`). Each unit (every module with parameters of its
@@ -13,7 +13,7 @@ own: a Linear, a norm, a block's modulation table) gets its values just before i
 right after, so a pass holds one layer in float32 plus the activations: far less than one block (the 14B
 shape's largest Linear, its time projection, is 0.63 GB in float32), on the CPU.
 
-The inputs are fixed random tensors shaped from the config (`ModelInputs.random`, seed 0), or real ones
+The inputs are fixed random tensors shaped from the config (the family's `ModelInputs.random`, seed 0), or real ones
 from a safetensors file (`load_inputs`: latents, timestep and text embeddings captured from a pipeline).
 """
 
@@ -28,19 +28,17 @@ from pathlib import Path
 import torch
 
 from . import dtypes
-from .checkpoint import CONFIG_NAME, Component, TensorInfo, read_rows, read_tensor
+from .checkpoint import CONFIG_NAME, Component, read_rows, read_tensor
 from .encode import row_chunks
 from .errors import InputError
 from .formats import Format
-from .layout import read_json_object
-from .names import wan_diffusers_name, wan_naming
+from .models import FAMILIES, Family, ModelInputs, family_of_class
 from .plan import ComponentPlan, TensorPlan
 from .process import release_free_memory
 from .recipes import Recipe
+from .source_folder import SourceFolder
 
 __all__ = [
-    "MODEL_INPUTS",
-    "ModelInputs",
     "Runnable",
     "StreamedModel",
     "Weights",
@@ -61,75 +59,8 @@ DEFAULT_MIN_FORWARD_SQNR_DB = 20.0
 # --- inputs ----------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ModelInputs:
-    """What one forward pass of a model class takes: the tensors a calibration file gives (`keys`, by the
-    forward's argument names), random ones shaped from the config, and the call's keyword arguments."""
-
-    keys: Callable[[dict], tuple[str, ...]]  # from the config: the tensors a pass takes
-    random: Callable[[dict, torch.Generator], dict[str, torch.Tensor]]
-    call: Callable[[dict, dict[str, torch.Tensor]], dict]  # (config, tensors) -> the forward's kwargs
-    accepts: tuple[str, ...]  # every tensor a pass of this class may take, whatever the config
-
-
-def _wan_keys(config: dict) -> tuple[str, ...]:
-    image = ("encoder_hidden_states_image",) if config.get("image_dim") else ()
-    return ("hidden_states", "timestep", "encoder_hidden_states", *image)
-
-
-def _wan_random(config: dict, g: torch.Generator) -> dict[str, torch.Tensor]:
-    p = config.get("patch_size", (1, 2, 2))
-    inputs = dict(
-        hidden_states=torch.randn(1, config["in_channels"], 2 * p[0], 8 * p[1], 8 * p[2], generator=g),
-        timestep=torch.tensor([500]),
-        encoder_hidden_states=torch.randn(1, 8, config["text_dim"], generator=g),
-    )
-    if config.get("image_dim"):
-        inputs["encoder_hidden_states_image"] = torch.randn(1, 4, config["image_dim"], generator=g)
-    return inputs
-
-
-_KANDINSKY5_KEYS = ("hidden_states", "encoder_hidden_states", "timestep", "pooled_projections")
-
-
-def _kandinsky5_random(config: dict, g: torch.Generator) -> dict[str, torch.Tensor]:
-    p = config.get("patch_size", (1, 2, 2))
-    frames, h, w = 2 * p[0], 4 * p[1], 4 * p[2]
-    return dict(
-        hidden_states=torch.randn(1, frames, h, w, config["in_visual_dim"], generator=g),
-        encoder_hidden_states=torch.randn(1, 6, config["in_text_dim"], generator=g),
-        timestep=torch.tensor([500.0]),
-        pooled_projections=torch.randn(1, config["in_text_dim2"], generator=g),
-    )
-
-
-def _kandinsky5_call(config: dict, t: dict[str, torch.Tensor]) -> dict:
-    p = config.get("patch_size", (1, 2, 2))
-    _, frames, h, w, _ = t["hidden_states"].shape
-    return dict(
-        t,
-        visual_rope_pos=(torch.arange(frames // p[0]), torch.arange(h // p[1]), torch.arange(w // p[2])),
-        text_rope_pos=torch.arange(t["encoder_hidden_states"].shape[1]),
-        return_dict=False,
-    )
-
-
-#: diffusers class name -> what one forward pass of it takes
-MODEL_INPUTS: dict[str, ModelInputs] = {
-    "WanTransformer3DModel": ModelInputs(
-        _wan_keys,
-        _wan_random,
-        lambda config, t: dict(t, return_dict=False),
-        _wan_keys({"image_dim": 1}),
-    ),
-    "Kandinsky5Transformer3DModel": ModelInputs(
-        lambda config: _KANDINSKY5_KEYS, _kandinsky5_random, _kandinsky5_call, _KANDINSKY5_KEYS
-    ),
-}
-
-
-def _check_input_names(path: Path, class_name: str) -> None:
-    """The tensor names of the inputs file `path` (its header only) are all inputs of `class_name`."""
+def _check_input_names(path: Path, family: Family) -> None:
+    """The tensor names of the inputs file `path` (its header only) are all inputs of `family`'s class."""
     from safetensors import SafetensorError, safe_open
 
     try:
@@ -137,19 +68,20 @@ def _check_input_names(path: Path, class_name: str) -> None:
             names = list(f.keys())
     except (OSError, SafetensorError) as e:
         raise InputError(f"{path}: cannot read the inputs as safetensors: {e}") from None
-    accepts = MODEL_INPUTS[class_name].accepts
+    accepts = family.inputs.accepts
     for key in names:
         if key not in accepts:
             raise InputError(
-                f"{path}: tensor {key!r} is not an input of this model (a {class_name} forward takes "
+                f"{path}: tensor {key!r} is not an input of this model (a {family.diffusers_class} forward takes "
                 f"{', '.join(accepts)})"
             )
 
 
-def load_inputs(path: Path | None, class_name: str, config: dict) -> dict[str, torch.Tensor]:
-    """The tensors of one forward pass: from the safetensors file `path` (floating ones as float32), or the
-    fixed random ones (seed 0) when `path` is None. A missing or unknown key is an `InputError` naming it."""
-    spec = MODEL_INPUTS[class_name]
+def load_inputs(path: Path | None, family: Family, config: dict) -> dict[str, torch.Tensor]:
+    """The tensors of one forward pass of `family`'s diffusers class built from `config`: from the safetensors
+    file `path` (floating ones as float32), or the fixed random ones (seed 0) when `path` is None. A missing or
+    unknown key, or a tensor of the wrong rank or shape, is an `InputError` naming it."""
+    spec = family.inputs
     keys = spec.keys(config)
     if path is None:
         return spec.random(config, torch.Generator().manual_seed(0))
@@ -160,14 +92,28 @@ def load_inputs(path: Path | None, class_name: str, config: dict) -> dict[str, t
         tensors = load_file(path)
     except (OSError, SafetensorError) as e:
         raise InputError(f"{path}: cannot read the inputs as safetensors: {e}") from None
-    expected = f"a {class_name} forward takes {', '.join(keys)}"
+    expected = f"a {family.diffusers_class} forward takes {', '.join(keys)}"
     for key in tensors:
         if key not in keys:
             raise InputError(f"{path}: tensor {key!r} is not an input of this model ({expected})")
     for key in keys:
         if key not in tensors:
             raise InputError(f"{path}: no tensor {key!r} ({expected})")
+    for key, want in spec.shapes(config).items():
+        _check_input_shape(path, key, tuple(tensors[key].shape), want, family)
     return {k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}
+
+
+def _check_input_shape(
+    path: Path, key: str, shape: tuple[int, ...], want: tuple[int | None, ...], family: Family
+) -> None:
+    if len(shape) == len(want) and all(w is None or w == d for d, w in zip(shape, want, strict=True)):
+        return
+    wanted = "[" + ", ".join("*" if w is None else str(w) for w in want) + "]"
+    raise InputError(
+        f"{path}: tensor {key!r} has shape {list(shape)}; this {family.diffusers_class} takes {key} of shape "
+        f"{wanted} (* any size)"
+    )
 
 
 # --- which model runs a component ------------------------------------------------------------------
@@ -175,125 +121,63 @@ def load_inputs(path: Path | None, class_name: str, config: dict) -> dict[str, t
 
 @dataclass(frozen=True)
 class Runnable:
-    """A component as a model we can run: the diffusers class, its config, and the plan of each parameter."""
+    """A component as a model we can run: its family, the diffusers class's config, and the plan of each
+    parameter (by the class's parameter names)."""
 
-    class_name: str
+    family: Family
     config: dict
     plans: dict[str, TensorPlan]  # model parameter name -> the planned source tensor
 
     @property
+    def class_name(self) -> str:
+        return self.family.diffusers_class
+
+    @property
     def inputs(self) -> ModelInputs:
-        return MODEL_INPUTS[self.class_name]
+        return self.family.inputs
 
 
-#: config `_class_name` of the original Wan releases -> the diffusers class that runs them
-_NATIVE_WAN = "WanModel"
+def _runnable_family(config: dict | None, where: Path) -> Family:
+    """The family whose diffusers class (or original release) `config` names; `InputError` otherwise."""
+    name = (config or {}).get("_class_name")
+    family = family_of_class(name)
+    if family is None:
+        runs = ", ".join(
+            f"{f.diffusers_class}{''.join(f' / {n}' for n in f.native_classes)}" for f in FAMILIES
+        )
+        raise InputError(f"{where / CONFIG_NAME}: a forward pass runs {runs}; this config names {name!r}")
+    return family
 
 
-def _class_name(component_dir: Path) -> str | None:
-    try:
-        return read_json_object(component_dir / CONFIG_NAME).get("_class_name")
-    except InputError:
-        return None
-
-
-def _runs(name: str | None) -> bool:
-    return name in MODEL_INPUTS or name == _NATIVE_WAN
-
-
-def require_known_models(source: Path, recipe: Recipe, inputs: Path | None = None) -> None:
+def require_known_models(source: SourceFolder, inputs: Path | None = None) -> None:
     """Refuse a forward pass up front (headers only) when a component is not a model we can run, or when the
     `inputs` file holds a tensor no pass of it takes (what each pass needs is checked by `load_inputs`)."""
-    from .checkpoint import open_component
-    from .layout import components_in
-
-    classes = set()
-    for rel in components_in(source, recipe.components):
-        name = _class_name(source if rel == "." else source / rel)
-        if not _runs(name):
-            raise InputError(
-                f"{source / rel / CONFIG_NAME}: a forward pass runs {', '.join(MODEL_INPUTS)} "
-                f"(and Wan's original {_NATIVE_WAN}); this config names {name!r}"
-            )
-        if name == _NATIVE_WAN:
-            component = open_component(source, rel)
-            _diffusers_names(list(component.tensors), component.dir)
-        classes.add("WanTransformer3DModel" if name == _NATIVE_WAN else name)
+    families = {}
+    for rel in source.components:
+        component = source.component(rel)
+        family = _runnable_family(component.config, component.dir)
+        if component.config.get("_class_name") in family.native_classes:
+            family.runnable_names(list(component.tensors), component.dir)
+        families[family.name] = family
     if inputs is not None:
-        for class_name in sorted(classes):
-            _check_input_names(inputs, class_name)
+        for name in sorted(families):
+            _check_input_names(inputs, families[name])
     try:
         import diffusers  # noqa: F401
     except ImportError:
         raise InputError("a forward pass needs diffusers: pip install 'dit-quantize[diffusers]'") from None
 
 
-def _diffusers_names(names: list[str], where: Path) -> dict[str, str]:
-    """Original Wan tensor name -> diffusers WanTransformer3DModel name, or `InputError` naming one it lacks."""
-    if wan_naming(names) != "native":
-        raise InputError(
-            f"{where}: config.json names {_NATIVE_WAN} but the tensors do not have Wan's original names: "
-            "a forward pass cannot run it"
-        )
-    renamed = {}
-    for name in names:
-        diffusers_name = wan_diffusers_name(name)
-        if diffusers_name is None:
-            raise InputError(
-                f"{where}: tensor {name!r} has no counterpart in diffusers' WanTransformer3DModel "
-                "(a Wan variant it does not implement): this model cannot be run for a forward pass"
-            )
-        renamed[name] = diffusers_name
-    return renamed
-
-
 def runnable(cp: ComponentPlan) -> Runnable:
     """How to run the component `cp` plans; `InputError` naming the config or tensor when we cannot."""
     config = {k: v for k, v in cp.component.config.items() if k != "quantization_config"}
-    name = config.get("_class_name")
-    if name in MODEL_INPUTS:
-        return Runnable(name, config, {tp.name: tp for tp in cp.tensors})
     where = cp.component.dir
-    if name != _NATIVE_WAN:
-        raise InputError(
-            f"{where / CONFIG_NAME}: a forward pass runs {', '.join(MODEL_INPUTS)} (and Wan's original "
-            f"{_NATIVE_WAN} with its original names); this config names {name!r}"
-        )
-    renamed = _diffusers_names([tp.name for tp in cp.tensors], where)
+    family = _runnable_family(config, where)
+    if config.get("_class_name") == family.diffusers_class:
+        return Runnable(family, config, {tp.name: tp for tp in cp.tensors})
+    renamed = family.runnable_names([tp.name for tp in cp.tensors], where)
     plans = {renamed[tp.name]: tp for tp in cp.tensors}
-    return Runnable(
-        "WanTransformer3DModel", _wan_diffusers_config(config, cp.component.tensors, where), plans
-    )
-
-
-def _wan_diffusers_config(config: dict, tensors: Mapping[str, TensorInfo], where: Path) -> dict:
-    """WanTransformer3DModel's config for an original Wan config.json (dim, num_heads, in_dim...), what the
-    config does not say read off the tensor shapes (patch size, text and image widths)."""
-    try:
-        dim, heads = int(config["dim"]), int(config["num_heads"])
-        patch = tensors["patch_embedding.weight"].shape
-        image = tensors.get("img_emb.proj.1.weight")
-        return {
-            "_class_name": "WanTransformer3DModel",
-            "patch_size": list(patch[2:]),
-            "num_attention_heads": heads,
-            "attention_head_dim": dim // heads,
-            "in_channels": int(config["in_dim"]),
-            "out_channels": int(config["out_dim"]),
-            "text_dim": tensors["text_embedding.0.weight"].shape[1],
-            "freq_dim": int(config["freq_dim"]),
-            "ffn_dim": int(config["ffn_dim"]),
-            "num_layers": int(config["num_layers"]),
-            "cross_attn_norm": True,
-            "qk_norm": "rms_norm_across_heads",
-            "eps": float(config.get("eps", 1e-6)),
-            "image_dim": None if image is None else image.shape[1],
-            "added_kv_proj_dim": None if image is None else dim,
-        }
-    except (KeyError, TypeError, ValueError, IndexError) as e:
-        raise InputError(
-            f"{where / CONFIG_NAME}: not an original Wan config and model ({e!r} missing)"
-        ) from None
+    return Runnable(family, family.diffusers_config(config, cp.component.tensors, where), plans)
 
 
 # --- where the values come from --------------------------------------------------------------------
@@ -336,7 +220,7 @@ def stored_weights(run: Runnable, stored: Component, fmt: Format) -> Weights:
             part: read_tensor(stored.tensors[spec.name])
             for part, spec in zip(tp.parts, tp.outputs, strict=True)
         }
-        return fmt.decode(parts, torch.float32, **tp.format_options)
+        return fmt.decode(parts, torch.float32, options=tp.options)
 
     return weight
 
@@ -362,7 +246,7 @@ class StreamedModel:
         import diffusers
         from torch import nn
 
-        from loaders import parameters_on_meta
+        from .models.meta import parameters_on_meta
 
         self.run = run
         try:
@@ -483,9 +367,7 @@ def check_forward(
     container = get_container(format_info(fmt.NAME).container)
     for cp in plan.components:
         run = runnable(cp)
-        x = load_inputs(
-            inputs, run.class_name, run.config
-        )  # a bad inputs file is unusable input, not a check
+        x = load_inputs(inputs, run.family, run.config)  # a bad inputs file is unusable input, not a check
         try:
             with named_failure(inputs):
                 model = StreamedModel(run)

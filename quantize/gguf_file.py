@@ -9,7 +9,8 @@ alignment. Everything but the data follows from names, shapes and types alone, s
 tensors in the same order, the bytes are those gguf-py's `GGUFWriter` writes (tested), which holds every
 tensor in RAM until it writes.
 
-Type facts (block size, bytes a block, GGML type id) come from the one dtype table, `quantize.dtypes`.
+Type facts (block size, bytes a block, GGML type id) come from the one dtype table, `quantize.dtypes`, whose
+GGML rows are those of the one GGML table, `quantize.ggml_types`.
 """
 
 from __future__ import annotations
@@ -96,6 +97,12 @@ def header_bytes(metadata: dict[str, str | int], tensors: list[GGUFTensor]) -> t
     return bytes(out), offsets
 
 
+def written_size(metadata: dict[str, str | int], tensors: list[GGUFTensor]) -> int:
+    """The size of the file `GGUFWriter` writes for these key-values and tensors."""
+    header, offsets = header_bytes(metadata, tensors)
+    return len(header) + (offsets[-1] + _pad(tensors[-1].nbytes) if tensors else 0)
+
+
 class GGUFWriter(PlacedWrites):
     """One GGUF file being written; tensors (or row ranges of them) may arrive in any order, from any thread.
 
@@ -110,8 +117,7 @@ class GGUFWriter(PlacedWrites):
         self._offsets = {t.name: (len(header) + off, t) for t, off in zip(self.tensors, offsets, strict=True)}
         if len(self._offsets) != len(self.tensors):
             raise ValueError(f"{self.path.name}: a tensor name is given twice")
-        last = self.tensors[-1] if self.tensors else None
-        self._end = len(header) + (offsets[-1] + _pad(last.nbytes) if last is not None else 0)
+        self._end = written_size(metadata, self.tensors)
         self._written = dict.fromkeys(self._offsets, 0)
         self._lock = threading.Lock()
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)

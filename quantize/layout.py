@@ -27,7 +27,6 @@ __all__ = [
     "files_of_components",
     "component_class",
     "bare_model_class",
-    "components_in",
     "confined_path",
     "relative_path_problem",
     "no_duplicate_keys",
@@ -168,31 +167,6 @@ def bare_model_class(folder: Path) -> str | None:
     if cls is None or "Transformer" not in cls or not any(folder.glob("*.safetensors")):
         return None
     return cls
-
-
-def components_in(source: Path, components: list[str]) -> list[str]:
-    """The components of a recipe as they lie in `source`: as named, or ``["."]`` when `source` is itself the
-    one model folder the recipe names (a bare diffusers ``transformer/``: `bare_model_class`), so that it is
-    converted as that component, at the output's root.
-
-    A recipe naming two components given one of them is refused, saying which folder to point at."""
-    source = Path(source)
-    if all(rel == "." or (source / rel).is_dir() for rel in components):
-        return components
-    cls = bare_model_class(source)
-    if cls is None:
-        return components  # the plan says which component folder is missing
-    if len(components) > 1:
-        where = (
-            f"point at {source.parent}"
-            if source.name in components
-            else "point at the folder that holds them all"
-        )
-        raise InputError(
-            f"{source}: is one model's folder ({cls}), and the recipe converts {len(components)} "
-            f"({', '.join(components)}): {where}, not at one of them"
-        )
-    return ["."]
 
 
 def _shards_without_index(comp_dir: Path) -> tuple[list[Path], str]:

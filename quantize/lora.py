@@ -13,7 +13,7 @@ Conventions read (`parse_key`): the prefixes `PREFIXES` or none; ``lora_down``/`
 ``lora_B`` (also with ``.default``); kohya / musubi-tuner module names (``lora_unet_blocks_0_self_attn_q``,
 also ``lora_unet__...``); ``.alpha`` of any dtype (missing: alpha = rank); ``.diff``, ``.diff_b``,
 ``.diff_m``. A LoRA written for diffusers' Wan names merges into a source with Wan's original names and the
-reverse, through the one name table (`names.wan_native_name`, `names.wan_diffusers_name`). LyCORIS (LoHa,
+reverse, through the family's one name table (`models.lora_renamings`). LyCORIS (LoHa,
 LoKr) and DoRA weights are refused naming the key.
 
 Streaming: opening a LoRA reads its header and its alpha scalars only. While a tensor is converted, its
@@ -33,14 +33,18 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from . import dtypes
 from .checkpoint import TensorInfo, read_header, read_rows, read_tensor
 from .errors import InputError
-from .layout import components_in, relative_path_problem
-from .names import wan_diffusers_name, wan_native_name
+from .layout import relative_path_problem
+from .models import lora_prefixes, lora_renamings
+
+if TYPE_CHECKING:
+    from .source_folder import SourceFolder
 
 __all__ = [
     "LoraSpec",
@@ -57,8 +61,8 @@ __all__ = [
 
 #: what `--lora-unmatched` takes: a LoRA key that matches no tensor is an error, or is skipped (and recorded)
 UNMATCHED = ("error", "ignore")
-#: prefixes LoRA keys carry in the wild (stripped, any of them, in any order)
-PREFIXES = ("model.diffusion_model.", "diffusion_model.", "base_model.model.", "transformer.", "pipe.dit.")
+#: prefixes LoRA keys carry in the wild, over every model family (stripped, any of them, in any order)
+PREFIXES = lora_prefixes()
 _KOHYA_PREFIX = "lora_unet_"
 #: key ending -> role; the longest endings first
 _ROLES = (
@@ -100,16 +104,19 @@ class LoraSpec:
         if sep and head and "/" not in tail and not tail.endswith(".safetensors"):
             if not _NUMBER.fullmatch(tail):
                 raise InputError(
-                    f"--lora {text!r}: strength {tail!r} is not a number (FILE[:STRENGTH], e.g. style.safetensors:0.8)"
+                    f"`loras` {text!r}: strength {tail!r} is not a number (FILE[:STRENGTH], e.g. style.safetensors:0.8)",
+                    parameters=("loras",),
                 )
             strength, rest = float(tail), head
         if not math.isfinite(strength):
-            raise InputError(f"--lora {text!r}: strength must be a finite number")
+            raise InputError(f"`loras` {text!r}: strength must be a finite number", parameters=("loras",))
         component, sep, file = rest.partition("=")
         if not sep or "/" in component or not component or Path(rest).is_file():
             component, file = None, rest
         if not file:
-            raise InputError(f"--lora {text!r}: no file given (COMPONENT=FILE[:STRENGTH])")
+            raise InputError(
+                f"`loras` {text!r}: no file given (COMPONENT=FILE[:STRENGTH])", parameters=("loras",)
+            )
         return cls(Path(file), strength, component)
 
     def __str__(self) -> str:
@@ -239,23 +246,17 @@ def open_loras(
     specs: Sequence[LoraSpec | str],
     unmatched: str = "error",
     components: Sequence[str] | None = None,
-    source: Path | None = None,
 ) -> LoraMerge:
     """The merge of `specs` (or their ``[COMPONENT=]FILE[:STRENGTH]`` texts), every file opened and checked:
-    what `convert --lora` and `plan --lora` apply. `components`: the recipe's (a LoRA for another is refused);
-    with `source`, as they lie there (a bare ``transformer/`` is converted as the root, so a LoRA given for
-    ``transformer`` is for the root)."""
+    what `convert --lora` and `plan --lora` apply. `components`: the recipe's (a LoRA for another is refused
+    at once; `LoraMerge.start` then places them where the source holds them)."""
     specs = [s if isinstance(s, LoraSpec) else LoraSpec.parse(str(s)) for s in specs]
-    if components is not None and source is not None and Path(source).is_dir():
-        fitted = components_in(Path(source), list(components))
-        if fitted != list(components):
-            specs = [dataclasses.replace(s, component=".") if s.component in components else s for s in specs]
-            components = fitted
     for spec in specs:
         problem = relative_path_problem(recorded_path(spec.path))
         if problem is not None:
             raise InputError(
-                f"--lora {spec}: the file name {problem}, so the manifest cannot record it: rename it"
+                f"`loras` {spec}: the file name {problem}, so the manifest cannot record it: rename it",
+                parameters=("loras",),
             )
     return LoraMerge([open_lora(s) for s in specs], unmatched, components)
 
@@ -337,12 +338,9 @@ class _Merge:
 # --- matching a LoRA's names to a component's tensors ------------------------------------------
 
 Rename = Callable[[str], "str | None"]
-#: how a LoRA's names may relate to the source's: the same naming, diffusers LoRA on native Wan names, the reverse
-_NAMINGS: tuple[tuple[str, Rename], ...] = (
-    ("the source's names", lambda name: name),
-    ("diffusers names -> Wan's native names", wan_native_name),
-    ("Wan's native names -> diffusers names", wan_diffusers_name),
-)
+#: how a LoRA's names may relate to the source's: the same naming, or a family's diffusers names on its native
+#: names and the reverse (Wan's: a diffusers LoRA on the original names)
+_NAMINGS: tuple[tuple[str, Rename], ...] = (("the source's names", lambda name: name), *lora_renamings())
 _MODULATION_ALIASES = ("modulation", "scale_shift_table")
 
 
@@ -465,7 +463,7 @@ class LoraMerge:
     `ignored[i]` the keys it skipped per component (with `unmatched="ignore"`).
     """
 
-    loras: Sequence[LoraFile]
+    loras: list[LoraFile]
     unmatched: str = "error"
     components: Sequence[str] | None = None  # the recipe's: a LoRA for another component is refused at once
     touched: list[dict[str, int]] = field(init=False)
@@ -478,8 +476,10 @@ class LoraMerge:
     def __post_init__(self) -> None:
         if self.unmatched not in UNMATCHED:
             raise InputError(
-                f"--lora-unmatched must be one of {', '.join(UNMATCHED)}, got {self.unmatched!r}"
+                f"`lora_unmatched` must be one of {', '.join(UNMATCHED)}, got {self.unmatched!r}",
+                parameters=("lora_unmatched",),
             )
+        self.loras = list(self.loras)
         self.touched = [{} for _ in self.loras]
         self.ignored = [{} for _ in self.loras]
         if self.components is not None:
@@ -490,8 +490,9 @@ class LoraMerge:
     def _check_component(lora: LoraFile, components: Sequence[str]) -> None:
         if lora.spec.component is not None and lora.spec.component not in components:
             raise InputError(
-                f"--lora {lora.spec}: component {lora.spec.component!r} is not one the recipe converts "
-                f"({', '.join(components)})"
+                f"`loras` {lora.spec}: component {lora.spec.component!r} is not one the recipe converts "
+                f"({', '.join(components)})",
+                parameters=("loras",),
             )
 
     def transforms_for(self, component: str, tensors: Mapping[str, TensorInfo]) -> dict[str, _Merge]:
@@ -521,11 +522,24 @@ class LoraMerge:
             for name, ts in terms.items()
         }
 
+    def start(self, source: SourceFolder) -> None:
+        """Before planning: a LoRA given for the component a bare source folder is (a ``transformer/`` converted
+        as the root) is for the root."""
+        if source.bare:
+            for i, lora in enumerate(self.loras):
+                if lora.spec.component is not None:
+                    spec = dataclasses.replace(lora.spec, component=source.where(lora.spec.component))
+                    self.loras[i] = dataclasses.replace(lora, spec=spec)
+            self.components = source.components
+
     def finish(self) -> None:
         """A LoRA for one component that no planned component was (only without `components`)."""
         for lora, touched in zip(self.loras, self.touched, strict=True):
             if lora.spec.component is not None and not touched:
-                raise InputError(f"--lora {lora.spec}: component {lora.spec.component!r} was not converted")
+                raise InputError(
+                    f"`loras` {lora.spec}: component {lora.spec.component!r} was not converted",
+                    parameters=("loras",),
+                )
 
 
 def _rows(info: TensorInfo) -> int:

@@ -24,14 +24,25 @@ from pathlib import Path
 import torch
 
 from . import dtypes
-from .checkpoint import CONFIG_NAME, Component, TensorInfo, open_component
+from .checkpoint import CONFIG_NAME, Component, TensorInfo
 from .errors import InputError
-from .formats import FORMATS, Format, UnsupportedShapeError, format_info, get_format, quantized_parts
-from .layout import components_in, read_json_object
+from .formats import (
+    FORMATS,
+    NO_OPTIONS,
+    Format,
+    FormatOptions,
+    UnsupportedShapeError,
+    format_info,
+    get_format,
+    quantized_parts,
+)
+from .layout import read_json_object
 from .manifest import MANIFEST_NAME, RECIPE_NAME
-from .names import IDENTITY, WEIGHT_SUFFIX, NameTable, get_name_table, manifest_key, module_name
+from .models import IDENTITY, Family, NameTable, names_for
+from .names import WEIGHT_SUFFIX, manifest_key, module_name
 from .recipes import Recipe
 from .source import TensorSource, TensorStep
+from .source_folder import SourceFolder, local_source
 from .writer import TensorSpec
 
 __all__ = [
@@ -40,7 +51,6 @@ __all__ = [
     "Plan",
     "make_plan",
     "plan_component",
-    "fitted_recipe",
     "replanned",
     "other_files",
     "KEEP_DTYPES",
@@ -67,12 +77,14 @@ class TensorPlan:
     output_name: str  # the tensor's name in the output (the format's name table applied)
     outputs: tuple[TensorSpec, ...]
     parts: tuple[str, ...]
-    qtype: str | None = None  # the format's type for this tensor (gguf's Q4_K, say); None: one encoding
+    #: what the format's `parts`, `encode` and `decode` take besides the data (gguf's GGML type; none for a format
+    #: with one encoding, and for a kept tensor)
+    options: FormatOptions = NO_OPTIONS
 
     @property
-    def format_options(self) -> dict[str, str]:
-        """What the format's `parts`, `encode` and `decode` take besides the data (its type, for gguf)."""
-        return {} if self.qtype is None else {"qtype": self.qtype}
+    def qtype(self) -> str | None:
+        """The format's type for this tensor (gguf's Q4_K, say), as the manifest records it; None: one encoding."""
+        return self.options.type_name
 
     @property
     def info(self) -> TensorInfo:
@@ -109,6 +121,7 @@ class ComponentPlan:
     component: Component
     tensors: tuple[TensorPlan, ...]  # source order
     pattern_matches: dict[str, int]  # pattern -> number of tensors whose match key it matches
+    family: Family | None = None  # the model family of the component (None: one the tool does not know)
 
     @property
     def rel(self) -> str:
@@ -179,18 +192,18 @@ def _first_match(patterns: list[re.Pattern], key: str) -> str | None:
     return None
 
 
-def _kept_spec(info: TensorInfo, output_name: str, keep_dtype: str, format_rule=None) -> TensorSpec:
-    """A kept tensor's output: the format's own rule where it has one (gguf's), else the recipe's keep_dtype."""
+def _kept_spec(info: TensorInfo, output_name: str, keep_dtype: str, fmt: Format) -> TensorSpec:
+    """A kept tensor's output: what the recipe's keep_dtype makes of it, as the format stores that (gguf has its
+    own rule)."""
     dt = info.dtype
-    if format_rule is not None:
-        dt = format_rule(info.dtype, info.shape, _is_linear_weight(info))
-        if dt is None:
-            raise InputError(
-                f"{info.file}: tensor {info.name!r} is {info.dtype}, which this format's files cannot hold"
-            )
-    elif keep_dtype != "source" and dt in dtypes.FLOAT_SOURCE_DTYPES:
+    if keep_dtype != "source" and dt in dtypes.FLOAT_SOURCE_DTYPES:
         dt = KEEP_DTYPES[keep_dtype]
-    return TensorSpec(output_name, dt, info.shape)
+    stored = fmt.kept_dtype(info.dtype, info.shape, _is_linear_weight(info), dt)
+    if stored is None:
+        raise InputError(
+            f"{info.file}: tensor {info.name!r} is {info.dtype}, which this format's files cannot hold"
+        )
+    return TensorSpec(output_name, stored, info.shape)
 
 
 def _check_quantizable(info: TensorInfo, pattern: str, where: str) -> None:
@@ -229,8 +242,8 @@ def _quantized_part_suffixes() -> tuple[str, ...]:
     """``.weight_scale``, ``._weight_qdata``, ``.weight.absmax``, ...: what only a quantized checkpoint holds."""
     ours = {
         part
-        for name, fmt in FORMATS.items()
-        for part in quantized_parts(fmt, "m", _PROBE_SHAPE, (format_info(name).types or (None,))[0])
+        for fmt in FORMATS.values()
+        for part in quantized_parts(fmt, "m", _PROBE_SHAPE, fmt.options_type.choices()[0])
     } - {"weight"}
     return tuple(sorted(f".{part}" for part in ours | set(_FOREIGN_PARTS)))
 
@@ -263,12 +276,17 @@ def check_not_quantized(component: Component) -> None:
 
 
 def plan_component(
-    component: Component, recipe: Recipe, names: NameTable = IDENTITY, steps: Sequence[TensorStep] = ()
+    component: Component,
+    recipe: Recipe,
+    names: NameTable = IDENTITY,
+    steps: Sequence[TensorStep] = (),
+    family: Family | None = None,
 ) -> ComponentPlan:
     """Decide each tensor of `component`: its fate under `recipe`, its output keys (source names through
     `names`), and its source (stored values, then the transforms `steps` give it)."""
     check_not_quantized(component)
     fmt = get_format(recipe.format)
+    options_type = fmt.options_type
     targets = [re.compile(p) for p in recipe.targets]
     ignores = [re.compile(p) for p in recipe.ignore]
     typed = [(re.compile(p), t) for p, t in recipe.types.items()]
@@ -289,50 +307,51 @@ def plan_component(
         out_name = rename(info.name)
         if target is not None and ignored is None:
             _check_quantizable(info, target, where)
-            qtype = next((t for p, t in typed if p.fullmatch(key)), recipe.type)
-            plans.append(_quantized_plan(source, target, out_name, fmt, qtype, where))
+            type_name = next((t for p, t in typed if p.fullmatch(key)), recipe.type)
+            options = options_type.from_type(type_name)  # checked when the recipe was validated
+            plans.append(_quantized_plan(source, target, out_name, fmt, options, where))
         else:
             plans.append(_kept_plan(source, ignored, out_name, fmt, recipe.keep_dtype))
-    check_available = getattr(fmt, "check_available", None)  # an optional library a type needs (gguf's)
-    for qtype in {t.qtype for t in plans if t.qtype is not None} if check_available else ():
-        check_available(qtype)
+    for options in dict.fromkeys(t.options for t in plans if t.quantize):
+        fmt.check_available(options)  # an optional library a type needs (gguf's K-quants: ggml)
     _check_every_pattern_matches(component, recipe, matches)
     if not any(t.quantize for t in plans):
         raise InputError(
             f"{where}: the recipe's ignore patterns keep every tensor its targets match: nothing would be quantized"
         )
     _check_no_key_collision(component, plans)
-    return ComponentPlan(component, tuple(plans), matches)
+    return ComponentPlan(component, tuple(plans), matches, family)
 
 
 def _quantized_plan(
-    source: TensorSource, pattern: str, out_name: str, fmt: Format, qtype: str | None, where: str
+    source: TensorSource, pattern: str, out_name: str, fmt: Format, options: FormatOptions, where: str
 ) -> TensorPlan:
     info = source.info
     try:
-        parts = quantized_parts(fmt, module_name(out_name), info.shape, qtype)
+        parts = quantized_parts(fmt, module_name(out_name), info.shape, options)
     except UnsupportedShapeError as e:
         raise InputError(f"{where}: tensor {info.name!r} {e}: add it to the recipe's ignore") from None
     outs = tuple(TensorSpec(k, dt, shape) for k, (dt, shape) in parts.values())
-    return TensorPlan(source, True, pattern, out_name, outs, tuple(parts), qtype)
+    return TensorPlan(source, True, pattern, out_name, outs, tuple(parts), options)
 
 
 def _kept_plan(
     source: TensorSource, pattern: str | None, out_name: str, fmt: Format, keep_dtype: str
 ) -> TensorPlan:
-    kept = _kept_spec(source.info, out_name, keep_dtype, getattr(fmt, "kept_dtype", None))
+    kept = _kept_spec(source.info, out_name, keep_dtype, fmt)
     return TensorPlan(source, False, pattern, out_name, (kept,), ("",))
 
 
 def replanned(
-    tp: TensorPlan, fmt: Format, keep_dtype: str, qtype: str | None, *, keep: bool = False
+    tp: TensorPlan, fmt: Format, keep_dtype: str, options: FormatOptions, *, keep: bool = False
 ) -> TensorPlan:
-    """The quantized tensor `tp` as another recipe would plan it: in the format's type `qtype`, or kept (`keep`),
-    with the same source and output name (what `sensitivity` weighs a layer's raise by). Kept, it names no
-    pattern: a kept plan's pattern is the ignore entry that kept it, and the proposal has yet to write one."""
+    """The quantized tensor `tp` as another recipe would plan it: with the format's `options` (gguf: a GGML type
+    up), or kept (`keep`), with the same source and output name (what `sensitivity` weighs a layer's raise by).
+    Kept, it names no pattern: a kept plan's pattern is the ignore entry that kept it, and the proposal has yet
+    to write one."""
     if keep:
         return _kept_plan(tp.source, None, tp.output_name, fmt, keep_dtype)
-    return _quantized_plan(tp.source, tp.pattern or "", tp.output_name, fmt, qtype, str(tp.info.file))
+    return _quantized_plan(tp.source, tp.pattern or "", tp.output_name, fmt, options, str(tp.info.file))
 
 
 def _check_every_pattern_matches(component: Component, recipe: Recipe, matches: dict[str, int]) -> None:
@@ -394,34 +413,23 @@ def _check_no_unconverted_twin(source: Path, components: list[Component], files:
             )
 
 
-def fitted_recipe(recipe: Recipe, source: Path) -> Recipe:
-    """`recipe` as it applies to `source`: a recipe naming one component, given that component's folder itself,
-    converts it as the root (`layout.components_in`); the plan, recipe.yaml and the manifest then say so."""
-    components = components_in(source, recipe.components)
-    return recipe if components == recipe.components else recipe.model_copy(update={"components": components})
-
-
-def make_plan(source: Path, recipe: Recipe, *, steps: Sequence[TensorStep] = ()) -> Plan:
+def make_plan(source: Path | SourceFolder, recipe: Recipe, *, steps: Sequence[TensorStep] = ()) -> Plan:
     """Open every component the recipe names and decide each tensor's fate, reading headers only.
 
+    source: a `SourceFolder` (`source_folder.open_source`), or a local folder, resolved here under `recipe`.
     steps: per-tensor steps (`source.TensorStep`) whose transforms each tensor's source applies.
     """
-    source = Path(source)
-    if not source.is_dir():
-        raise InputError(f"{source}: source directory not found")
-    recipe = fitted_recipe(recipe, source)
-    names = get_name_table(format_info(recipe.format).names)
+    src = source if isinstance(source, SourceFolder) else local_source(source, recipe)
+    recipe, folder = src.recipe, src.folder
+    role = format_info(recipe.format).names
+    for step in steps:
+        step.start(src)
     components = []
     for rel in recipe.components:
-        comp_dir = source if rel == "." else source / rel
-        if rel != "." and not comp_dir.is_dir():
-            hint = (
-                " (SOURCE itself holds safetensors: point at its parent folder)"
-                if any(source.glob("*.safetensors"))
-                else ""
-            )
-            raise InputError(f"{source}: component folder {rel!r} named by the recipe is missing{hint}")
-        components.append(plan_component(open_component(source, rel), recipe, names, steps))
+        comp = src.component(rel)
+        family = src.family(rel)
+        names = names_for(role, family, recipe.format, str(comp.dir))
+        components.append(plan_component(comp, recipe, names, steps, family))
     for step in steps:
         step.finish()
     copied: list[Path] = []
@@ -430,7 +438,7 @@ def make_plan(source: Path, recipe: Recipe, *, steps: Sequence[TensorStep] = ())
             Path(f).resolve() for step in steps for f in step.inputs
         }  # a LoRA kept in the source folder
         copied = [
-            f for f in other_files(source, [cp.component for cp in components]) if f.resolve() not in inputs
+            f for f in other_files(folder, [cp.component for cp in components]) if f.resolve() not in inputs
         ]
-        _check_no_unconverted_twin(source, [cp.component for cp in components], copied)
-    return Plan(source, recipe, tuple(components), tuple(copied))
+        _check_no_unconverted_twin(folder, [cp.component for cp in components], copied)
+    return Plan(folder, recipe, tuple(components), tuple(copied))

@@ -64,7 +64,8 @@ class Recipe(_Strict):
     keep_dtype: Literal["source", "bfloat16", "float32"] = "source"
     copy_other_files: bool = False
     checks: Checks = Field(default_factory=Checks)
-    #: for a format with types (gguf): the type of every quantized tensor, unless one of `types` matches
+    #: for a format with types (gguf): the type of every quantized tensor, unless one of `types` matches; each
+    #: names the format's options for a tensor (`formats.options`), built and checked here
     type: str | None = None
     #: pattern -> type, the first match deciding (an `_M` mix: Q4_K with Q6_K where it matters)
     types: dict[str, str] = Field(default_factory=dict)
@@ -128,7 +129,8 @@ class Recipe(_Strict):
 
     @model_validator(mode="after")
     def _types_fit_the_format(self) -> Recipe:
-        known = FORMAT_INFO[self.format].types
+        options = FORMAT_INFO[self.format].options
+        known = options.TYPES
         if not known:
             if self.type is not None or self.types:
                 raise ValueError(f"format {self.format} has one encoding: 'type' and 'types' are for gguf")
@@ -140,9 +142,13 @@ class Recipe(_Strict):
                 f"format {self.format} decides what kept tensors become: keep_dtype must be 'source'"
             )
         for pattern, t in [(None, self.type), *self.types.items()]:
-            if t not in known:
+            try:
+                options.from_type(t)
+            except ValueError:
                 where = "type" if pattern is None else f"types['{pattern}']"
-                raise ValueError(f"{where}: unknown {self.format} type {t!r} (known: {', '.join(known)})")
+                raise ValueError(
+                    f"{where}: unknown {self.format} type {t!r} (known: {', '.join(known)})"
+                ) from None
         for pattern in self.types:
             try:
                 re.compile(pattern)

@@ -21,6 +21,7 @@ entries, and `checks.min_forward_sqnr_db` for `verify --forward` to prove.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -35,7 +36,7 @@ import torch
 from . import dtypes
 from .encode import ChunkPool, ErrorStats, encode_and_measure, row_chunks
 from .errors import InputError
-from .formats import Format
+from .formats import NO_OPTIONS, Format, FormatOptions
 from .forward import (
     Runnable,
     StreamedModel,
@@ -59,24 +60,25 @@ MAX_PASSES = 16
 
 @dataclass(frozen=True)
 class Rung:
-    """One way to store a layer: the format's type (None for a format with one encoding), or kept."""
+    """One way to store a layer: with the format's options (gguf's GGML type; none for a format with one
+    encoding), or kept."""
 
-    qtype: str | None
+    options: FormatOptions
     keep: bool = False
 
     def label(self, fmt: Format) -> str:
-        return KEPT if self.keep else self.qtype or fmt.NAME
+        return KEPT if self.keep else self.options.type_name or fmt.NAME
 
 
-def ladder(fmt: Format, base: str | None) -> list[Rung]:
-    """The rungs of a layer planned in type `base`, lowest first: each type the format raises it to, then kept."""
+def ladder(fmt: Format, base: FormatOptions) -> list[Rung]:
+    """The rungs of a layer planned with options `base`, lowest first: each step the format raises it to
+    (`Format.raised`), then kept."""
     rungs = [Rung(base)]
-    raised = getattr(fmt, "RAISED", {})
-    qtype = raised.get(base) if base is not None else None
-    while qtype is not None:
-        rungs.append(Rung(qtype))
-        qtype = raised.get(qtype)
-    return [*rungs, Rung(None, keep=True)]
+    up = fmt.raised(base)
+    while up is not None:
+        rungs.append(Rung(up))
+        up = fmt.raised(up)
+    return [*rungs, Rung(NO_OPTIONS, keep=True)]
 
 
 @dataclass
@@ -186,15 +188,14 @@ def _layers(cp: ComponentPlan, run: Runnable, fmt: Format, recipe: Recipe, all_r
     for param, tp in run.plans.items():
         if not tp.quantize:
             continue
-        ladder_ = ladder(fmt, tp.qtype) if all_rungs else [Rung(tp.qtype)]
+        ladder_ = ladder(fmt, tp.options) if all_rungs else [Rung(tp.options)]
         plans = [
-            tp if i == 0 else replanned(tp, fmt, recipe.keep_dtype, r.qtype, keep=r.keep)
+            tp if i == 0 else replanned(tp, fmt, recipe.keep_dtype, r.options, keep=r.keep)
             for i, r in enumerate(ladder_)
         ]
-        check_available = getattr(fmt, "check_available", None)
         for r in ladder_:
-            if check_available is not None and r.qtype is not None:
-                check_available(r.qtype)
+            if not r.keep:
+                fmt.check_available(r.options)
         found.append(Layer(cp.rel, tp.module, param.removesuffix(".weight"), ladder_, plans))
     return found
 
@@ -314,7 +315,7 @@ class Proposal:
     forward_sqnr_db: dict[str, float]  # component -> measured dB
     reached: bool
     raised: list[tuple[str, str]]  # (module, rung label), most sensitive first
-    bytes: int  # the proposed checkpoint's tensor bytes
+    bytes: int  # the proposed checkpoint's tensor files on disk (headers and padding included)
     base_bytes: int  # the recipe's
     passes: int  # measured passes after the first two
 
@@ -327,7 +328,7 @@ def propose(
     m: Measurement, *, min_forward_sqnr_db: float | None = None, max_bytes: int | None = None
 ) -> Proposal:
     """The cheapest raises that reach `min_forward_sqnr_db` (measured), or the best forward SQNR within
-    `max_bytes` of tensors; see the module docstring. `reached` is False when the target cannot be met."""
+    `max_bytes` of tensor files on disk (headers and padding included); see the module docstring. `reached` is False when the target cannot be met."""
     if (min_forward_sqnr_db is None) == (max_bytes is None):
         raise ValueError("give exactly one of min_forward_sqnr_db and max_bytes")
     fmt = m.plan.format
@@ -347,17 +348,26 @@ def propose(
                     changes.setdefault(lay.component, {})[f"{lay.param}.weight"] = lay.plans[c.level]
         return m.remeasure(changes)
 
+    def on_disk() -> int:  # the files' bytes, headers and padding included
+        raised = {(lay.component, lay.plans[0].name): lay.plans[c.level] for c in choices for lay in c.layers}
+        return _files_size(m.plan, raised)
+
     if max_bytes is not None:
-        reached = total_bytes() <= max_bytes
+        overhead = on_disk() - total_bytes()  # before any raise: what the files take beyond their tensors
+        reached = on_disk() <= max_bytes
         if reached:
             scale = _fit(choices, measured)
+            steps: list[_Choice] = []
             while True:
                 predicted = _predicted(choices, scale)
                 worst = {max(predicted, key=predicted.__getitem__)}  # the figure is the worst component's
-                step = _best_step(choices, scale, m.plan, worst, room=max_bytes - total_bytes())
+                step = _best_step(choices, scale, m.plan, worst, room=max_bytes - overhead - total_bytes())
                 if step is None:
                     break
                 step.level += 1
+                steps.append(step)
+            while steps and on_disk() > max_bytes:  # a raise's padding or header outgrew the room: undo it
+                steps.pop().level -= 1
             if any(c.level for c in choices):
                 measured, passes = remeasure(), 1
                 if min(measured.values()) < m.worst_forward_sqnr_db:  # predicted better, measured worse
@@ -388,7 +398,23 @@ def propose(
             measured, passes = remeasure(), passes + 1
     raised = [(c.module, c.layers[0].rungs[c.level].label(fmt)) for c in choices if c.level]
     recipe = proposed_recipe(m.plan.recipe, choices, fmt, min_forward_sqnr_db, measured)
-    return Proposal(recipe, measured, reached, raised, total_bytes(), base_bytes, passes)
+    return Proposal(recipe, measured, reached, raised, on_disk(), _files_size(m.plan, {}), passes)
+
+
+def _files_size(plan: Plan, changed: dict[tuple[str, str], TensorPlan]) -> int:
+    """The bytes the tensor files of `plan` take on disk with the tensors `changed` ((component, source tensor
+    name) -> its plan) planned otherwise: headers and padding included, shards of the default size (what a
+    budget is held to)."""
+    from .containers import planned_files_size
+    from .layout import DEFAULT_MAX_SHARD_SIZE
+
+    total = 0
+    for cp in plan.components:
+        tensors = tuple(changed.get((cp.rel, tp.name), tp) for tp in cp.tensors)
+        total += planned_files_size(
+            dataclasses.replace(cp, tensors=tensors), plan.format, plan.container, DEFAULT_MAX_SHARD_SIZE
+        )
+    return total
 
 
 def _choices(layers: list[Layer]) -> list[_Choice]:
@@ -466,8 +492,8 @@ def proposed_recipe(
         pattern = re.escape(c.module)
         if rung.keep:
             ignore.append(pattern)
-        elif rung.qtype is not None:
-            types[pattern] = rung.qtype
+        elif rung.options.type_name is not None:
+            types[pattern] = rung.options.type_name
     figure = min(measured.values())
     floor = min_forward_sqnr_db if min_forward_sqnr_db is not None else math.floor(figure * 10) / 10
     raised = sum(1 for c in choices if c.level)

@@ -19,11 +19,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from .checkpoint import TensorInfo, copy_tensor_bytes, read_rows
+
+if TYPE_CHECKING:
+    from .source_folder import SourceFolder
 
 __all__ = ["Transform", "TensorStep", "TensorSource"]
 
@@ -45,6 +48,11 @@ class TensorStep(Protocol):
 
     #: files the step reads (never copied into the output as the source's other files)
     inputs: Sequence[Path]
+
+    def start(self, source: SourceFolder) -> None:
+        """Called once before any component is planned, with the source as resolved (its components as they
+        lie: a bare component folder is the root)."""
+        ...
 
     def transforms_for(self, component: str, tensors: Mapping[str, TensorInfo]) -> Mapping[str, Transform]:
         """The changes to apply to the source tensors of `component` (``.`` for the root), by tensor name;

@@ -154,9 +154,14 @@ def verify(
     manifest = read_manifest(checkpoint)
     recipe = _manifest_recipe(manifest)
     if loras and not manifest.loras:
-        raise InputError(f"{checkpoint}: was converted without LoRAs, so --lora has nothing to re-apply")
+        raise InputError(
+            f"{checkpoint}: was converted without LoRAs, so `loras` has nothing to re-apply",
+            parameters=("loras",),
+        )
     if loras and source is None:
-        raise InputError("--lora re-applies LoRAs to the source: give --source too")
+        raise InputError(
+            "`loras` re-applies LoRAs to the source: give `source` too", parameters=("loras", "source")
+        )
     merge, lora_paths = None, []
     if source is not None:
         source = Path(source)
@@ -166,11 +171,16 @@ def verify(
             steps = [merge, *steps]
     if forward:
         if source is None:
-            raise InputError("--forward compares against the source model: give --source too")
+            raise InputError(
+                "`forward` compares against the source model: give `source` too",
+                parameters=("forward", "source"),
+            )
         if recipe is not None:
             require_known_models(source, recipe, None if inputs is None else Path(inputs))
     elif inputs is not None:
-        raise InputError("--inputs are the forward pass's: give --forward too")
+        raise InputError(
+            "`inputs` are the forward pass's: give `forward` too", parameters=("inputs", "forward")
+        )
     progress = progress or NoProgress()
     progress.start(*_work_size(manifest, source is not None))
     workers = (os.cpu_count() or 1) if workers is None else workers
@@ -620,7 +630,7 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def _same_part(part: str, fmt: Format, mine: torch.Tensor, stored: torch.Tensor) -> bool:
     """Bit-exact, except a format's code tables, which some libraries compute a last bit differently per CPU."""
-    if part in getattr(fmt, "CODE_TABLES", ()):
+    if part in fmt.CODE_TABLES:
         return (
             mine.shape == stored.shape
             and mine.dtype == stored.dtype

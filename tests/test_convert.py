@@ -420,11 +420,13 @@ def test_keep_dtype_cast_of_chunked_and_scalar_tensors(tmp_path, monkeypatch):
 
 def test_copy_other_files_refuses_to_copy_an_unconverted_twin(tmp_path):
     """A two-expert diffusers repo with the one-expert recipe would ship transformer_2 in bf16: refused."""
-    from quantize.synthetic import WAN_PRESETS, wan_config, wan_tensors, write_checkpoint
+    from quantize.models import get_family
+    from quantize.synthetic import write_random_checkpoint
 
     src = tmp_path / "src"
+    (model,) = get_family("wan").example("tiny", "t2v")
     for comp in ("transformer", "transformer_2"):
-        write_checkpoint(src / comp, wan_tensors(WAN_PRESETS["tiny"]), config=wan_config(WAN_PRESETS["tiny"]))
+        write_random_checkpoint(src / comp, model.tensors, config=model.config)
     (tmp_path / "r.yaml").write_text(
         "format: fp8_channel\ncomponents: [transformer]\ntargets: ['blocks\\.\\d+\\.ffn\\.0']\ncopy_other_files: true\n"
     )

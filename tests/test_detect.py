@@ -28,11 +28,11 @@ def _diffusers_wan(root: Path, experts: int = 1) -> Path:
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory) -> dict[str, Path]:
     """One small source of every layout (the key), plus the bare folders."""
-    from quantize.synthetic import write_wan_example
+    from quantize.synthetic import write_example
 
     root = tmp_path_factory.mktemp("layouts")
     found = {
-        layout: write_wan_example(root / layout, "tiny", layout)
+        layout: write_example(root / layout, "tiny", layout)
         for layout in ("t2v", "i2v", "a14b", "lingbot")
     }
     found["diffusers"] = _diffusers_wan(root / "diffusers")

@@ -24,7 +24,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from quantize.converter import convert
-from tests.conftest import QUANTIZE, run_cli
+from tests.conftest import QUANTIZE, process_env, run_cli, run_process
 
 TARGET = "blocks.0.ffn.0.weight"  # quantized by wan-fp8
 SHARD = "diffusion_pytorch_model-00002-of-00003.safetensors"  # holds TARGET
@@ -313,14 +313,8 @@ def _file_size_limit(limit: int):
 
 
 def _run_limited(*args, limit: int) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [QUANTIZE, *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        preexec_fn=_file_size_limit(limit),
-        env={**os.environ, "COLUMNS": "200"},
-    )
+    """A process of its own: the file size limit is the process's."""
+    return run_process(*args, preexec_fn=_file_size_limit(limit))
 
 
 @pytest.mark.parametrize("old_output", [False, True])
@@ -372,7 +366,7 @@ def _start(*args) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "COLUMNS": "200"},
+        env=process_env(),
     )
 
 
@@ -388,9 +382,9 @@ def _wait_for_progress(proc: subprocess.Popen, out: Path) -> None:
 @pytest.fixture(scope="module")
 def wan_small(tmp_path_factory) -> Path:
     """Big enough (8 MB, ~2 s of nf4 on one worker) to be interrupted halfway."""
-    from quantize.synthetic import write_wan_example
+    from quantize.synthetic import write_example
 
-    return write_wan_example(tmp_path_factory.mktemp("small") / "wan-small", "small", "t2v")
+    return write_example(tmp_path_factory.mktemp("small") / "wan-small", "small", "t2v")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

@@ -1,5 +1,8 @@
 """The Hub, through the real huggingface_hub client in CLI subprocesses, against a stand-in Hub API on 127.0.0.1.
 
+Those runs are processes of their own (`run_process`): huggingface_hub reads HF_ENDPOINT, HF_HOME, HF_HUB_OFFLINE
+and HF_HUB_DISABLE_XET once, when imported. Conversions and verifies of local folders run in this process.
+
 The stand-in speaks the classic LFS upload protocol, so these runs set HF_HUB_DISABLE_XET=1; with hf_xet
 (the default) huggingface_hub's `upload_folder` uses its resumable Xet pipeline instead, same calls.
 """
@@ -19,7 +22,7 @@ from huggingface_hub import ModelCard
 from huggingface_hub.utils import validate_repo_id
 
 from quantize.hub import scrub, source_files_wanted
-from tests.conftest import load_all, read_json, run_cli
+from tests.conftest import load_all, read_json, run_cli, run_process
 from tests.hub_server import HubStandIn
 
 SOURCE_CARD = "---\nlicense: apache-2.0\npipeline_tag: text-to-video\ntags: [video]\n---\n# Wan tiny\n"
@@ -99,7 +102,7 @@ def test_the_card_is_the_same_for_the_same_source_and_recipe(converted, tmp_path
 
 
 def test_upload_sends_every_file_byte_identical_in_one_commit(converted, hub, hub_env):
-    proc = run_cli("upload", converted, "someone/Wan-tiny-fp8", "--private", env=hub_env)
+    proc = run_process("upload", converted, "someone/Wan-tiny-fp8", "--private", env=hub_env)
     assert proc.returncode == 0, proc.stderr
     arrived = hub.files("someone/Wan-tiny-fp8")
     assert arrived == _files(converted)
@@ -112,7 +115,7 @@ def test_upload_sends_every_file_byte_identical_in_one_commit(converted, hub, hu
 
 def test_an_upload_that_fails_at_the_last_moment_leaves_the_repo_as_it_was(converted, hub, hub_env, tmp_path):
     """The connection drops as the commit is made: the Hub still shows the previous checkpoint, whole."""
-    run_cli("upload", converted, "someone/tiny", env=hub_env, check=True)
+    run_process("upload", converted, "someone/tiny", env=hub_env, check=True)
     before = hub.files("someone/tiny")
     newer = tmp_path / "newer"
     shutil.copytree(converted, newer)
@@ -126,24 +129,24 @@ def test_an_upload_that_fails_at_the_last_moment_leaves_the_repo_as_it_was(conve
     ).hexdigest()
     (newer / "quantize_manifest.json").write_text(json.dumps(manifest, indent=2))
     hub.fail_commits_touching = "quantize_manifest.json"
-    proc = run_cli("upload", newer, "someone/tiny", env=hub_env)
+    proc = run_process("upload", newer, "someone/tiny", env=hub_env)
     hub.fail_commits_touching = None
     assert proc.returncode == 1 and "upload to someone/tiny failed" in proc.stderr
     assert hub.files("someone/tiny") == before
 
 
 def test_upload_to_a_new_branch_leaves_main_alone(converted, hub, hub_env):
-    run_cli("upload", converted, "someone/tiny", env=hub_env, check=True)
+    run_process("upload", converted, "someone/tiny", env=hub_env, check=True)
     main_before = hub.files("someone/tiny")
     commits = len(hub.repo("someone/tiny")["commits"])
-    run_cli("upload", converted, "someone/tiny", "--revision", "v1", env=hub_env, check=True)
+    run_process("upload", converted, "someone/tiny", "--revision", "v1", env=hub_env, check=True)
     assert hub.files("someone/tiny", "v1") == main_before == hub.files("someone/tiny")
     assert hub.repo("someone/tiny")["branches"].keys() == {"main", "v1"}
     assert len(hub.repo("someone/tiny")["commits"]) >= commits
 
 
 def test_dry_run_lists_files_and_sizes_and_sends_nothing(converted, hub, hub_env):
-    proc = run_cli("upload", converted, "someone/tiny", "--dry-run", env=hub_env)
+    proc = run_process("upload", converted, "someone/tiny", "--dry-run", env=hub_env)
     assert proc.returncode == 0, proc.stderr
     assert "dry run: verified, nothing was sent" in proc.stdout
     shard = next(converted.glob("*.safetensors"))
@@ -156,28 +159,28 @@ def test_a_checkpoint_that_fails_verify_is_not_sent(converted, hub, hub_env):
     data = bytearray(shard.read_bytes())
     data[-1] ^= 1
     shard.write_bytes(bytes(data))
-    proc = run_cli("upload", converted, "someone/tiny", env=hub_env)
+    proc = run_process("upload", converted, "someone/tiny", env=hub_env)
     assert proc.returncode == 2
     assert "fails verify's integrity checks" in proc.stderr and "nothing was sent" in proc.stderr
     assert hub.requests == []
 
 
 def test_no_token_or_a_wrong_one_is_a_clean_error_that_never_shows_it(converted, hub, hub_env, tmp_path):
-    proc = run_cli("upload", converted, "someone/tiny", env={**hub_env, "HF_TOKEN": ""})
+    proc = run_process("upload", converted, "someone/tiny", env={**hub_env, "HF_TOKEN": ""})
     assert proc.returncode == 2 and "no Hugging Face token" in proc.stderr and hub.requests == []
     wrong = "hf_WrongTokenValue0123456789"
-    proc = run_cli("upload", converted, "someone/tiny", env={**hub_env, "HF_TOKEN": wrong})
+    proc = run_process("upload", converted, "someone/tiny", env={**hub_env, "HF_TOKEN": wrong})
     assert proc.returncode == 1 and "upload to someone/tiny failed" in proc.stderr
     assert wrong not in proc.stdout + proc.stderr
     errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
     assert len(errors) == 1 and errors[0].startswith("error: upload to someone/tiny failed: ")
-    debug = run_cli("--debug", "upload", converted, "someone/tiny", env={**hub_env, "HF_TOKEN": wrong})
+    debug = run_process("--debug", "upload", converted, "someone/tiny", env={**hub_env, "HF_TOKEN": wrong})
     assert debug.returncode == 1 and "Traceback" in debug.stderr  # the traceback is scrubbed too
     assert wrong not in debug.stdout + debug.stderr
 
 
 def test_a_bad_repo_id_is_refused_before_anything(converted, hub, hub_env):
-    proc = run_cli("upload", converted, "not a repo id", "--dry-run", env=hub_env)
+    proc = run_process("upload", converted, "not a repo id", "--dry-run", env=hub_env)
     assert proc.returncode == 2 and "'not a repo id': not a Hub repo id (expected org/name)" in proc.stderr
     assert "verify:" not in proc.stderr and hub.requests == []
 
@@ -218,7 +221,7 @@ def test_convert_from_a_repo_id_fetches_only_what_the_recipe_needs(hub, hub_env,
     files = _seed_diffusers_repo(hub, tmp_path)
     recipe = _transformer_only(tmp_path)
     out = tmp_path / "from-hub"
-    proc = run_cli("convert", "Wan-AI/Wan-tiny-Diffusers", out, "-r", recipe, env=hub_env)
+    proc = run_process("convert", "Wan-AI/Wan-tiny-Diffusers", out, "-r", recipe, env=hub_env)
     assert proc.returncode == 0, proc.stderr
     fetched = {
         r["path"].split("/resolve/", 1)[1].split("/", 1)[1] for r in hub.requests if "/resolve/" in r["path"]
@@ -246,12 +249,12 @@ def test_convert_from_a_repo_id_fetches_only_what_the_recipe_needs(hub, hub_env,
     assert ours.keys() == theirs.keys() and all(ours[k].equal(theirs[k]) for k in ours)
 
     # verify and plan take the repo id too; offline, the cache serves it with the Hub gone
-    assert run_cli("verify", out, "--source", "Wan-AI/Wan-tiny-Diffusers", env=hub_env).returncode == 0
+    assert run_process("verify", out, "--source", "Wan-AI/Wan-tiny-Diffusers", env=hub_env).returncode == 0
     hub.stop()
     offline = {**hub_env, "HF_HUB_OFFLINE": "1"}
-    proc = run_cli("plan", "Wan-AI/Wan-tiny-Diffusers", "-r", recipe, env=offline)
+    proc = run_process("plan", "Wan-AI/Wan-tiny-Diffusers", "-r", recipe, env=offline)
     assert proc.returncode == 0, proc.stderr
-    proc = run_cli("convert", "Wan-AI/Other-model", tmp_path / "x", "-r", recipe, env=offline)
+    proc = run_process("convert", "Wan-AI/Other-model", tmp_path / "x", "-r", recipe, env=offline)
     assert proc.returncode == 2
     assert (
         "Wan-AI/Other-model: not in the Hugging Face cache" in proc.stderr and "HF_HUB_OFFLINE" in proc.stderr
@@ -260,9 +263,9 @@ def test_convert_from_a_repo_id_fetches_only_what_the_recipe_needs(hub, hub_env,
 
 
 def test_an_unknown_repo_or_path_is_one_clean_line(hub, hub_env, tmp_path):
-    proc = run_cli("convert", "Nobody/no-such-model", tmp_path / "x", "-r", "wan-fp8", env=hub_env)
+    proc = run_process("convert", "Nobody/no-such-model", tmp_path / "x", "-r", "wan-fp8", env=hub_env)
     assert proc.returncode == 2 and "Nobody/no-such-model: no such model repo" in proc.stderr
-    proc = run_cli("convert", tmp_path / "missing-folder", tmp_path / "x", "-r", "wan-fp8", env=hub_env)
+    proc = run_process("convert", tmp_path / "missing-folder", tmp_path / "x", "-r", "wan-fp8", env=hub_env)
     assert proc.returncode == 2 and "source not found: neither a folder nor a Hub repo id" in proc.stderr
     assert not (tmp_path / "x").exists()
 
@@ -317,5 +320,5 @@ def test_the_python_api_takes_a_repo_id_and_writes_what_the_cli_writes(hub, hub_
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["Wan-AI/Wan-tiny-Diffusers", "2"]  # the transformer's config and shard
-    run_cli("convert", "Wan-AI/Wan-tiny-Diffusers", cli_out, "-r", recipe, env=hub_env, check=True)
+    run_process("convert", "Wan-AI/Wan-tiny-Diffusers", cli_out, "-r", recipe, env=hub_env, check=True)
     assert _files(api_out) == _files(cli_out)  # manifest and card included: the same conversion

@@ -98,9 +98,9 @@ def test_recipes_and_the_files_to_hash_come_without_torch(tmp_path):
         f"r = load_recipe('wan-fp8.yaml'); print(len(files_of_components({str(tmp_path)!r}, r.recipe.components))); "
         "print('torch' in sys.modules)"
     )
-    from quantize.synthetic import write_wan_example
+    from quantize.synthetic import write_example
 
-    write_wan_example(tmp_path / "src", "tiny", "t2v")
+    write_example(tmp_path / "src", "tiny", "t2v")
     code = code.replace(repr(str(tmp_path)), repr(str(tmp_path / "src")))
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True

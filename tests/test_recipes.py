@@ -286,9 +286,9 @@ def test_types_are_for_formats_that_have_them(text, message):
 
 
 def test_a_types_pattern_must_match_and_the_first_match_decides(tmp_path):
-    from quantize.synthetic import write_wan_example
+    from quantize.synthetic import write_example
 
-    src = write_wan_example(tmp_path / "w", "small", "t2v")
+    src = write_example(tmp_path / "w", "small", "t2v")
     base = "format: gguf\ntype: Q4_K\ntargets: ['blocks\\.\\d+\\.ffn\\.(0|2)']\n"
     plan = _plan(src, base + "types: {'blocks\\.0\\.ffn\\.2': Q8_0, 'blocks\\.\\d+\\.ffn\\.2': Q6_K}\n")
     types = {t.name: t.qtype for t in plan.components[0].quantized()}

@@ -46,6 +46,9 @@ class _Step:
     used: set[str] = field(default_factory=set)
     inputs: tuple[Path, ...] = ()
 
+    def start(self, source) -> None:
+        """Nothing to place: the test step names tensors, not components."""
+
     def transforms_for(self, component: str, tensors: dict[str, TensorInfo]):
         touched = {n: tensors[n] for n in self.names if n in tensors}
         self.used |= set(touched)

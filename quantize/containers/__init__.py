@@ -6,6 +6,7 @@ provides:
 - ``NAME``;
 - ``layout(cp, fmt, max_bytes) -> list[PlannedFile]``: the files of a component and the tensors each holds,
   from the plan alone (sizes are known before anything is encoded);
+- ``planned_size(file, cp, fmt) -> int``: the bytes that file will take on disk, from the plan alone;
 - ``open_file(path, file, cp, fmt) -> TensorWriter``: a writer for one of them (see `TensorWriter`);
 - ``finish(out_dir, cp, fmt, written) -> list[Path]``: the extras once every file is written (an index,
   config.json), returning the paths it wrote;
@@ -50,6 +51,7 @@ __all__ = [
     "config_text",
     "write_config",
     "component_stem",
+    "planned_files_size",
 ]
 
 #: container name -> the module that defines it
@@ -100,6 +102,13 @@ def get_container(name: str) -> ModuleType:
         return importlib.import_module(_MODULES[name])
     except KeyError:
         raise InputError(f"unknown container {name!r} (known: {', '.join(_MODULES)})") from None
+
+
+def planned_files_size(cp: ComponentPlan, fmt: Format, container: str, max_bytes: int) -> int:
+    """The bytes the tensor files of `cp` will take on disk in `container` (shards of `max_bytes` where it shards):
+    headers and padding included, from the plan alone (what a size budget is held to)."""
+    c = get_container(container)
+    return sum(c.planned_size(f, cp, fmt) for f in c.layout(cp, fmt, max_bytes))
 
 
 def config_with_quantization(fmt: Format, config: dict | None, kept_linears: list[str]) -> dict:

@@ -1,7 +1,7 @@
 """`gguf_file`: a component as one GGUF v3 file (``<component>.gguf``; ``diffusion_model.gguf`` at the root),
 what ComfyUI-GGUF's Unet Loader and diffusers' `from_single_file` read, and config.json as for every format.
 
-The file's key-values: ``general.architecture = "wan"``, ``general.quantization_version`` (GGML's, 2) and
+The file's key-values: ``general.architecture`` (the model family's, `models.Family.gguf_architecture`), ``general.quantization_version`` (GGML's, 2) and
 ``general.file_type`` (llama.cpp's file type of the component's most used type, `_M` when a mix raises some
 tensors). Tensors in the source's order, each at its aligned offset; written streaming (`gguf_file.GGUFWriter`),
 byte for byte what gguf-py's own `GGUFWriter` writes for the same tensors. `--max-shard-size` does not apply.
@@ -15,7 +15,8 @@ from pathlib import Path
 from ..checkpoint import CONFIG_NAME, Component
 from ..errors import InputError
 from ..formats import Format
-from ..gguf_file import GGUFTensor, GGUFWriter, read_gguf
+from ..ggml_types import ggml_type
+from ..gguf_file import GGUFTensor, GGUFWriter, read_gguf, written_size
 from ..layout import read_json_object
 from ..plan import ComponentPlan
 from . import PlannedFile, WrittenFile, component_stem, config_with_quantization, write_config
@@ -24,6 +25,7 @@ __all__ = [
     "NAME",
     "file_name",
     "layout",
+    "planned_size",
     "open_file",
     "finish",
     "component_config",
@@ -33,9 +35,6 @@ __all__ = [
 
 NAME = "gguf_file"
 QUANTIZATION_VERSION = 2  # GGML_QNT_VERSION: the block layouts these types have had since 2023
-#: llama.cpp's `general.file_type` (LlamaFileType) by a model's main type; `_M` where a mix raises some tensors
-_FILE_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q4_K": 14, "Q5_K": 16, "Q6_K": 18}
-_FILE_TYPES_M = {"Q4_K": 15, "Q5_K": 17}
 
 
 def file_name(component: str) -> str:
@@ -49,17 +48,23 @@ def layout(cp: ComponentPlan, fmt: Format, max_bytes: int) -> list[PlannedFile]:
 
 
 def file_type(cp: ComponentPlan) -> int:
-    """llama.cpp's file type: the type holding the most quantized bytes, `_M` if other types hold some."""
+    """llama.cpp's file type (`general.file_type`, from the GGML table) of the type holding the most quantized
+    bytes; its `_M` file type if other types hold some."""
     by_type = Counter()
     for tp in cp.quantized():
         by_type[tp.qtype] += tp.output_bytes
     (main, _), *others = by_type.most_common()
-    return _FILE_TYPES_M.get(main, _FILE_TYPES[main]) if others else _FILE_TYPES[main]
+    row = ggml_type(main)
+    return (row.file_type_mix or row.file_type) if others else row.file_type
 
 
 def key_values(cp: ComponentPlan) -> dict[str, str | int]:
+    arch = None if cp.family is None else cp.family.gguf_architecture
+    if arch is None:
+        what = "a model of no known family" if cp.family is None else cp.family.title
+        raise InputError(f"{cp.component.dir}: {what} has no GGUF architecture: GGUF files need one")
     return {
-        "general.architecture": "wan",
+        "general.architecture": arch,
         "general.quantization_version": QUANTIZATION_VERSION,
         "general.file_type": file_type(cp),
     }
@@ -70,9 +75,17 @@ def file_metadata(fmt: Format, cp: ComponentPlan) -> dict[str, str]:
     return {}
 
 
+def _tensors(file: PlannedFile) -> list[GGUFTensor]:
+    return [GGUFTensor(s.name, s.dtype, s.shape) for tp in file.tensors for s in tp.outputs]
+
+
+def planned_size(file: PlannedFile, cp: ComponentPlan, fmt: Format) -> int:
+    """The bytes `file` takes on disk: header, key-values, tensor infos, the data and its alignment padding."""
+    return written_size(key_values(cp), _tensors(file))
+
+
 def open_file(path: Path, file: PlannedFile, cp: ComponentPlan, fmt: Format) -> GGUFWriter:
-    specs = [GGUFTensor(s.name, s.dtype, s.shape) for tp in file.tensors for s in tp.outputs]
-    return GGUFWriter(path, specs, key_values(cp))
+    return GGUFWriter(path, _tensors(file), key_values(cp))
 
 
 def component_config(fmt: Format, config: dict | None, kept_linears: list[str]) -> dict:

@@ -16,10 +16,19 @@ from ..formats import Format
 from ..layout import SHARD_METADATA, group_by_size, index_json, index_name, shard_names
 from ..output import write_file
 from ..plan import ComponentPlan
-from ..writer import ShardWriter
+from ..writer import ShardWriter, header_bytes, shard_layout
 from . import PlannedFile, WrittenFile, config_with_quantization, write_config
 
-__all__ = ["NAME", "layout", "open_file", "finish", "component_config", "file_metadata", "open_stored"]
+__all__ = [
+    "NAME",
+    "layout",
+    "planned_size",
+    "open_file",
+    "finish",
+    "component_config",
+    "file_metadata",
+    "open_stored",
+]
 
 NAME = "sharded_safetensors"
 
@@ -29,6 +38,13 @@ def layout(cp: ComponentPlan, fmt: Format, max_bytes: int) -> list[PlannedFile]:
     groups = group_by_size(cp.tensors, lambda tp: tp.output_bytes, max_bytes)
     names = shard_names(cp.component.stem, len(groups), with_index=cp.component.index_path is not None)
     return [PlannedFile(name, tuple(group)) for group, name in zip(groups, names, strict=True)]
+
+
+def planned_size(file: PlannedFile, cp: ComponentPlan, fmt: Format) -> int:
+    """The bytes `file` takes on disk: its header (names, shapes, offsets, metadata) and its tensor data (a late
+    blob counted at the most it may take)."""
+    specs = [spec for tp in file.tensors for spec in tp.outputs]
+    return len(header_bytes(shard_layout(specs), file_metadata(fmt, cp))) + sum(s.nbytes for s in specs)
 
 
 def file_metadata(fmt: Format, cp: ComponentPlan) -> dict[str, str]:

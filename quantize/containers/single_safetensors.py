@@ -14,12 +14,13 @@ from pathlib import Path
 from ..formats import Format
 from ..plan import ComponentPlan
 from . import PlannedFile, WrittenFile, component_stem, write_config
-from .sharded_safetensors import component_config, file_metadata, open_file, open_stored
+from .sharded_safetensors import component_config, file_metadata, open_file, open_stored, planned_size
 
 __all__ = [
     "NAME",
     "file_name",
     "layout",
+    "planned_size",
     "open_file",
     "finish",
     "component_config",

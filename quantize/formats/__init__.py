@@ -1,10 +1,11 @@
 """The on-disk formats, each defined once, and the one table of facts about them.
 
-A format's module owns its numerics and part names (`parts`, `encode`, `decode`) and how it declares
+A format's module defines one `Format` subclass (`base`: every hook declared there, with its default)
+and its one instance ``FORMAT``: its numerics and part names (`parts`, `encode`, `decode`) and how it declares
 itself (`quantization_config`, `checkpoint_metadata`); everything else about it (the library whose
-layout it is, how the card names it, which container holds it, which name table its keys follow)
-is a row of `FORMAT_INFO`. That table is plain data: reading it (a recipe check, the card, `inspect`)
-imports no torch; the module is imported on first `get_format`.
+layout it is, how the card names it, which container holds it, which names its keys follow, the class of its
+per-tensor options) is a row of `FORMAT_INFO`. That table is plain data: reading it (a recipe check, the
+card, `inspect`) imports no torch; the module is imported on first `get_format`.
 
 >>> get_format("fp8_channel").NAME, format_info("nf4").container
 ('fp8_channel', 'sharded_safetensors')
@@ -15,11 +16,11 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from types import ModuleType
 
 from ..errors import InputError
 from ..names import part_key
 from .base import Format, NonFiniteWeightError, PartSpec, UnsupportedShapeError
+from .options import NO_OPTIONS, FormatOptions, GgufOptions, NoOptions
 
 __all__ = [
     "FORMATS",
@@ -30,6 +31,10 @@ __all__ = [
     "format_of_config",
     "quantized_parts",
     "Format",
+    "FormatOptions",
+    "NoOptions",
+    "NO_OPTIONS",
+    "GgufOptions",
     "PartSpec",
     "NonFiniteWeightError",
     "UnsupportedShapeError",
@@ -46,7 +51,7 @@ class FormatInfo:
     quant_method: str  # config.json quantization_config.quant_method: how a reader recognizes it
     libraries: tuple[str, ...]  # packages whose numerics it follows (their versions go into the manifest)
     container: str  # how a component's tensors become files (`quantize.containers`)
-    names: str  # the name table of its output keys (`quantize.names`)
+    names: str  # the role of names its output keys take (`models.ROLES`): "source" (as stored), "native"
     words: str  # what the model card calls it
     tag: str  # the Hub tag of its kind (fp8, nf4)
     layout_library: str  # the library whose on-disk layout it is (a Hub tag too)
@@ -56,8 +61,9 @@ class FormatInfo:
     runs_in: tuple[str, ...] = ("loaders",)
     #: its output is laid out as diffusers models (from_pretrained folders), not one file for another runner
     diffusers_layout: bool = True
-    #: the per-tensor types a recipe picks from (`type`, `types`); empty: the format has one encoding
-    types: tuple[str, ...] = ()
+    #: the class of its per-tensor options (`formats.options`): what a recipe's `type` / `types` may name
+    #: (`options.TYPES`; none for a format with one encoding) and what `parts`, `encode` and `decode` take
+    options: type[FormatOptions] = NoOptions
 
 
 FORMAT_INFO: dict[str, FormatInfo] = {
@@ -106,7 +112,7 @@ FORMAT_INFO: dict[str, FormatInfo] = {
             quant_method="comfy_fp8",
             libraries=(),
             container="single_safetensors",
-            names="wan_native",
+            names="native",
             words="ComfyUI FP8 scaled (e4m3, one scale per tensor, `comfy_quant` markers)",
             tag="fp8",
             layout_library="comfyui",
@@ -120,7 +126,7 @@ FORMAT_INFO: dict[str, FormatInfo] = {
             quant_method="comfy_int8",
             libraries=(),
             container="single_safetensors",
-            names="wan_native",
+            names="native",
             words="ComfyUI INT8 (one scale per output row, `comfy_quant` markers)",
             tag="int8",
             layout_library="comfyui",
@@ -134,14 +140,14 @@ FORMAT_INFO: dict[str, FormatInfo] = {
             quant_method="gguf",
             libraries=("gguf",),
             container="gguf_file",
-            names="wan_native",
+            names="native",
             words="GGUF (GGML block types, one file per model)",
             tag="gguf",
             layout_library="gguf",
             diffusers_needs=None,
             runs_in=("comfyui-gguf", "diffusers-gguf"),
             diffusers_layout=False,
-            types=("Q8_0", "Q6_K", "Q5_K", "Q4_K", "Q5_0", "Q5_1", "Q4_0", "Q4_1"),
+            options=GgufOptions,
         ),
     )
 }
@@ -155,12 +161,16 @@ def format_info(name: str) -> FormatInfo:
         raise InputError(f"unknown format {name!r} (known: {', '.join(sorted(FORMAT_INFO))})") from None
 
 
-class _Formats(Mapping[str, ModuleType]):
-    """Name -> format module, each imported when first looked up: the names alone (what a recipe is
-    checked against) come without importing torch."""
+class _Formats(Mapping[str, Format]):
+    """Name -> the format's one instance (its module's ``FORMAT``), each module imported when first looked up:
+    the names alone (what a recipe is checked against) come without importing torch."""
 
-    def __getitem__(self, name: str) -> ModuleType:
-        return importlib.import_module(f"{__name__}.{FORMAT_INFO[name].module}")
+    def __getitem__(self, name: str) -> Format:
+        module = importlib.import_module(f"{__name__}.{FORMAT_INFO[name].module}")
+        fmt = module.FORMAT
+        if not isinstance(fmt, Format) or fmt.NAME != name or not isinstance(fmt.ROW_SEPARABLE, bool):
+            raise TypeError(f"{module.__name__}.FORMAT must be the Format instance named {name!r}")
+        return fmt
 
     def __contains__(self, name: object) -> bool:
         return name in FORMAT_INFO
@@ -172,12 +182,12 @@ class _Formats(Mapping[str, ModuleType]):
         return len(FORMAT_INFO)
 
 
-FORMATS: Mapping[str, ModuleType] = _Formats()
+FORMATS: Mapping[str, Format] = _Formats()
 
 
 def get_format(name: str) -> Format:
-    """The format module registered under `name`; the error lists the known names."""
-    return FORMATS[format_info(name).name]  # type: ignore[return-value]
+    """The format registered under `name` (its module's ``FORMAT``); the error lists the known names."""
+    return FORMATS[format_info(name).name]
 
 
 def format_of_config(quantization_config: dict, where: str) -> Format:
@@ -191,10 +201,10 @@ def format_of_config(quantization_config: dict, where: str) -> Format:
 
 
 def quantized_parts(
-    fmt: Format, module: str, shape: tuple[int, ...], qtype: str | None = None
+    fmt: Format, module: str, shape: tuple[int, ...], options: FormatOptions = NO_OPTIONS
 ) -> dict[str, tuple[str, PartSpec]]:
-    """Part name -> (output key, (dtype, shape)) of a weight of `shape` stored by `fmt` (in its type `qtype`,
-    for a format with types) under the module name `module` (already in the output's names): the one rule the
-    plan, verify and the loaders share. `UnsupportedShapeError` if the format cannot hold the shape."""
-    specs = fmt.parts(shape) if qtype is None else fmt.parts(shape, qtype)
-    return {part: (part_key(module, part), spec) for part, spec in specs.items()}
+    """Part name -> (output key, (dtype, shape)) of a weight of `shape` stored by `fmt` with `options` (gguf's
+    GGML type; none for a format with one encoding) under the module name `module` (already in the output's
+    names): the one rule the plan, verify and the loaders share. `UnsupportedShapeError` if the format cannot
+    hold the shape."""
+    return {part: (part_key(module, part), spec) for part, spec in fmt.parts(shape, options).items()}

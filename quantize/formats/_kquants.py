@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["BLOCK_BYTES", "dequantize"]
+from ..ggml_types import ggml_type
 
-BLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+__all__ = ["dequantize"]
 
 
 def _f16(b: torch.Tensor) -> torch.Tensor:
@@ -45,9 +45,9 @@ def _fields(packed: torch.Tensor, n: int, width: int, shifts: torch.Tensor, mask
 
 
 def dequantize(q: torch.Tensor, qtype: str) -> torch.Tensor:
-    """float32 rows [rows, cols] of K-quant bytes `q` (uint8 [rows, cols / 256 · BLOCK_BYTES[qtype]])."""
+    """float32 rows [rows, cols] of K-quant bytes `q` (uint8 [rows, cols / 256 · the type's bytes a block])."""
     rows = q.shape[0]
-    b = q.reshape(-1, BLOCK_BYTES[qtype])
+    b = q.reshape(-1, ggml_type(qtype).type_size)
     n = b.shape[0]
     if qtype == "Q6_K":
         ql, qh, scales, d = b[:, :128], b[:, 128:192], b[:, 192:208], b[:, 208:210]

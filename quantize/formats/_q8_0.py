@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import torch
 
+from ..ggml_types import ggml_type
 from .base import NonFiniteWeightError
 
 __all__ = ["BLOCK", "BLOCK_BYTES", "quantize", "dequantize"]
 
-BLOCK = 32
-BLOCK_BYTES = 2 + BLOCK
+BLOCK = ggml_type("Q8_0").block  # 32 values
+BLOCK_BYTES = ggml_type("Q8_0").type_size  # d (2 bytes) and 32 int8 values
 _JUST_BELOW_HALF = torch.tensor(0.49999997)  # nextafter(0.5, 0) in float32
 
 

@@ -1,16 +1,23 @@
-"""What every on-disk format provides. Each format is one module that satisfies `Format`.
+"""What every on-disk format provides: the abstract base `Format`, which declares, documents and defaults every
+hook. Each format is one module defining one subclass and its one instance, ``FORMAT``, which
+`formats.get_format` returns; callers call the hooks directly, never probing for them.
 
 Names are local: a format speaks of the parts of one Linear (``weight``, ``weight_scale``); the
 full key is ``<module>.<part>``, built only by `names.part_key` (through `formats.quantized_parts`).
-What else is known of a format (its libraries, container, name table, card words) is its row of
-`formats.FORMAT_INFO`, not an attribute of the module.
+What else is known of a format (its libraries, container, name role, card words, its options type) is its row
+of `formats.FORMAT_INFO`, not an attribute of the class. This module imports no torch (the table of formats
+is read, by recipes for instance, without it); the formats themselves do.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+import abc
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, ClassVar
 
-if TYPE_CHECKING:  # the table of formats is read (by recipes, for instance) without importing torch
+from .options import NO_OPTIONS, FormatOptions
+
+if TYPE_CHECKING:
     import torch
 
 __all__ = ["Format", "PartSpec", "NonFiniteWeightError", "UnsupportedShapeError"]
@@ -27,41 +34,98 @@ class UnsupportedShapeError(ValueError):
     """The format cannot hold a weight of this shape; the message says why."""
 
 
-class Format(Protocol):
-    NAME: str  # its key in `formats.FORMAT_INFO`
-    #: True when encoding any slice of rows gives those rows of the whole encoding, and every part
-    #: has the weight's rows as its dim 0: the converter then streams a weight in row chunks.
-    ROW_SEPARABLE: bool
-    #: Optional. Parts that belong to the whole weight, not to its rows (a per-tensor scale, ComfyUI's marker):
-    #: a row-separable format's `encode` of any row chunk gives them whole, the same for every chunk, and
-    #: they are written (and compared) once. A format whose such parts depend on the whole weight also
-    #: gives ``weight_options(chunks) -> dict``: a first streamed pass over the weight's float32 row chunks,
-    #: whose result `encode` then takes as keyword arguments (comfy_fp8's scale from the weight's max |w|).
-    # WEIGHT_PARTS: tuple[str, ...]
+class Format(abc.ABC):
+    """One on-disk format: its numerics, its part names and how it declares itself.
 
-    def parts(self, shape: tuple[int, ...]) -> dict[str, PartSpec]:
-        """The tensors a weight of `shape` becomes, by local part name; `UnsupportedShapeError` if it cannot."""
-        ...
+    A subclass sets `NAME` and `ROW_SEPARABLE`, implements the abstract methods, and overrides the other hooks
+    where the defaults below do not fit. Every hook takes the tensor's `options` (`formats.options`: gguf's
+    GGML type; `NoOptions` for a format with one encoding), which the plan gives each quantized tensor.
+    """
 
-    def encode(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Quantize a 2-D weight (fp32, fp16 or bf16, as stored) into its parts."""
-        ...
+    #: its key in `formats.FORMAT_INFO`
+    NAME: ClassVar[str]
+    #: True when encoding any slice of rows gives those rows of the whole encoding, and every part but the
+    #: `WEIGHT_PARTS` has the weight's rows as its dim 0: the converter then streams a weight in row chunks.
+    ROW_SEPARABLE: ClassVar[bool]
+    #: Parts that belong to the whole weight, not to its rows (a per-tensor scale, ComfyUI's marker): a
+    #: row-separable format's `encode` of any row chunk gives them whole, the same for every chunk, and they are
+    #: written (and compared) once. Where they depend on the whole weight, `weight_options` decides them.
+    WEIGHT_PARTS: ClassVar[tuple[str, ...]] = ()
+    #: Parts that are code books, not data: a library builds them with float32 arithmetic whose last bit can
+    #: differ between CPU instruction sets, so `verify` compares them to within a float32 rounding.
+    CODE_TABLES: ClassVar[tuple[str, ...]] = ()
 
+    def __repr__(self) -> str:
+        return f"<format {self.NAME}>"
+
+    @property
+    def options_type(self) -> type[FormatOptions]:
+        """The class of its options, declared in its `FormatInfo` row (where recipes read it without torch)."""
+        from . import format_info
+
+        return format_info(self.NAME).options
+
+    # --- numerics --------------------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def parts(self, shape: tuple[int, ...], options: FormatOptions = NO_OPTIONS) -> dict[str, PartSpec]:
+        """The tensors a weight of `shape` becomes, by local part name, in their order;
+        `UnsupportedShapeError` (saying why) if the format cannot hold the shape."""
+
+    @abc.abstractmethod
+    def encode(
+        self, weight: torch.Tensor, options: FormatOptions = NO_OPTIONS, **whole: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """Quantize a 2-D weight (fp32, fp16 or bf16, as stored), or a chunk of its rows, into its parts;
+        `whole` is what `weight_options` decided from the whole weight. `NonFiniteWeightError` for NaN or Inf."""
+
+    @abc.abstractmethod
     def decode(
         self,
         parts: dict[str, torch.Tensor],
-        dtype: torch.dtype = ...,  # float32
+        dtype: torch.dtype,
         rows: tuple[int, int] | None = None,
+        options: FormatOptions = NO_OPTIONS,
     ) -> torch.Tensor:
-        """The dequantized weight, or only its rows [r0, r1)."""
-        ...
+        """The dequantized weight (float32 when a format's own default is used), or only its rows [r0, r1)."""
 
+    def weight_options(
+        self, chunks: Iterable[torch.Tensor], options: FormatOptions = NO_OPTIONS
+    ) -> dict[str, torch.Tensor]:
+        """What `encode` takes, as keyword arguments, from the whole weight before encoding any chunk of it
+        (comfy_fp8's per-tensor scale), from one streamed pass over its float32 row chunks. Default: nothing,
+        and the chunks are not read."""
+        return {}
+
+    # --- declarations ----------------------------------------------------------------------------------------
+
+    @abc.abstractmethod
     def quantization_config(self, kept_linears: list[str]) -> dict:
         """The `quantization_config` entry of config.json; `kept_linears` are the Linears left unquantized
         (the container decides where it goes)."""
-        ...
 
     def checkpoint_metadata(self, tensors: list[tuple[str, tuple[int, ...] | None]]) -> dict[str, str]:
         """Entries a container's file metadata carries (every safetensors shard's ``__metadata__``), from
-        (output tensor name, shape if quantized else None) for every tensor of the component."""
-        ...
+        (output tensor name, shape if quantized else None) for every tensor of the component. Default: none
+        (config.json, or the parts themselves, say it all)."""
+        return {}
+
+    def kept_dtype(
+        self, source_dtype: str, shape: tuple[int, ...], linear_weight: bool, recipe_dtype: str
+    ) -> str | None:
+        """The dtype name a tensor the recipe keeps is stored in (from `quantize.dtypes`), given what the recipe's
+        `keep_dtype` makes of it (`recipe_dtype`); None: this format's files cannot hold it. Default:
+        `recipe_dtype`."""
+        return recipe_dtype
+
+    # --- the plan and `quantize sensitivity` -----------------------------------------------------------------
+
+    def check_available(self, options: FormatOptions) -> None:
+        """Refuse (`InputError`, naming what to install) options whose quantizer is not installed: the plan
+        asks before anything is written. Default: everything the format needs is always there."""
+        return None
+
+    def raised(self, options: FormatOptions) -> FormatOptions | None:
+        """The options one rung up for a layer that needs more bits (`quantize sensitivity`: a GGML type up);
+        None: the next rung is to keep the layer. Default: None (one encoding)."""
+        return None

@@ -24,74 +24,70 @@ import torch
 
 from . import _comfy
 from ._e4m3 import FP8_DTYPE, FP8_MAX, dequantize_rows
-from .base import NonFiniteWeightError, PartSpec
+from .base import Format, NonFiniteWeightError, PartSpec
+from .options import NO_OPTIONS, FormatOptions
 
-__all__ = [
-    "NAME",
-    "ROW_SEPARABLE",
-    "WEIGHT_PARTS",
-    "LAYOUT",
-    "WEIGHT",
-    "SCALE",
-    "parts",
-    "weight_options",
-    "encode",
-    "decode",
-]
+__all__ = ["FORMAT", "ComfyFp8", "LAYOUT", "WEIGHT", "SCALE"]
 
-NAME = "comfy_fp8"
-ROW_SEPARABLE = True
 LAYOUT = "float8_e4m3fn"  # ComfyUI's name for the layout (comfy-kitchen TensorCoreFP8Layout)
 WEIGHT = "weight"
 SCALE = "weight_scale"
 _MARKER = _comfy.marker_bytes(LAYOUT)
-WEIGHT_PARTS = (SCALE, _comfy.MARKER)
 
 
-def parts(shape: tuple[int, ...]) -> dict[str, PartSpec]:
-    return {WEIGHT: ("F8_E4M3", tuple(shape)), SCALE: ("F32", ()), _comfy.MARKER: ("U8", (len(_MARKER),))}
+class ComfyFp8(Format):
+    NAME = "comfy_fp8"
+    ROW_SEPARABLE = True
+    WEIGHT_PARTS = (SCALE, _comfy.MARKER)
+    LAYOUT = LAYOUT
+
+    def parts(self, shape: tuple[int, ...], options: FormatOptions = NO_OPTIONS) -> dict[str, PartSpec]:
+        return {WEIGHT: ("F8_E4M3", tuple(shape)), SCALE: ("F32", ()), _comfy.MARKER: ("U8", (len(_MARKER),))}
+
+    def weight_options(
+        self, chunks: Iterable[torch.Tensor], options: FormatOptions = NO_OPTIONS
+    ) -> dict[str, torch.Tensor]:
+        """The weight's scale from its float32 row chunks: max|w| / 448 (1 for an all-zero weight)."""
+        amax = torch.zeros((), dtype=torch.float32)
+        for chunk in chunks:
+            amax = torch.maximum(amax, chunk.abs().amax())  # NaN propagates
+        if not bool(torch.isfinite(amax)):
+            raise NonFiniteWeightError("holds NaN or Inf values")
+        scale = amax / FP8_MAX
+        return {"scale": torch.ones((), dtype=torch.float32) if float(scale) == 0 else scale}
+
+    def encode(
+        self, weight: torch.Tensor, options: FormatOptions = NO_OPTIONS, scale: torch.Tensor | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Quantize a 2-D weight with one scale: the weight's own (`weight_options`), or `scale`, the whole
+        weight's, when `weight` is a chunk of its rows.
+
+        >>> p = FORMAT.encode(torch.tensor([[1.0, -2.0], [0.0, 448.0]]))
+        >>> float(p["weight_scale"]), FORMAT.decode(p).tolist()
+        (1.0, [[1.0, -2.0], [0.0, 448.0]])
+        """
+        if weight.dim() != 2:
+            raise ValueError(f"comfy_fp8 quantizes 2-D weights, got shape {list(weight.shape)}")
+        w = weight.float()
+        if scale is None:
+            scale = self.weight_options([w])["scale"]
+        # comfy-kitchen's order of operations: times the float32 reciprocal, clamped, cast
+        q = torch.clamp(w * (1.0 / scale), -FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+        return {WEIGHT: q, SCALE: scale, _comfy.MARKER: _comfy.marker(LAYOUT)}
+
+    def decode(
+        self,
+        parts: dict[str, torch.Tensor],
+        dtype: torch.dtype = torch.float32,
+        rows: tuple[int, int] | None = None,
+        options: FormatOptions = NO_OPTIONS,
+    ) -> torch.Tensor:
+        """weight.float() * weight_scale, cast to `dtype`; only `rows` [r0, r1) of it if given."""
+        q = parts[WEIGHT]
+        return dequantize_rows(q, parts[SCALE].reshape(1, 1).expand(q.shape[0], 1), dtype, rows)
+
+    def quantization_config(self, kept_linears: list[str]) -> dict:
+        return _comfy.quantization_config(self.NAME, LAYOUT, kept_linears)
 
 
-def weight_options(chunks: Iterable[torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The weight's scale from its float32 row chunks: max|w| / 448 (1 for an all-zero weight)."""
-    amax = torch.zeros((), dtype=torch.float32)
-    for chunk in chunks:
-        amax = torch.maximum(amax, chunk.abs().amax())  # NaN propagates
-    if not bool(torch.isfinite(amax)):
-        raise NonFiniteWeightError("holds NaN or Inf values")
-    scale = amax / FP8_MAX
-    return {"scale": torch.ones((), dtype=torch.float32) if float(scale) == 0 else scale}
-
-
-def encode(weight: torch.Tensor, scale: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-    """Quantize a 2-D weight with one scale: the weight's own (`weight_options`), or `scale`, the whole
-    weight's, when `weight` is a chunk of its rows.
-
-    >>> p = encode(torch.tensor([[1.0, -2.0], [0.0, 448.0]]))
-    >>> float(p["weight_scale"]), decode(p).tolist()
-    (1.0, [[1.0, -2.0], [0.0, 448.0]])
-    """
-    if weight.dim() != 2:
-        raise ValueError(f"comfy_fp8 quantizes 2-D weights, got shape {list(weight.shape)}")
-    w = weight.float()
-    if scale is None:
-        scale = weight_options([w])["scale"]
-    q = torch.clamp(w * (1.0 / scale), -FP8_MAX, FP8_MAX).to(FP8_DTYPE)  # comfy-kitchen's order of operations
-    return {WEIGHT: q, SCALE: scale, _comfy.MARKER: _comfy.marker(LAYOUT)}
-
-
-def decode(
-    parts: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32, rows: tuple[int, int] | None = None
-) -> torch.Tensor:
-    """weight.float() * weight_scale, cast to `dtype`; only `rows` [r0, r1) of it if given."""
-    q = parts[WEIGHT]
-    return dequantize_rows(q, parts[SCALE].reshape(1, 1).expand(q.shape[0], 1), dtype, rows)
-
-
-def quantization_config(kept_linears: list[str]) -> dict:
-    return _comfy.quantization_config(NAME, LAYOUT, kept_linears)
-
-
-def checkpoint_metadata(tensors: list[tuple[str, tuple[int, ...] | None]]) -> dict[str, str]:
-    """Nothing: ComfyUI reads the per-layer markers."""
-    return {}
+FORMAT = ComfyFp8()

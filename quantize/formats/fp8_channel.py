@@ -20,91 +20,84 @@ import torch
 from . import format_info
 from ._e4m3 import FP8_MAX, dequantize_rows, quantize_rows
 from ._e4m3 import row_absmax as _row_absmax
-from .base import NonFiniteWeightError, PartSpec
+from .base import Format, NonFiniteWeightError, PartSpec
+from .options import NO_OPTIONS, FormatOptions
 
-__all__ = [
-    "NAME",
-    "ROW_SEPARABLE",
-    "WEIGHT",
-    "SCALE",
-    "FP8_MAX",
-    "parts",
-    "encode",
-    "decode",
-    "quantization_config",
-]
+__all__ = ["FORMAT", "Fp8Channel", "WEIGHT", "SCALE", "FP8_MAX"]
 
-NAME = "fp8_channel"
-ROW_SEPARABLE = True
 WEIGHT = "weight"
 SCALE = "weight_scale"
 
 
-def parts(shape: tuple[int, ...]) -> dict[str, PartSpec]:
-    out, inp = shape
-    return {WEIGHT: ("F8_E4M3", (out, inp)), SCALE: ("F32", (out, 1))}
+class Fp8Channel(Format):
+    NAME = "fp8_channel"
+    ROW_SEPARABLE = True
 
+    def parts(self, shape: tuple[int, ...], options: FormatOptions = NO_OPTIONS) -> dict[str, PartSpec]:
+        out, inp = shape
+        return {WEIGHT: ("F8_E4M3", (out, inp)), SCALE: ("F32", (out, 1))}
 
-def encode(weight: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Quantize a 2-D weight row by row.
+    def encode(self, weight: torch.Tensor, options: FormatOptions = NO_OPTIONS) -> dict[str, torch.Tensor]:
+        """Quantize a 2-D weight row by row.
 
-    >>> p = encode(torch.tensor([[1.0, -2.0], [0.0, 0.0]]))
-    >>> p["weight_scale"].flatten().tolist(), decode(p).tolist()
-    ([0.004464285913854837, 1.0], [[1.0, -2.0], [0.0, 0.0]])
-    """
-    if weight.dim() != 2:
-        raise ValueError(f"fp8_channel quantizes 2-D weights, got shape {list(weight.shape)}")
-    w = weight.float()
-    amax = _row_absmax(w)
-    if not bool(torch.isfinite(amax).all()):
-        raise NonFiniteWeightError("holds NaN or Inf values")
-    q, scale = quantize_rows(w, amax / FP8_MAX)
-    return {WEIGHT: q, SCALE: scale}
+        >>> p = FORMAT.encode(torch.tensor([[1.0, -2.0], [0.0, 0.0]]))
+        >>> p["weight_scale"].flatten().tolist(), FORMAT.decode(p).tolist()
+        ([0.004464285913854837, 1.0], [[1.0, -2.0], [0.0, 0.0]])
+        """
+        if weight.dim() != 2:
+            raise ValueError(f"fp8_channel quantizes 2-D weights, got shape {list(weight.shape)}")
+        w = weight.float()
+        amax = _row_absmax(w)
+        if not bool(torch.isfinite(amax).all()):
+            raise NonFiniteWeightError("holds NaN or Inf values")
+        q, scale = quantize_rows(w, amax / FP8_MAX)
+        return {WEIGHT: q, SCALE: scale}
 
+    def decode(
+        self,
+        parts: dict[str, torch.Tensor],
+        dtype: torch.dtype = torch.float32,
+        rows: tuple[int, int] | None = None,
+        options: FormatOptions = NO_OPTIONS,
+    ) -> torch.Tensor:
+        """weight.float() * weight_scale, cast to `dtype`; only `rows` [r0, r1) of it if given."""
+        return dequantize_rows(parts[WEIGHT], parts[SCALE], dtype, rows)
 
-def decode(
-    parts: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32, rows: tuple[int, int] | None = None
-) -> torch.Tensor:
-    """weight.float() * weight_scale, cast to `dtype`; only `rows` [r0, r1) of it if given."""
-    return dequantize_rows(parts[WEIGHT], parts[SCALE], dtype, rows)
+    def quantization_config(self, kept_linears: list[str]) -> dict:
+        """compressed-tensors' config for FP8 channel-wise weights with dynamic per-token activations (nothing
+        goes into the shards' ``__metadata__``: config.json says it all)."""
 
+        def args(strategy: str, dynamic: bool) -> dict:
+            return {
+                "num_bits": 8,
+                "type": "float",
+                "symmetric": True,
+                "strategy": strategy,
+                "dynamic": dynamic,
+                "group_size": None,
+                "block_structure": None,
+                "actorder": None,
+                "observer": None if dynamic else "minmax",
+                "observer_kwargs": {},
+            }
 
-def quantization_config(kept_linears: list[str]) -> dict:
-    """compressed-tensors' config for FP8 channel-wise weights with dynamic per-token activations."""
-
-    def args(strategy: str, dynamic: bool) -> dict:
         return {
-            "num_bits": 8,
-            "type": "float",
-            "symmetric": True,
-            "strategy": strategy,
-            "dynamic": dynamic,
-            "group_size": None,
-            "block_structure": None,
-            "actorder": None,
-            "observer": None if dynamic else "minmax",
-            "observer_kwargs": {},
+            "quant_method": format_info(self.NAME).quant_method,
+            "format": "float-quantized",
+            "quantization_status": "compressed",
+            "config_groups": {
+                "group_0": {
+                    "targets": ["Linear"],
+                    "weights": args("channel", False),
+                    "input_activations": args("token", True),
+                    "output_activations": None,
+                    "format": "float-quantized",
+                }
+            },
+            "ignore": sorted(kept_linears),
+            "kv_cache_scheme": None,
+            "global_compression_ratio": None,
         }
 
-    return {
-        "quant_method": format_info(NAME).quant_method,
-        "format": "float-quantized",
-        "quantization_status": "compressed",
-        "config_groups": {
-            "group_0": {
-                "targets": ["Linear"],
-                "weights": args("channel", False),
-                "input_activations": args("token", True),
-                "output_activations": None,
-                "format": "float-quantized",
-            }
-        },
-        "ignore": sorted(kept_linears),
-        "kv_cache_scheme": None,
-        "global_compression_ratio": None,
-    }
 
-
-def checkpoint_metadata(tensors: list[tuple[str, tuple[int, ...] | None]]) -> dict[str, str]:
-    """fp8_channel needs nothing in the shards' ``__metadata__``: config.json says it all."""
-    return {}
+FORMAT = Fp8Channel()

@@ -14,6 +14,9 @@ Reference numerics, bit for bit:
   through ggml-python (the optional extra ``dit-quantize[gguf]``; its absence is one error naming the extra).
 Decoding: gguf-py's ``gguf.quants.dequantize``; Q8_0's and the K-quants' in torch (`_q8_0`, `_kquants`: the
 same values, tested on arbitrary bytes, several times faster).
+
+What is known of each type (block size, bytes a block, GGML id, K-quant or not, the next type up) is its row of
+the one GGML table, `quantize.ggml_types`; a tensor's type reaches the hooks as its `GgufOptions`.
 """
 
 from __future__ import annotations
@@ -26,52 +29,22 @@ import torch
 
 from .. import dtypes
 from ..errors import InputError
+from ..ggml_types import GGML_TYPES, GGMLType
 from . import _kquants, _q8_0
-from .base import NonFiniteWeightError, PartSpec, UnsupportedShapeError
+from .base import Format, NonFiniteWeightError, PartSpec, UnsupportedShapeError
+from .options import NO_OPTIONS, FormatOptions, GgufOptions
 
-__all__ = ["NAME", "ROW_SEPARABLE", "TYPES", "K_TYPES", "WEIGHT", "parts", "encode", "decode"]
+__all__ = ["FORMAT", "Gguf", "WEIGHT", "EXTRA"]
 
-NAME = "gguf"
-ROW_SEPARABLE = True
 WEIGHT = "weight"
-#: the types gguf-py quantizes itself (bit-exact to ggml)
-NUMPY_TYPES = ("Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1")
-#: the K-quants, quantized by ggml itself
-K_TYPES = ("Q6_K", "Q5_K", "Q4_K")
-TYPES = NUMPY_TYPES + K_TYPES
-#: the next type up for a layer that needs more bits (`quantize sensitivity`), None: kept lossless
-RAISED: dict[str, str | None] = {
-    "Q4_K": "Q5_K",
-    "Q5_K": "Q6_K",
-    "Q6_K": "Q8_0",
-    "Q4_0": "Q5_0",
-    "Q4_1": "Q5_1",
-    "Q5_0": "Q8_0",
-    "Q5_1": "Q8_0",
-    "Q8_0": None,
-}
 EXTRA = "pip install 'dit-quantize[gguf]'"
+_K_QUANTS = ", ".join(t.name for t in GGML_TYPES if t.k_quant)
 
 
-def _check_type(qtype: str | None) -> str:
-    if qtype not in TYPES:
-        raise ValueError(f"gguf needs a GGML type, one of {', '.join(TYPES)}; got {qtype!r}")
-    return qtype
-
-
-def parts(shape: tuple[int, ...], qtype: str | None = None) -> dict[str, PartSpec]:
-    qtype = _check_type(qtype)
-    block = dtypes.by_name(qtype).block
-    if len(shape) != 2 or shape[1] % block:
-        raise UnsupportedShapeError(
-            f"is {list(shape)}; {qtype} stores rows in blocks of {block}: in_features must be a multiple of {block}"
-        )
-    return {WEIGHT: (qtype, tuple(shape))}
-
-
-def check_available(qtype: str) -> None:
-    """Refuse, naming the extra, a type whose quantizer is not installed (the plan asks, before any writing)."""
-    _gguf() if qtype in NUMPY_TYPES else _ggml()
+def _type(options: FormatOptions) -> GGMLType:
+    if not isinstance(options, GgufOptions):
+        raise ValueError(f"gguf needs a GGML type, one of {', '.join(GgufOptions.TYPES)}; got {options!r}")
+    return options.ggml
 
 
 @functools.cache
@@ -89,7 +62,7 @@ def _ggml():
     try:
         import ggml
     except ImportError:
-        raise InputError(f"the K-quants (Q6_K, Q5_K, Q4_K) need ggml's own quantizer: {EXTRA}") from None
+        raise InputError(f"the K-quants ({_K_QUANTS}) need ggml's own quantizer: {EXTRA}") from None
     return ggml
 
 
@@ -102,65 +75,87 @@ def _has_ggml() -> bool:
     return True
 
 
-def encode(weight: torch.Tensor, qtype: str | None = None) -> dict[str, torch.Tensor]:
-    """The rows of a 2-D weight in GGML type `qtype`, as uint8 [rows, row bytes]."""
-    qtype = _check_type(qtype)
-    if qtype == "Q8_0":  # the most used type, in torch (ggml's bytes, 2.5x faster than its C)
-        return {WEIGHT: _q8_0.quantize(weight.float().contiguous())}
-    w = np.ascontiguousarray(weight.float().numpy())
-    if not np.isfinite(w).all():
-        raise NonFiniteWeightError("holds NaN or Inf values")
-    rows, cols = w.shape
-    row_bytes = dtypes.nbytes(qtype, (cols,))
-    if qtype in NUMPY_TYPES and not _has_ggml():
+class Gguf(Format):
+    NAME = "gguf"
+    ROW_SEPARABLE = True
+
+    def parts(self, shape: tuple[int, ...], options: FormatOptions = NO_OPTIONS) -> dict[str, PartSpec]:
+        t = _type(options)
+        multiple = t.in_features_multiple
+        if len(shape) != 2 or shape[1] % multiple:
+            raise UnsupportedShapeError(
+                f"is {list(shape)}; {t.name} stores rows in blocks of {t.block}: "
+                f"in_features must be a multiple of {multiple}"
+            )
+        return {WEIGHT: (t.name, tuple(shape))}
+
+    def check_available(self, options: FormatOptions) -> None:
+        """Refuse, naming the extra, a type whose quantizer is not installed (the plan asks, before any writing)."""
+        _ggml() if _type(options).k_quant else _gguf()
+
+    def encode(self, weight: torch.Tensor, options: FormatOptions = NO_OPTIONS) -> dict[str, torch.Tensor]:
+        """The rows of a 2-D weight in the GGML type of `options`, as uint8 [rows, row bytes]."""
+        t = _type(options)
+        if t.name == "Q8_0":  # the most used type, in torch (ggml's bytes, 2.5x faster than its C)
+            return {WEIGHT: _q8_0.quantize(weight.float().contiguous())}
+        w = np.ascontiguousarray(weight.float().numpy())
+        if not np.isfinite(w).all():
+            raise NonFiniteWeightError("holds NaN or Inf values")
+        rows, cols = w.shape
+        row_bytes = dtypes.nbytes(t.name, (cols,))
+        if not t.k_quant and not _has_ggml():
+            g = _gguf()
+            q = g.quants.quantize(w, g.GGMLQuantizationType[t.name])
+        else:  # ggml's own C quantizer: the same bytes as gguf-py's for the _0/_1 types (tested), many times faster
+            ggml = _ggml()
+            q = np.empty((rows, row_bytes), dtype=np.uint8)
+            src = w.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+            written = ggml.ggml_quantize_chunk(t.id, src, q.ctypes.data, 0, rows, cols, None)
+            if written != rows * row_bytes:
+                raise RuntimeError(f"ggml_quantize_chunk wrote {written} bytes for {rows} rows of {t.name}")
+        return {WEIGHT: torch.from_numpy(np.ascontiguousarray(q)).view(rows, row_bytes)}
+
+    def decode(
+        self,
+        parts: dict[str, torch.Tensor],
+        dtype: torch.dtype = torch.float32,
+        rows: tuple[int, int] | None = None,
+        options: FormatOptions = NO_OPTIONS,
+    ) -> torch.Tensor:
+        """The dequantized rows (gguf-py's dequantization; Q8_0's and the K-quants' in torch, the same values),
+        cast to `dtype`."""
+        t = _type(options)
+        q = parts[WEIGHT]
+        if rows is not None:
+            q = q[rows[0] : rows[1]]
+        if t.name == "Q8_0":  # the most used types, decoded in place (gguf-py's values, several times faster)
+            return _q8_0.dequantize(q).to(dtype)
+        if t.k_quant:
+            return _kquants.dequantize(q, t.name).to(dtype)
         g = _gguf()
-        q = g.quants.quantize(w, g.GGMLQuantizationType[qtype])
-    else:  # ggml's own C quantizer: the same bytes as gguf-py's for the _0/_1 types (tested), many times faster
-        ggml = _ggml()
-        q = np.empty((rows, row_bytes), dtype=np.uint8)
-        src = w.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-        written = ggml.ggml_quantize_chunk(
-            dtypes.by_name(qtype).ggml, src, q.ctypes.data, 0, rows, cols, None
-        )
-        if written != rows * row_bytes:
-            raise RuntimeError(f"ggml_quantize_chunk wrote {written} bytes for {rows} rows of {qtype}")
-    return {WEIGHT: torch.from_numpy(np.ascontiguousarray(q)).view(rows, row_bytes)}
+        values = g.quants.dequantize(q.contiguous().numpy(), g.GGMLQuantizationType[t.name])
+        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).to(dtype)
+
+    def quantization_config(self, kept_linears: list[str]) -> dict:
+        """config.json's declaration (GGUF readers read the file's own types, not this; a GGUF file has no
+        safetensors metadata)."""
+        return {"quant_method": "gguf", "ignore": sorted(kept_linears)}
+
+    def kept_dtype(
+        self, source_dtype: str, shape: tuple[int, ...], linear_weight: bool, recipe_dtype: str
+    ) -> str | None:
+        """What a kept tensor becomes in a GGUF file, whatever the recipe's keep_dtype (which must be `source`): a
+        2-D Linear weight stays lossless as stored (BF16, F16, F32); every other float tensor (biases, norms,
+        modulation, the 5-D patch embedding) is F32, which diffusers' GGUF loader needs (it breaks on a BF16
+        Conv3d weight) and ComfyUI-GGUF reads."""
+        if linear_weight and source_dtype in ("BF16", "F16", "F32"):
+            return source_dtype
+        return "F32" if source_dtype in ("BF16", "F16", "F32", "F64") else None  # None: GGUF cannot hold it
+
+    def raised(self, options: FormatOptions) -> GgufOptions | None:
+        """The next GGML type up (the table's `raised`: Q4_K -> Q5_K -> Q6_K -> Q8_0); None after Q8_0."""
+        up = _type(options).raised
+        return None if up is None else GgufOptions(up)
 
 
-def decode(
-    parts: dict[str, torch.Tensor],
-    dtype: torch.dtype = torch.float32,
-    rows: tuple[int, int] | None = None,
-    qtype: str | None = None,
-) -> torch.Tensor:
-    """The dequantized rows (gguf-py's dequantization; Q8_0's and the K-quants' in torch, the same values), cast
-    to `dtype`."""
-    qtype = _check_type(qtype)
-    q = parts[WEIGHT]
-    if rows is not None:
-        q = q[rows[0] : rows[1]]
-    if qtype == "Q8_0":  # the most used types, decoded in place (gguf-py's values, several times faster)
-        return _q8_0.dequantize(q).to(dtype)
-    if qtype in K_TYPES:
-        return _kquants.dequantize(q, qtype).to(dtype)
-    g = _gguf()
-    values = g.quants.dequantize(q.contiguous().numpy(), g.GGMLQuantizationType[qtype])
-    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).to(dtype)
-
-
-def quantization_config(kept_linears: list[str]) -> dict:
-    """config.json's declaration (GGUF readers read the file's own types, not this)."""
-    return {"quant_method": "gguf", "ignore": sorted(kept_linears)}
-
-
-def checkpoint_metadata(tensors: list[tuple[str, tuple[int, ...] | None]]) -> dict[str, str]:
-    return {}
-
-
-def kept_dtype(source_dtype: str, shape: tuple[int, ...], linear_weight: bool) -> str | None:
-    """What a kept tensor becomes in a GGUF file: a 2-D Linear weight stays lossless as stored (BF16, F16, F32);
-    every other float tensor (biases, norms, modulation, the 5-D patch embedding) is F32, which diffusers' GGUF
-    loader needs (it breaks on a BF16 Conv3d weight) and ComfyUI-GGUF reads."""
-    if linear_weight and source_dtype in ("BF16", "F16", "F32"):
-        return source_dtype
-    return "F32" if source_dtype in ("BF16", "F16", "F32", "F64") else None  # None: GGUF cannot hold it
+FORMAT = Gguf()

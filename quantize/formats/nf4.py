@@ -34,24 +34,11 @@ import torch
 
 from . import format_info
 from ._bnb_lib import quantize_blockwise
-from .base import NonFiniteWeightError, PartSpec, UnsupportedShapeError
+from .base import Format, NonFiniteWeightError, PartSpec, UnsupportedShapeError
+from .options import NO_OPTIONS, FormatOptions
 
-__all__ = [
-    "NAME",
-    "ROW_SEPARABLE",
-    "WEIGHT",
-    "parts",
-    "encode",
-    "decode",
-    "quantization_config",
-    "checkpoint_metadata",
-]
+__all__ = ["FORMAT", "Nf4", "WEIGHT", "QUANT_STATE", "state_fields"]
 
-NAME = "nf4"
-ROW_SEPARABLE = False
-#: Parts that are code books, not data: bitsandbytes builds them with float32 arithmetic whose last bit
-#: can differ between CPU instruction sets, so `verify` compares them to within a float32 rounding.
-CODE_TABLES = ("weight.quant_map", "weight.nested_quant_map")
 BLOCKSIZE = 64
 NESTED_BLOCKSIZE = 256
 HP_DTYPE = torch.bfloat16
@@ -103,24 +90,6 @@ def _dynamic_code() -> torch.Tensor:
         decade = 10 ** (i - 6)
         values += (decade * midpoints).tolist() + (-decade * midpoints).tolist()
     return torch.tensor(sorted(values), dtype=torch.float32)
-
-
-def parts(shape: tuple[int, ...]) -> dict[str, PartSpec]:
-    if shape[-1] % BLOCKSIZE:
-        raise UnsupportedShapeError(
-            f"is {list(shape)}; nf4 needs in_features to be a multiple of {BLOCKSIZE} "
-            "(bitsandbytes 0.50's CPU kernel decodes other widths wrongly)"
-        )
-    n = math.prod(shape)
-    blocks = -(-n // BLOCKSIZE)
-    return {
-        WEIGHT: ("U8", ((n + 1) // 2, 1)),
-        "weight.absmax": ("U8", (blocks,)),
-        "weight.quant_map": ("F32", (16,)),
-        "weight.nested_absmax": ("F32", (-(-blocks // NESTED_BLOCKSIZE),)),
-        "weight.nested_quant_map": ("F32", (256,)),
-        QUANT_STATE: ("U8", None),
-    }
 
 
 @functools.cache
@@ -190,22 +159,6 @@ def _pack_pairs(codes: torch.Tensor) -> torch.Tensor:
     return ((pairs << 4) | (pairs >> 8)).to(torch.uint8)  # the cast keeps the low byte
 
 
-def encode(weight: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Quantize a weight to NF4 with double quantization, bit-exact to bitsandbytes (see the module docstring)."""
-    w = weight.to(HP_DTYPE).contiguous()
-    packed, absmax = _first_stage(w.view(-1))
-    offset = absmax.mean()
-    qabsmax, nested_absmax = quantize_blockwise(absmax - offset, _dynamic_code(), NESTED_BLOCKSIZE)
-    return {
-        WEIGHT: packed,
-        "weight.absmax": qabsmax,
-        "weight.quant_map": _nf4_code().clone(),
-        "weight.nested_absmax": nested_absmax,
-        "weight.nested_quant_map": _dynamic_code().clone(),
-        QUANT_STATE: _packed_fields(tuple(w.shape), float(offset)),
-    }
-
-
 def _packed_fields(shape: tuple[int, ...], nested_offset: float) -> torch.Tensor:
     """The quant state's fixed fields as bitsandbytes packs them: its JSON (`json.dumps` defaults, its key
     order), UTF-8, as a uint8 tensor."""
@@ -224,26 +177,6 @@ def _packed_fields(shape: tuple[int, ...], nested_offset: float) -> torch.Tensor
 def state_fields(packed: torch.Tensor) -> dict:
     """The fixed fields of a weight's quant state (shape, dtype, blocksizes, nested offset), from its packed JSON part."""
     return json.loads(bytes(packed.cpu().tolist()).decode())
-
-
-def decode(
-    parts: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32, rows: tuple[int, int] | None = None
-) -> torch.Tensor:
-    """The dequantized weight (or rows of it): code[q] · absmax of its block, in float32, then cast to `dtype`.
-
-    The float32 products bitsandbytes' dequantization computes, so the values are the same to the bit.
-    """
-    fields = state_fields(parts[QUANT_STATE])
-    out_features, in_features = fields["shape"]
-    r0, r1 = rows or (0, out_features)
-    start, end = r0 * in_features, r1 * in_features
-    b0, b1 = start // BLOCKSIZE, -(-end // BLOCKSIZE)
-    absmax = _block_absmax(parts, float(fields["nested_offset"]), b0, b1)
-    packed = parts[WEIGHT].view(-1)[b0 * BLOCKSIZE // 2 : -(-b1 * BLOCKSIZE // 2)]
-    values = _pair_table(parts["weight.quant_map"]).index_select(0, packed.int()).view(torch.float32)
-    values = _per_block(values, BLOCKSIZE).mul_(absmax.view(-1, 1)).view(-1)
-    first = b0 * BLOCKSIZE
-    return values[start - first : end - first].view(r1 - r0, in_features).to(dtype)
 
 
 def _block_absmax(parts: dict[str, torch.Tensor], offset: float, b0: int, b1: int) -> torch.Tensor:
@@ -273,26 +206,85 @@ def _pair_table(code: torch.Tensor) -> torch.Tensor:
     return pairs.view(torch.int64).view(-1)
 
 
-def quantization_config(kept_linears: list[str]) -> dict:
-    """diffusers' ``BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-    bnb_4bit_compute_dtype=torch.bfloat16, llm_int8_skip_modules=kept).to_dict()``."""
-    return {
-        "quant_method": format_info(NAME).quant_method,
-        "_load_in_8bit": False,
-        "_load_in_4bit": True,
-        "llm_int8_threshold": 6.0,
-        "llm_int8_skip_modules": sorted(kept_linears) or None,
-        "llm_int8_enable_fp32_cpu_offload": False,
-        "llm_int8_has_fp16_weight": False,
-        "bnb_4bit_quant_type": "nf4",
-        "bnb_4bit_use_double_quant": True,
-        "bnb_4bit_compute_dtype": "bfloat16",
-        "bnb_4bit_quant_storage": "uint8",
-        "load_in_4bit": True,
-        "load_in_8bit": False,
-    }
+class Nf4(Format):
+    NAME = "nf4"
+    ROW_SEPARABLE = False
+    CODE_TABLES = ("weight.quant_map", "weight.nested_quant_map")  # bitsandbytes' float32 code books
+
+    def parts(self, shape: tuple[int, ...], options: FormatOptions = NO_OPTIONS) -> dict[str, PartSpec]:
+        if shape[-1] % BLOCKSIZE:
+            raise UnsupportedShapeError(
+                f"is {list(shape)}; nf4 needs in_features to be a multiple of {BLOCKSIZE} "
+                "(bitsandbytes 0.50's CPU kernel decodes other widths wrongly)"
+            )
+        n = math.prod(shape)
+        blocks = -(-n // BLOCKSIZE)
+        return {
+            WEIGHT: ("U8", ((n + 1) // 2, 1)),
+            "weight.absmax": ("U8", (blocks,)),
+            "weight.quant_map": ("F32", (16,)),
+            "weight.nested_absmax": ("F32", (-(-blocks // NESTED_BLOCKSIZE),)),
+            "weight.nested_quant_map": ("F32", (256,)),
+            QUANT_STATE: ("U8", None),
+        }
+
+    def encode(self, weight: torch.Tensor, options: FormatOptions = NO_OPTIONS) -> dict[str, torch.Tensor]:
+        """Quantize a weight to NF4 with double quantization, bit-exact to bitsandbytes (see the module docstring)."""
+        w = weight.to(HP_DTYPE).contiguous()
+        packed, absmax = _first_stage(w.view(-1))
+        offset = absmax.mean()
+        qabsmax, nested_absmax = quantize_blockwise(absmax - offset, _dynamic_code(), NESTED_BLOCKSIZE)
+        return {
+            WEIGHT: packed,
+            "weight.absmax": qabsmax,
+            "weight.quant_map": _nf4_code().clone(),
+            "weight.nested_absmax": nested_absmax,
+            "weight.nested_quant_map": _dynamic_code().clone(),
+            QUANT_STATE: _packed_fields(tuple(w.shape), float(offset)),
+        }
+
+    def decode(
+        self,
+        parts: dict[str, torch.Tensor],
+        dtype: torch.dtype = torch.float32,
+        rows: tuple[int, int] | None = None,
+        options: FormatOptions = NO_OPTIONS,
+    ) -> torch.Tensor:
+        """The dequantized weight (or rows of it): code[q] · absmax of its block, in float32, then cast to `dtype`.
+
+        The float32 products bitsandbytes' dequantization computes, so the values are the same to the bit.
+        """
+        fields = state_fields(parts[QUANT_STATE])
+        out_features, in_features = fields["shape"]
+        r0, r1 = rows or (0, out_features)
+        start, end = r0 * in_features, r1 * in_features
+        b0, b1 = start // BLOCKSIZE, -(-end // BLOCKSIZE)
+        absmax = _block_absmax(parts, float(fields["nested_offset"]), b0, b1)
+        packed = parts[WEIGHT].view(-1)[b0 * BLOCKSIZE // 2 : -(-b1 * BLOCKSIZE // 2)]
+        values = _pair_table(parts["weight.quant_map"]).index_select(0, packed.int()).view(torch.float32)
+        values = _per_block(values, BLOCKSIZE).mul_(absmax.view(-1, 1)).view(-1)
+        first = b0 * BLOCKSIZE
+        return values[start - first : end - first].view(r1 - r0, in_features).to(dtype)
+
+    def quantization_config(self, kept_linears: list[str]) -> dict:
+        """diffusers' ``BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.bfloat16, llm_int8_skip_modules=kept).to_dict()``. Nothing goes into the
+        shards' ``__metadata__``: the quant state travels with each weight."""
+        return {
+            "quant_method": format_info(self.NAME).quant_method,
+            "_load_in_8bit": False,
+            "_load_in_4bit": True,
+            "llm_int8_threshold": 6.0,
+            "llm_int8_skip_modules": sorted(kept_linears) or None,
+            "llm_int8_enable_fp32_cpu_offload": False,
+            "llm_int8_has_fp16_weight": False,
+            "bnb_4bit_quant_type": "nf4",
+            "bnb_4bit_use_double_quant": True,
+            "bnb_4bit_compute_dtype": "bfloat16",
+            "bnb_4bit_quant_storage": "uint8",
+            "load_in_4bit": True,
+            "load_in_8bit": False,
+        }
 
 
-def checkpoint_metadata(tensors: list[tuple[str, tuple[int, ...] | None]]) -> dict[str, str]:
-    """nf4 needs nothing in the shards' ``__metadata__``: the quant state travels with each weight."""
-    return {}
+FORMAT = Nf4()

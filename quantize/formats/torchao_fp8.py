@@ -30,54 +30,65 @@ import torch
 from . import format_info
 from ._e4m3 import FP8_MAX, dequantize_rows, quantize_rows, row_absmax
 from ._torchao import torchao
-from .base import NonFiniteWeightError, PartSpec, UnsupportedShapeError
+from .base import Format, NonFiniteWeightError, PartSpec, UnsupportedShapeError
+from .options import NO_OPTIONS, FormatOptions
 
-__all__ = [
-    "NAME",
-    "ROW_SEPARABLE",
-    "QDATA",
-    "SCALE",
-    "parts",
-    "encode",
-    "decode",
-    "quantization_config",
-    "checkpoint_metadata",
-]
+__all__ = ["FORMAT", "TorchaoFp8", "QDATA", "SCALE", "to_float8_tensor"]
 
-NAME = "torchao_fp8"
-ROW_SEPARABLE = True
 QDATA = "_weight_qdata"
 SCALE = "_weight_scale"
 HP_DTYPE = torch.bfloat16  # the precision torchao's PerRow config quantizes from
 
 
-def parts(shape: tuple[int, ...]) -> dict[str, PartSpec]:
-    out, inp = shape
-    if out % 16 or inp % 16:
-        raise UnsupportedShapeError(
-            f"is [{out}, {inp}]; torchao_fp8 needs both dims to be multiples of 16 (torch._scaled_mm)"
-        )
-    return {QDATA: ("F8_E4M3", (out, inp)), SCALE: ("F32", (out, 1))}
+class TorchaoFp8(Format):
+    NAME = "torchao_fp8"
+    ROW_SEPARABLE = True
 
+    def parts(self, shape: tuple[int, ...], options: FormatOptions = NO_OPTIONS) -> dict[str, PartSpec]:
+        out, inp = shape
+        if out % 16 or inp % 16:
+            raise UnsupportedShapeError(
+                f"is [{out}, {inp}]; torchao_fp8 needs both dims to be multiples of 16 (torch._scaled_mm)"
+            )
+        return {QDATA: ("F8_E4M3", (out, inp)), SCALE: ("F32", (out, 1))}
 
-def encode(weight: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Quantize a 2-D weight as `Float8Tensor.from_hp` does on the CPU (see the module docstring)."""
-    if weight.dim() != 2:
-        raise ValueError(f"torchao_fp8 quantizes 2-D weights, got shape {list(weight.shape)}")
-    w = weight.to(HP_DTYPE)
-    amax = row_absmax(w)
-    if not bool(torch.isfinite(amax).all()):
-        raise NonFiniteWeightError("holds NaN or Inf values")
-    # the division in bf16, as torchao's _choose_scale_float8 does
-    q, scale = quantize_rows(w.float(), (amax / FP8_MAX).float())
-    return {QDATA: q, SCALE: scale}
+    def encode(self, weight: torch.Tensor, options: FormatOptions = NO_OPTIONS) -> dict[str, torch.Tensor]:
+        """Quantize a 2-D weight as `Float8Tensor.from_hp` does on the CPU (see the module docstring)."""
+        if weight.dim() != 2:
+            raise ValueError(f"torchao_fp8 quantizes 2-D weights, got shape {list(weight.shape)}")
+        w = weight.to(HP_DTYPE)
+        amax = row_absmax(w)
+        if not bool(torch.isfinite(amax).all()):
+            raise NonFiniteWeightError("holds NaN or Inf values")
+        # the division in bf16, as torchao's _choose_scale_float8 does
+        q, scale = quantize_rows(w.float(), (amax / FP8_MAX).float())
+        return {QDATA: q, SCALE: scale}
 
+    def decode(
+        self,
+        parts: dict[str, torch.Tensor],
+        dtype: torch.dtype = torch.float32,
+        rows: tuple[int, int] | None = None,
+        options: FormatOptions = NO_OPTIONS,
+    ) -> torch.Tensor:
+        """qdata.float() * scale, cast to `dtype`; only `rows` [r0, r1) of it if given."""
+        return dequantize_rows(parts[QDATA], parts[SCALE], dtype, rows)
 
-def decode(
-    parts: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32, rows: tuple[int, int] | None = None
-) -> torch.Tensor:
-    """qdata.float() * scale, cast to `dtype`; only `rows` [r0, r1) of it if given."""
-    return dequantize_rows(parts[QDATA], parts[SCALE], dtype, rows)
+    def quantization_config(self, kept_linears: list[str]) -> dict:
+        """diffusers' ``TorchAoConfig(Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())).to_dict()``."""
+        return {
+            "quant_method": format_info(self.NAME).quant_method,
+            "quant_type": {"default": copy.deepcopy(_CONFIG_DICT)},
+            "modules_to_not_convert": sorted(kept_linears) or None,
+        }
+
+    def checkpoint_metadata(self, tensors: list[tuple[str, tuple[int, ...] | None]]) -> dict[str, str]:
+        """Every shard's torchao metadata: `tensors` lists (checkpoint name, weight shape if quantized else None)."""
+        metadata = {}
+        for name, shape in tensors:
+            metadata[name] = _weight_json(shape[1]) if shape is not None else json.dumps({"_type": "Tensor"})
+        metadata["tensor_names"] = json.dumps([name for name, _ in tensors])
+        return metadata
 
 
 @functools.cache
@@ -114,20 +125,12 @@ _CONFIG_DICT = {
 }
 
 
-def quantization_config(kept_linears: list[str]) -> dict:
-    """diffusers' ``TorchAoConfig(Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())).to_dict()``."""
-    return {
-        "quant_method": format_info(NAME).quant_method,
-        "quant_type": {"default": copy.deepcopy(_CONFIG_DICT)},
-        "modules_to_not_convert": sorted(kept_linears) or None,
-    }
-
-
 def to_float8_tensor(parts: dict[str, torch.Tensor]) -> torch.Tensor:
     """The stored parts as torchao's `Float8Tensor`, with the config's mm_config and activation quantization.
 
-    The format's own view of its parts, as torchao serializes them: `checkpoint_metadata` encodes one to get
-    torchao's JSON, and the loader's `Float8Linear` wraps its buffers in one (no copy) on each call."""
+    The format's own view of its parts, as torchao serializes them: `checkpoint_metadata` writes the JSON torchao
+    encodes one into (tested string for string), and the loader's `Float8Linear` wraps its buffers in one (no
+    copy) on each call."""
     ao, cfg = torchao(), _config()
     act_granularity, _ = cfg.granularity
     act_quant_kwargs = ao.QuantizeTensorToFloat8Kwargs(
@@ -170,10 +173,4 @@ def _weight_json(in_features: int) -> str:
     return json.dumps({"_type": "Float8Tensor", "_data": data, "_tensor_data_names": ["qdata", "scale"]})
 
 
-def checkpoint_metadata(tensors: list[tuple[str, tuple[int, ...] | None]]) -> dict[str, str]:
-    """Every shard's torchao metadata: `tensors` lists (checkpoint name, weight shape if quantized else None)."""
-    metadata = {}
-    for name, shape in tensors:
-        metadata[name] = _weight_json(shape[1]) if shape is not None else json.dumps({"_type": "Tensor"})
-    metadata["tensor_names"] = json.dumps([name for name, _ in tensors])
-    return metadata
+FORMAT = TorchaoFp8()

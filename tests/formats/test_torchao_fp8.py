@@ -127,10 +127,10 @@ def test_converting_to_torchao_fp8_does_not_import_torchao(tmp_path):
     import subprocess
     import sys
 
-    from quantize.synthetic import write_wan_example
+    from quantize.synthetic import write_example
 
     src = tmp_path / "src"
-    write_wan_example(src, "tiny", "t2v")
+    write_example(src, "tiny", "t2v")
     code = (
         "import sys; from quantize.cli import main\n"
         f"try: main(['convert', {str(src)!r}, {str(tmp_path / 'out')!r}, '--recipe', 'wan-torchao-fp8.yaml'])\n"

@@ -1,0 +1,86 @@
+"""Options several commands share: --recipe/--format, --lora/--lora-unmatched, --inputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..errors import InputError
+from ._console import out
+
+__all__ = ["recipe_options", "chosen_recipe", "lora_options", "inputs_option"]
+
+
+def recipe_options(f):
+    """--recipe RECIPE or --format FORMAT (resolved by `chosen_recipe`)."""
+    f = click.option(
+        "--format",
+        "fmt",
+        default=None,
+        metavar="FORMAT",
+        help="Instead of --recipe: the bundled recipe of this format for SOURCE's detected layout "
+        "(fp8_channel, torchao_fp8, nf4, comfy_fp8, comfy_int8, gguf); the first line names it and why.",
+    )(f)
+    return click.option(
+        "--recipe",
+        "-r",
+        "recipe",
+        default=None,
+        help="Recipe: a YAML file, or a bundled recipe name (see `quantize recipes`, `quantize recipes --for SOURCE`).",
+    )(f)
+
+
+def chosen_recipe(source: str, recipe: str | None, fmt: str | None) -> str:
+    """--recipe as given, or the bundled recipe --format picks for SOURCE's layout (said in the first line)."""
+    if (recipe is None) == (fmt is None):
+        raise InputError("give --recipe RECIPE or --format FORMAT (one of them)")
+    if recipe is not None:
+        return recipe
+    from ..detect import recipe_for_format
+
+    folder = Path(source)
+    if folder.exists() and not folder.is_dir():
+        raise InputError(
+            f"{source}: not a folder: SOURCE is a model's folder (or a Hub repo id, with --recipe)"
+        )
+    if not folder.is_dir():
+        raise InputError(
+            f"{source}: no such folder; --format looks inside a local folder (for a Hub repo id, give --recipe: "
+            "quantize recipes lists them)"
+        )
+    name, layout = recipe_for_format(folder, fmt)
+    out.print(f"recipe {name}: {layout.why}")
+    return name
+
+
+def lora_options(f):
+    """--lora [COMPONENT=]FILE[:STRENGTH] (repeatable) and --lora-unmatched."""
+    f = click.option(
+        "--lora-unmatched",
+        type=click.Choice(["error", "ignore"]),
+        default="error",
+        show_default=True,
+        help="A LoRA key that matches no tensor: stop (error), or skip it and list it in the manifest and card "
+        "(ignore; e.g. an I2V LoRA's k_img/v_img on a T2V model).",
+    )(f)
+    return click.option(
+        "--lora",
+        "loras",
+        multiple=True,
+        metavar="[COMPONENT=]FILE[:STRENGTH]",
+        help="Merge a LoRA (safetensors) into the source before quantizing; repeatable, applied in order; "
+        "strength 1.0 unless given; COMPONENT= for one component only (e.g. high_noise_model=high.safetensors).",
+    )(f)
+
+
+def inputs_option(lead: str):
+    """--inputs FILE: a forward pass's inputs captured from a pipeline (verify --forward, sensitivity)."""
+    return click.option(
+        "--inputs",
+        type=click.Path(path_type=Path, exists=True, dir_okay=False),
+        default=None,
+        metavar="FILE",
+        help=f"{lead} forward pass's inputs (latents, timestep, text embeddings) as safetensors "
+        "[default: fixed random].",
+    )

@@ -1,0 +1,87 @@
+"""`quantize convert`: SOURCE into OUTPUT following RECIPE, with progress and a summary."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+from rich.markup import escape
+
+from ._console import err, progress_display
+from ._options import chosen_recipe, lora_options, recipe_options
+from ._render import print_converted
+
+__all__ = ["convert_cmd"]
+
+
+@click.command("convert")
+@click.argument("source")
+@click.argument("output", type=click.Path(path_type=Path))
+@recipe_options
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace OUTPUT if it exists (the old one stays until the new one is complete).",
+)
+@click.option(
+    "--max-shard-size",
+    default="5GB",
+    show_default=True,
+    help="Largest output shard (tensor bytes), e.g. 5GB, 500MB, 2GiB.",
+)
+@click.option(
+    "--workers",
+    type=int,
+    default=None,
+    help="Threads converting tensors in parallel [default: all cores]. Output is identical for any value.",
+)
+@click.option(
+    "--base-model",
+    default=None,
+    help="Hub repo id the model card names as the base model [default: SOURCE when it is a repo id].",
+)
+@lora_options
+def convert_cmd(
+    source: str,
+    output: Path,
+    recipe: str | None,
+    fmt: str | None,
+    overwrite: bool,
+    max_shard_size: str,
+    workers: int | None,
+    base_model: str | None,
+    loras: tuple[str, ...],
+    lora_unmatched: str,
+) -> None:
+    """Convert the safetensors checkpoint SOURCE (a folder or a Hub repo id) into OUTPUT following RECIPE."""
+    from ..converter import convert
+    from ..layout import parse_size
+    from ..process import tune_for_streaming
+
+    max_bytes = parse_size(max_shard_size, "--max-shard-size")
+    t0 = time.monotonic()
+    recipe = chosen_recipe(source, recipe, fmt)
+    # started once torch is imported and planned
+    progress = progress_display("convert", on_start=tune_for_streaming)
+    try:
+        manifest = convert(
+            source,
+            output,
+            recipe,
+            overwrite=overwrite,
+            max_shard_size=max_bytes,
+            workers=workers,
+            progress=progress,
+            base_model=base_model,
+            loras=loras,
+            lora_unmatched=lora_unmatched,
+            on_recovery=_report_recovery,
+        )
+    finally:
+        progress.stop()
+    print_converted(output, manifest, time.monotonic() - t0)
+
+
+def _report_recovery(step: str) -> None:
+    err.print(f"convert: {escape(step)}, left by a conversion that was killed")

@@ -1,0 +1,29 @@
+"""`quantize plan`: a dry run, what each tensor of SOURCE becomes under RECIPE, and the sizes."""
+
+from __future__ import annotations
+
+import click
+
+from ._options import chosen_recipe, lora_options, recipe_options
+from ._render import print_plan
+
+__all__ = ["plan_cmd"]
+
+
+@click.command("plan")
+@click.argument("source")
+@recipe_options
+@lora_options
+def plan_cmd(
+    source: str, recipe: str | None, fmt: str | None, loras: tuple[str, ...], lora_unmatched: str
+) -> None:
+    """Dry run: what each tensor of SOURCE (a folder or a Hub repo id) becomes under RECIPE, and the sizes."""
+    from ..lora import open_loras
+    from ..plan import make_plan
+    from ..recipes import load_recipe
+    from ..source_folder import open_source
+
+    loaded = load_recipe(chosen_recipe(source, recipe, fmt))
+    merge = open_loras(loras, lora_unmatched, loaded.recipe.components) if loras else None
+    plan = make_plan(open_source(source, loaded.recipe), loaded.recipe, steps=[merge] if merge else ())
+    print_plan(source, loaded.origin, plan, merge)

@@ -1,0 +1,80 @@
+"""`quantize recipes`: the bundled recipes, one's YAML, or those that fit a source folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.markup import escape
+
+from ..errors import InputError, QuantizeError
+from ._console import out
+from ._render import print_table
+
+__all__ = ["recipes_cmd"]
+
+
+@click.command("recipes")
+@click.argument("name", required=False)
+@click.option(
+    "--for",
+    "source",
+    default=None,
+    metavar="SOURCE",
+    help="Only the recipes that fit this source folder (its layout detected, each recipe planned on it).",
+)
+def recipes_cmd(name: str | None, source: str | None) -> None:
+    """List the bundled recipes, or print the YAML of one (to copy and edit)."""
+    from ..recipes import bundled_recipe, bundled_recipes
+
+    if name and source is not None:
+        raise InputError(
+            "give a recipe NAME (to print it) or --for SOURCE (to list those that fit), not both"
+        )
+    if name:
+        loaded = bundled_recipe(name)
+        click.echo(bundled_recipes()[loaded.origin.removeprefix("bundled:")], nl=False)
+        return
+    if source is not None:
+        _recipes_for(Path(source))
+        return
+    rows = []
+    for file in bundled_recipes():
+        r = bundled_recipe(file).recipe
+        rows.append((file, r.format, ", ".join(r.components), r.description.strip().splitlines()[0]))
+    print_table(
+        "Bundled recipes (quantize recipes NAME prints one)",
+        ("recipe", "format", "components", "what it is for"),
+        rows,
+    )
+
+
+def _recipes_for(source: Path) -> None:
+    from ..detect import DEFAULT_RECIPES, detect_layouts
+    from ..plan import make_plan
+    from ..recipes import bundled_recipe, bundled_recipes
+
+    layouts = detect_layouts(source)
+    for lay in layouts:
+        out.print(f"{escape(str(source))}: {lay.name} ({lay.why})")
+    if not layouts:
+        out.print(f"{escape(str(source))}: no known layout; trying every bundled recipe")
+    defaults = {r: fmt for lay in layouts for fmt, r in DEFAULT_RECIPES[lay.name].items()}
+    rows = []
+    for file in bundled_recipes():
+        r = bundled_recipe(file).recipe
+        try:
+            make_plan(source, r)
+        except QuantizeError:
+            continue
+        default = f"--format {defaults[r.name]}" if r.name in defaults else ""
+        rows.append((file, r.format, default, r.description.strip().splitlines()[0]))
+    if not rows:
+        raise InputError(
+            f"{source}: no bundled recipe fits it: write one (quantize recipes NAME prints one to start from)"
+        )
+    print_table(
+        f"Bundled recipes that fit {escape(str(source))} (each one planned on it)",
+        ("recipe", "format", "default for", "what it is for"),
+        rows,
+    )

@@ -1,0 +1,79 @@
+"""`quantize verify`: prove a converted checkpoint; exit 1 when a check fails."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from ._console import progress_display, quiet_model_imports
+from ._options import inputs_option
+from ._render import print_verify
+
+__all__ = ["verify_cmd"]
+
+
+@click.command("verify")
+@click.argument("checkpoint", type=click.Path(path_type=Path))
+@click.option(
+    "--source",
+    default=None,
+    help="The source checkpoint (a folder or a Hub repo id): adds provenance and parity checks.",
+)
+@click.option(
+    "--forward", is_flag=True, help="Also compare one forward pass of the source and the quantized model."
+)
+@inputs_option("With --forward: the")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--workers", type=int, default=None, help="Threads hashing and comparing [default: all cores].")
+@click.option(
+    "--lora",
+    "loras",
+    multiple=True,
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    metavar="FILE",
+    help="A LoRA the checkpoint was made with, when it is not where the manifest says (found by SHA-256).",
+)
+def verify_cmd(
+    checkpoint: Path,
+    source: str | None,
+    forward: bool,
+    inputs: Path | None,
+    as_json: bool,
+    workers: int | None,
+    loras: tuple[Path, ...],
+) -> int:
+    """Prove CHECKPOINT: hashes and layout; with --source, provenance and per-tensor parity. Exit 1 if a check fails."""
+    if forward:
+        quiet_model_imports()
+    from ..process import tune_for_streaming
+    from ..verify import verify
+
+    tune_for_streaming()
+    if source is not None:
+        from ..hub import resolve_source
+        from ..manifest import read_manifest
+
+        listed = {f.path for f in read_manifest(checkpoint).source_files}
+        source, _, _ = resolve_source(source, lambda files: sorted(listed & set(files)))
+
+    progress = progress_display("verify", "files and tensors") if not as_json else None
+    try:
+        report = verify(
+            checkpoint,
+            source,
+            forward=forward,
+            inputs=inputs,
+            workers=workers,
+            progress=progress,
+            loras=loras,
+        )
+    finally:
+        if progress is not None:
+            progress.stop()
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        print_verify(checkpoint, report, source, forward)
+    return 0 if report.ok else 1

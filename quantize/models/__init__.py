@@ -1,0 +1,106 @@
+"""The model families, one module each, registered here and nowhere else.
+
+A component's family is found by what its config.json names (`Family.diffusers_class`,
+`Family.native_classes`), else by its tensor names (`Family.naming`), as llama.cpp's converter finds a
+model's class by its config: `family_of`. A format asks for a *role* of names (``source``, ``native``) and
+the family answers with its table (`names_for`), or refuses in one line naming both.
+
+>>> family_of("WanModel", []).name, family_of(None, ["visual_transformer_blocks.0.x.weight"]).name
+('wan', 'kandinsky5')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from ..errors import InputError
+from .base import IDENTITY, ROLES, BlockNames, ExampleModel, Family, ModelInputs, NameTable, SourceLayout
+from .kandinsky5 import KANDINSKY5
+from .wan import WAN
+
+__all__ = [
+    "FAMILIES",
+    "ROLES",
+    "IDENTITY",
+    "Family",
+    "NameTable",
+    "BlockNames",
+    "SourceLayout",
+    "ModelInputs",
+    "ExampleModel",
+    "get_family",
+    "family_of",
+    "family_of_class",
+    "names_for",
+    "default_recipes",
+    "lora_prefixes",
+    "lora_renamings",
+    "diffusers_classes",
+]
+
+#: every family the tool knows, in the order detection asks them
+FAMILIES: tuple[Family, ...] = (WAN, KANDINSKY5)
+
+
+def get_family(name: str) -> Family:
+    """The family registered as `name`; the error lists the known ones."""
+    for family in FAMILIES:
+        if family.name == name:
+            return family
+    raise InputError(f"unknown model family {name!r} (known: {', '.join(f.name for f in FAMILIES)})")
+
+
+def family_of_class(config_class: str | None) -> Family | None:
+    """The family whose diffusers class or original release's config class is `config_class`, or None."""
+    return next((f for f in FAMILIES if config_class is not None and f.owns(config_class, ())), None)
+
+
+def family_of(config_class: str | None, names: Iterable[str]) -> Family | None:
+    """The family of a model whose config names `config_class` and whose tensors are `names`: by the class
+    when one family is registered by it, else by the names' marks; None when no family knows it."""
+    by_class = family_of_class(config_class)
+    if by_class is not None:
+        return by_class
+    names = list(names)
+    return next((f for f in FAMILIES if f.naming(names) is not None), None)
+
+
+def names_for(role: str, family: Family | None, fmt: str, where: str) -> NameTable:
+    """The name table format `fmt` (which asks for `role`) writes a model of `family` under; `InputError` when
+    the model is of no known family and the role needs one, or the family has no names of that role."""
+    if role not in ROLES:
+        raise InputError(f"{fmt}: unknown role of names {role!r} (roles: {', '.join(ROLES)})")
+    if role == "source":
+        return IDENTITY
+    if family is None:
+        known = ", ".join(f.title for f in FAMILIES if f.names is not None)
+        raise InputError(
+            f"{where}: the tensor names are of no model family this tool knows ({known}): {fmt} writes a "
+            f"family's {role} names, so it takes only one of those"
+        )
+    return family.name_table(role, fmt)
+
+
+def default_recipes() -> dict[str, dict[str, str]]:
+    """Layout -> format -> the bundled recipe `convert --format` takes, over every family."""
+    return {layout: dict(by_format) for f in FAMILIES for layout, by_format in f.default_recipes.items()}
+
+
+def lora_prefixes() -> tuple[str, ...]:
+    """Every prefix a family's LoRA keys carry in the wild, longest first (each stripped, in any order)."""
+    prefixes = {p for f in FAMILIES for p in f.lora_prefixes}
+    return tuple(sorted(prefixes, key=lambda p: (-len(p), p)))
+
+
+def lora_renamings() -> Iterator[tuple[str, object]]:
+    """(what it is, rename) for every way a LoRA's names may relate to a model's besides being the same: each
+    family's diffusers names -> its native ones, and the reverse."""
+    for f in FAMILIES:
+        if f.names is not None:
+            yield f"diffusers names -> {f.title}'s native names", f.native_name
+            yield f"{f.title}'s native names -> diffusers names", f.diffusers_name
+
+
+def diffusers_classes() -> frozenset[str]:
+    """The diffusers classes of every family (an output of them is laid out as diffusers models)."""
+    return frozenset(f.diffusers_class for f in FAMILIES)

@@ -1,0 +1,307 @@
+"""A model family: everything the tool knows about one family of video DiTs, in one object.
+
+A family (`Family`) says how its checkpoints are recognized (the config classes it is registered by, the
+tensor-name marks of each naming, its folder layouts), its names by *role* (``source``: as stored;
+``native``: the original release's names, which ComfyUI and GGUF readers expect; ``diffusers``), the
+diffusers class that runs it and how a forward pass's inputs are made from its config, its GGUF
+``general.architecture``, what the card says of it, its LoRA key prefixes, its example checkpoints
+(`quantize example`) and its default bundled recipe per layout and format.
+
+Converter, verify, forward, the card and the loaders ask the family of a component (`models.family_of`);
+none of them spells a family's key name, class or config field. A new family is one module of this package
+and one entry of `models.FAMILIES`.
+
+No torch at import: recipes, detection and the card read families before torch is loaded.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InputError
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..checkpoint import Component, TensorInfo
+
+__all__ = [
+    "ROLES",
+    "Renamer",
+    "NameTable",
+    "IDENTITY",
+    "BlockNames",
+    "SourceLayout",
+    "ModelInputs",
+    "ExampleModel",
+    "Family",
+]
+
+#: the roles of names a format may ask for: as stored, or the original release's (ComfyUI's, GGUF's)
+ROLES = ("source", "native")
+
+Renamer = Callable[[str], str]
+
+
+@dataclass(frozen=True)
+class NameTable:
+    """A renaming of source tensor names into the output's names (applied once, at plan time).
+
+    `renamer(names, where)` looks at a component's tensor names (which naming they follow) and returns the
+    renaming for that component, or raises `InputError` naming `where` when they have no form in this table.
+    """
+
+    name: str
+    renamer: Callable[[Sequence[str], str], Renamer]
+    description: str
+
+
+def _identity(names: Sequence[str], where: str) -> Renamer:
+    return lambda name: name
+
+
+#: the names as stored: what every family (and a model of no known family) has
+IDENTITY = NameTable("source", _identity, "the source's own names")
+
+_LEAVES = (".weight", ".bias")
+
+
+@dataclass(frozen=True)
+class BlockNames:
+    """A family's diffusers <-> native name table as data: modules and other tensors outside the repeated
+    blocks, and inside block N (``blocks.N.<module>``), each diffusers name -> its native name. Read both ways."""
+
+    root_modules: Mapping[str, str]
+    root_tensors: Mapping[str, str]
+    block_modules: Mapping[str, str]
+    block_tensors: Mapping[str, str]
+    block: str = "blocks"  # the repeated blocks' prefix, the same in both namings
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_pattern", re.compile(rf"{re.escape(self.block)}\.(\d+)\.(.+)"))
+        inverse = {k: {v: d for d, v in getattr(self, k).items()} for k in _TABLES}
+        object.__setattr__(self, "_inverse", inverse)
+
+    def native(self, diffusers_name: str) -> str | None:
+        """The native name of a diffusers tensor name, or None when it has none."""
+        return self._rename(diffusers_name, {k: getattr(self, k) for k in _TABLES})
+
+    def diffusers(self, native_name: str) -> str | None:
+        """The diffusers name of a native tensor name, or None: `native` read the other way."""
+        return self._rename(native_name, self._inverse)
+
+    def _rename(self, name: str, tables: Mapping[str, Mapping[str, str]]) -> str | None:
+        block = self._pattern.fullmatch(name)
+        if block:
+            prefix, rest = f"{self.block}.{block[1]}.", block[2]
+            modules, tensors = tables["block_modules"], tables["block_tensors"]
+        else:
+            prefix, rest = "", name
+            modules, tensors = tables["root_modules"], tables["root_tensors"]
+        if rest in tensors:
+            return prefix + tensors[rest]
+        for leaf in _LEAVES:
+            if rest.endswith(leaf) and rest[: -len(leaf)] in modules:
+                return prefix + modules[rest[: -len(leaf)]] + leaf
+        return None
+
+
+_TABLES = ("root_modules", "root_tensors", "block_modules", "block_tensors")
+
+
+@dataclass(frozen=True)
+class SourceLayout:
+    """One layout a source folder matches: its name (a key of the family's `default_recipes`) and why, in words."""
+
+    name: str
+    why: str  # e.g. "Wan2.2 A14B layout, original names, 2 experts"
+    family: str = ""  # the family's registry name
+
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """What one forward pass of a family's diffusers class takes: the tensors a calibration file gives (`keys`,
+    by the forward's argument names, from the config), the shape each must have (`shapes`: a name -> shape
+    pattern, ``None`` for a free dimension), random ones shaped from the config, and the call's keyword
+    arguments."""
+
+    keys: Callable[[dict], tuple[str, ...]]
+    shapes: Callable[[dict], dict[str, tuple[int | None, ...]]]
+    random: Callable[[dict, torch.Generator], dict[str, torch.Tensor]]
+    call: Callable[[dict, dict[str, torch.Tensor]], dict]  # (config, tensors) -> the forward's kwargs
+    accepts: tuple[str, ...]  # every tensor a pass of this class may take, whatever the config
+
+
+@dataclass(frozen=True)
+class ExampleModel:
+    """One model of an example checkpoint: its folder (``.``: the root), tensors (name, shape) in module order,
+    and config.json."""
+
+    component: str
+    tensors: list[tuple[str, tuple[int, ...]]]
+    config: dict
+
+
+class Family:
+    """What the tool knows of one model family. Subclasses set the attributes and override what differs."""
+
+    #: registry name (``quantize example --family``, `SourceLayout.family`)
+    name: str = ""
+    #: how messages and the card call it
+    title: str = ""
+    #: the diffusers class that runs it (config ``_class_name`` of its diffusers checkpoints)
+    diffusers_class: str = ""
+    #: config ``_class_name`` of the original release (Wan's ``WanModel``); run as `diffusers_class`
+    native_classes: tuple[str, ...] = ()
+    #: diffusers <-> native names; None: the family has no native names apart from the diffusers ones
+    names: BlockNames | None = None
+    #: tensor-name prefixes that only its native / only its diffusers naming has (how a component's naming is told)
+    native_marks: tuple[str, ...] = ()
+    diffusers_marks: tuple[str, ...] = ()
+    #: GGUF ``general.architecture`` (what ComfyUI-GGUF and llama.cpp tools read); None: no GGUF output
+    gguf_architecture: str | None = None
+    #: prefixes its LoRA keys carry in the wild (stripped, any of them, in any order)
+    lora_prefixes: tuple[str, ...] = ()
+    #: layout -> format -> the bundled recipe `convert --format` takes
+    default_recipes: Mapping[str, Mapping[str, str]] = {}
+    #: example presets (`quantize example --preset`) and folder layouts (`--layout`)
+    presets: Mapping[str, Any] = {}
+    example_layouts: tuple[str, ...] = ()
+    default_preset: str = "tiny"
+    #: what the card says on two experts (None: the family has none)
+    experts_note: str | None = None
+
+    # --- recognizing it ------------------------------------------------------------------------
+
+    def naming(self, names: Iterable[str]) -> str | None:
+        """Which of its namings `names` follow: ``native``, ``diffusers``, ``mixed``, or None (neither)."""
+        names = list(names)
+        native = bool(self.native_marks) and any(n.startswith(self.native_marks) for n in names)
+        diffusers = bool(self.diffusers_marks) and any(n.startswith(self.diffusers_marks) for n in names)
+        return "mixed" if native and diffusers else "native" if native else "diffusers" if diffusers else None
+
+    def owns(self, config_class: str | None, names: Iterable[str]) -> bool:
+        """Whether a model whose config names `config_class` (None: no config) and tensors `names` is one of its."""
+        if config_class is not None:
+            return config_class == self.diffusers_class or config_class in self.native_classes
+        return self.naming(names) is not None
+
+    def layouts(self, folder: Path, open_: Callable[[str], Component | None]) -> list[SourceLayout]:
+        """Every layout of this family that `folder` matches; `open_(rel)` opens a component folder (None where
+        there is no readable one). By default: a diffusers ``transformer/`` of its class, or such a folder itself."""
+        found = []
+        transformer = open_("transformer")
+        if transformer is not None and self._is_diffusers(transformer):
+            found.append(
+                self.layout(f"{self.title}, diffusers layout ({self.diffusers_class} in transformer/)")
+            )
+        root = open_(".")
+        if root is not None and root.config and root.config.get("_class_name") == self.diffusers_class:
+            found.append(self.layout(f"{self.title}, a bare {self.diffusers_class} folder"))
+        return found
+
+    def layout(self, why: str, name: str | None = None) -> SourceLayout:
+        return SourceLayout(name or self.name, why, self.name)
+
+    def _is_diffusers(self, comp: Component) -> bool:
+        cls = (comp.config or {}).get("_class_name")
+        if isinstance(cls, str):
+            return cls == self.diffusers_class
+        return self.naming(comp.tensors) == "diffusers"
+
+    # --- names -----------------------------------------------------------------------------------
+
+    def native_name(self, diffusers_name: str) -> str | None:
+        return None if self.names is None else self.names.native(diffusers_name)
+
+    def diffusers_name(self, native_name: str) -> str | None:
+        return None if self.names is None else self.names.diffusers(native_name)
+
+    def name_table(self, role: str, fmt: str) -> NameTable:
+        """The names format `fmt` writes this family's tensors under; `InputError` in one line naming the family
+        and the format when it has no names of that role."""
+        if role == "source":
+            return IDENTITY
+        if role == "native" and self.names is not None:
+            return NameTable(f"{self.name}_native", self._native_renamer, f"{self.title}'s original names")
+        raise InputError(
+            f"{fmt} writes a model's {role} names, and {self.title} has none in this tool yet: "
+            f"convert {self.title} to another format (quantize recipes lists them)"
+        )
+
+    def _native_renamer(self, names: Sequence[str], where: str) -> Renamer:
+        naming = self.naming(names)
+        if naming == "mixed":
+            mixed = next(n for n in names if n.startswith(self.diffusers_marks))
+            raise InputError(
+                f"{where}: tensor {mixed!r} has a diffusers name among {self.title}'s native names: "
+                "one naming per model"
+            )
+        if naming == "native":
+            return lambda name: name
+        if naming is None:
+            raise InputError(
+                f"{where}: the tensor names are neither {self.title}'s native names nor diffusers' "
+                f"{self.diffusers_class} names: this format writes native {self.title} names"
+            )
+        renamed = {}
+        for name in names:
+            native = self.native_name(name)
+            if native is None:
+                raise InputError(
+                    f"{where}: tensor {name!r} has no native {self.title} name (not a {self.diffusers_class} "
+                    f"tensor diffusers maps from the original {self.title} names): this format writes native "
+                    f"{self.title} names"
+                )
+            renamed[name] = native
+        return renamed.__getitem__
+
+    def runnable_names(self, names: Sequence[str], where: Path) -> dict[str, str]:
+        """Native tensor name -> the diffusers class's parameter name, or `InputError` naming one it lacks."""
+        if self.naming(names) != "native":
+            raise InputError(
+                f"{where}: config.json names {'/'.join(self.native_classes)} but the tensors do not have "
+                f"{self.title}'s original names: a forward pass cannot run it"
+            )
+        renamed = {}
+        for name in names:
+            diffusers_name = self.diffusers_name(name)
+            if diffusers_name is None:
+                raise InputError(
+                    f"{where}: tensor {name!r} has no counterpart in diffusers' {self.diffusers_class} "
+                    f"(a {self.title} variant it does not implement): this model cannot be run for a forward pass"
+                )
+            renamed[name] = diffusers_name
+        return renamed
+
+    # --- running it ------------------------------------------------------------------------------
+
+    @property
+    def inputs(self) -> ModelInputs:
+        """What one forward pass of `diffusers_class` takes."""
+        raise NotImplementedError(f"{self.title}: no forward pass inputs")
+
+    def diffusers_config(self, config: dict, tensors: Mapping[str, TensorInfo], where: Path) -> dict:
+        """`diffusers_class`'s config for a native config.json (one of `native_classes`), what the config does not
+        say read off the tensor shapes."""
+        raise InputError(f"{where}: {self.title} has no original config this tool can run")
+
+    # --- the card --------------------------------------------------------------------------------
+
+    def pipeline_tag(self, config: dict) -> str | None:
+        """The Hub pipeline tag of a model with this config (text-to-video, image-to-video), or None."""
+        return None
+
+    # --- examples --------------------------------------------------------------------------------
+
+    def example(self, preset: str, layout: str) -> list[ExampleModel]:
+        """The models of an example checkpoint (`quantize example`), with the dimensions the runtimes fix."""
+        raise InputError(f"{self.title} has no example checkpoints")
+
+    def example_lora(self, preset: str, layout: str, rank: int) -> list[tuple[str, tuple[int, ...], str]]:
+        """(key, shape, dtype) of a LoRA for `example(preset, layout)`, as this family's LoRAs are written."""
+        raise InputError(f"{self.title} has no example LoRA")

@@ -1,0 +1,145 @@
+"""The model families: the registry, how a component's family and names are found, and each family's tables
+(Wan's native names against diffusers' own converter, the oracle)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from quantize.checkpoint import open_component
+from quantize.errors import InputError
+from quantize.models import FAMILIES, IDENTITY, family_of, get_family, names_for
+
+WAN, KANDINSKY5 = get_family("wan"), get_family("kandinsky5")
+WAN_NATIVE = WAN.name_table("native", "comfy_fp8").renamer
+
+
+def test_families_are_registered_once_and_unknown_ones_are_named():
+    assert [f.name for f in FAMILIES] == ["wan", "kandinsky5"]
+    with pytest.raises(InputError, match="unknown model family 'ltx'.*known: wan, kandinsky5"):
+        get_family("ltx")
+
+
+@pytest.mark.parametrize(
+    ("config_class", "names", "family"),
+    [
+        ("WanModel", [], "wan"),
+        ("WanTransformer3DModel", [], "wan"),
+        ("Kandinsky5Transformer3DModel", ["blocks.0.self_attn.q.weight"], "kandinsky5"),  # the config decides
+        (None, ["head.modulation", "blocks.0.self_attn.q.weight"], "wan"),
+        (None, ["condition_embedder.time_proj.weight"], "wan"),
+        (None, ["visual_transformer_blocks.0.self_attention.to_query.weight"], "kandinsky5"),
+        (None, ["proj_out.weight"], None),
+        ("FluxTransformer2DModel", ["x_embedder.weight"], None),
+        ("WanModelVariant", ["head.modulation"], "wan"),  # a class no family is registered by: the names decide
+    ],
+)
+def test_a_components_family_is_found_by_its_config_class_else_by_its_names(config_class, names, family):
+    found = family_of(config_class, names)
+    assert (found.name if found else None) == family
+
+
+def test_a_format_asks_for_a_role_and_the_family_answers_or_is_named():
+    assert names_for("source", None, "fp8_channel", "here") is IDENTITY
+    assert names_for("source", KANDINSKY5, "fp8_channel", "here") is IDENTITY
+    assert names_for("native", WAN, "gguf", "here").name == "wan_native"
+    with pytest.raises(InputError, match=r"^comfy_fp8 writes a model's native names, and Kandinsky 5 has none"):
+        names_for("native", KANDINSKY5, "comfy_fp8", "here")
+    with pytest.raises(InputError, match=r"^here: the tensor names are of no model family this tool knows.*gguf"):
+        names_for("native", None, "gguf", "here")
+    with pytest.raises(InputError, match="unknown role of names 'comfy'"):
+        names_for("comfy", WAN, "gguf", "here")
+
+
+# -- Wan native names: the inverse of diffusers' own converter -------------------------------------------
+
+
+def _diffusers_wan_state(image_dim: int | None) -> dict:
+    import diffusers
+
+    from tests.diffusers_models import WAN_TINY
+
+    kw = dict(image_dim=image_dim, added_kv_proj_dim=64) if image_dim else {}
+    return diffusers.WanTransformer3DModel(**{**WAN_TINY, **kw}).state_dict()
+
+
+@pytest.mark.parametrize("image_dim", [None, 32], ids=["t2v", "i2v"])
+def test_diffusers_own_converter_maps_our_native_names_back_onto_the_source(image_dim):
+    from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+
+    state = _diffusers_wan_state(image_dim)
+    rename = WAN_NATIVE(list(state), "test")
+    native = {rename(k): v for k, v in state.items()}
+    assert len(native) == len(state)  # one native name each
+    # the cases that are easy to get wrong
+    assert (
+        rename("scale_shift_table") == "head.modulation" and rename("proj_out.weight") == "head.head.weight"
+    )
+    assert rename("blocks.1.scale_shift_table") == "blocks.1.modulation"
+    assert rename("blocks.0.norm2.weight") == "blocks.0.norm3.weight"  # the cross-attention norm
+    assert rename("condition_embedder.time_proj.bias") == "time_projection.1.bias"
+    if image_dim:
+        assert rename("condition_embedder.image_embedder.norm1.bias") == "img_emb.proj.0.bias"
+        assert rename("blocks.0.attn2.norm_added_k.weight") == "blocks.0.cross_attn.norm_k_img.weight"
+    back = convert_wan_transformer_to_diffusers(dict(native))
+    assert set(back) == set(state)
+    assert all(back[k] is state[k] for k in state)  # each tensor lands where it came from
+
+
+def test_native_names_stay_and_other_models_are_refused(wan_tiny):
+    names = list(open_component(wan_tiny).tensors)
+    rename = WAN_NATIVE(names, "here")
+    assert [rename(n) for n in names] == names
+    with pytest.raises(InputError, match="here: the tensor names are neither Wan's native names"):
+        WAN_NATIVE(["visual_embeddings.in_layer.weight", "time_embeddings.in_layer.bias"], "here")
+    with pytest.raises(InputError, match="tensor 'blocks.0.attn1.extra.weight' has no native Wan name"):
+        WAN_NATIVE(["condition_embedder.time_proj.weight", "blocks.0.attn1.extra.weight"], "here")
+
+
+def test_a_mix_of_native_and_diffusers_names_is_refused():
+    with pytest.raises(InputError, match="tensor 'condition_embedder.time_proj.weight' has a diffusers name"):
+        WAN_NATIVE(["head.modulation", "condition_embedder.time_proj.weight"], "here")
+
+
+# -- examples: the dimensions the runtimes fix -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small"])
+@pytest.mark.parametrize("layout", ["t2v", "i2v", "a14b", "lingbot"])
+def test_wan_examples_have_the_dimensions_comfyui_builds_wan_with(preset, layout):
+    """ComfyUI builds every Wan with text_dim 4096, freq_dim 256 and 128-wide heads; an I2V model's in_dim is 36."""
+    for model in WAN.example(preset, layout):
+        shapes = dict(model.tensors)
+        config = model.config
+        assert shapes["text_embedding.0.weight"][1] == 4096 and config["freq_dim"] == 256
+        assert shapes["time_embedding.0.weight"][1] == 256
+        assert config["dim"] // config["num_heads"] == 128
+        assert shapes["patch_embedding.weight"][1] == config["in_dim"] == (36 if layout == "i2v" else 16)
+        assert WAN.naming(shapes) == "native" and family_of(config["_class_name"], shapes) is WAN
+
+
+@pytest.mark.parametrize("layout", ["t2v", "i2v"])
+def test_a_wan_example_builds_as_diffusers_wan_with_every_tensor_in_place(layout):
+    """The family's own derivation of the diffusers config, and its name table, fit diffusers' class exactly."""
+    import diffusers
+    import torch
+
+    from quantize.checkpoint import TensorInfo
+
+    (model,) = WAN.example("tiny", layout)
+    infos = {n: TensorInfo(n, "BF16", shape, Path("example"), 0, 0) for n, shape in model.tensors}
+    config = WAN.diffusers_config(model.config, infos, Path("example"))
+    with torch.device("meta"):
+        built = diffusers.WanTransformer3DModel.from_config(config)
+    renamed = WAN.runnable_names(list(infos), Path("example"))
+    expected = {k: tuple(v.shape) for k, v in built.state_dict().items()}
+    assert {renamed[n]: shape for n, shape in model.tensors} == expected
+
+
+def test_the_kandinsky5_example_is_diffusers_own_class():
+    (model,) = KANDINSKY5.example("tiny", "t2v")
+    assert model.component == "transformer" and model.config["in_text_dim"] == 3584
+    assert family_of(model.config["_class_name"], dict(model.tensors)) is KANDINSKY5
+    with pytest.raises(InputError, match="Kandinsky 5 examples: preset 'small'"):
+        KANDINSKY5.example("small", "t2v")
