@@ -18,6 +18,7 @@ import yaml
 from .formats import format_info
 from .manifest import Manifest
 from .models import Family, diffusers_classes, family_of_class
+from .steps import card_lines as step_card_lines
 
 __all__ = ["CARD_NAME", "CardFacts", "source_card_metadata", "pipeline_tag", "render_card"]
 
@@ -117,8 +118,7 @@ def render_card(manifest: Manifest, facts: CardFacts) -> str:
         lines.append(
             f"| `{c.path}` | {cls} | {c.quantized} | {c.kept} | {_gb(c.source_bytes)} | {_gb(c.output_bytes)} |"
         )
-    if manifest.loras:
-        lines += ["", *_lora_section(manifest)]
+    lines += step_card_lines(manifest.steps)
     lines += [
         "",
         *_quantized_section(manifest),
@@ -138,33 +138,6 @@ def render_card(manifest: Manifest, facts: CardFacts) -> str:
         "",
     ]
     return "\n".join(lines)
-
-
-def _lora_section(manifest: Manifest) -> list[str]:
-    out = [
-        "## LoRAs merged before quantizing",
-        "",
-        "Merged into the source weights in float32, in this order, then cast back to the source dtype and "
-        "quantized (W' = W + strength·(alpha/rank)·up·down + strength·diff): no LoRA needs loading at run time.",
-        "",
-        "| LoRA | strength | component | tensors changed | SHA-256 |",
-        "|---|---:|---|---:|---|",
-    ]
-    for lora in manifest.loras:
-        out.append(
-            f"| `{lora.file}` | {lora.strength:g} | {lora.component or 'all'} | {sum(lora.tensors.values())} "
-            f"| `{lora.sha256[:16]}…` |"
-        )
-    for lora in manifest.loras:
-        for component, keys in lora.ignored.items():
-            out += [
-                "",
-                f"{len(keys)} keys of `{lora.file}` match no tensor of `{component}` and were skipped "
-                "(`--lora-unmatched ignore`):",
-                "",
-                *[f"- `{k}`" for k in keys],
-            ]
-    return out
 
 
 def _quantized_section(manifest: Manifest) -> list[str]:

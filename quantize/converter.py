@@ -27,9 +27,8 @@ from .progress import NoProgress, Progress
 from .recipes import LoadedRecipe, load_recipe
 
 if TYPE_CHECKING:
-    from .lora import LoraSpec
     from .manifest import Manifest
-    from .source import TensorStep
+    from .steps import TensorStep
 
 __all__ = ["convert", "Progress", "parse_size", "DEFAULT_MAX_SHARD_SIZE"]
 
@@ -45,22 +44,19 @@ def convert(
     progress: Progress | None = None,
     base_model: str | None = None,
     steps: Sequence[TensorStep] = (),
-    loras: Sequence[LoraSpec | str] = (),
-    lora_unmatched: str = "error",
     on_recovery: Callable[[str], None] | None = None,
 ) -> Manifest:
     """Convert `source` (a folder, or a Hub repo id) into the checkpoint directory `out`; `recipe` is a loaded
     recipe, a file or a bundled name.
 
     base_model: the Hub repo id the card's metadata names as the base (default: `source` when it is a repo id).
-    steps: per-tensor steps applied to the source values on the way in (`source.TensorStep`).
-    loras: LoRAs merged into the source before quantizing, in order (`lora.LoraSpec`, or its text
-        ``[COMPONENT=]FILE[:STRENGTH]``); lora_unmatched: ``error`` (a LoRA key matching no tensor stops the
-        conversion) or ``ignore`` (skipped, and listed in the manifest and the card).
+    steps: per-tensor steps applied to the source values on the way in, in order (`steps.TensorStep`), such
+        as the LoRAs merged before quantizing (`lora.open_loras`); each records itself in the manifest.
     on_recovery: told, one line each, what was cleaned up after a conversion into `out` that was killed.
 
     >>> # manifest = convert("Wan2.1-T2V-1.3B", "Wan2.1-T2V-1.3B-fp8", "wan-fp8.yaml", workers=2)
     >>> # manifest = convert("Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "out", "wan-diffusers-fp8.yaml")
+    >>> # manifest = convert("Wan2.1-T2V-1.3B", "out", "wan-fp8", steps=[open_loras(["style.safetensors:0.8"])])
     """
     loaded = recipe if isinstance(recipe, LoadedRecipe) else load_recipe(recipe)
     max_bytes = parse_size(max_shard_size, "max_shard_size")
@@ -68,7 +64,6 @@ def convert(
     if workers < 1:
         raise InputError(f"`workers` must be at least 1, got {workers}", parameters=("workers",))
     out = Path(out).absolute()
-    merge = _open_loras(loras, lora_unmatched, loaded.recipe.components) if loras else None
     with claimed_output(Path(source), out, overwrite, report=on_recovery):
         from .hashing import FileHasher
         from .source_folder import open_source
@@ -81,26 +76,18 @@ def convert(
                 hasher.submit(f, background=True)  # while torch is imported, a core has nothing else to do
             return _convert(
                 src, out, loaded, overwrite, max_bytes, workers, progress or NoProgress(),
-                base_model or src.repo_id, steps, merge, hasher,
+                base_model or src.repo_id, steps, hasher,
             )  # fmt: skip
 
 
-def _open_loras(specs, unmatched: str, components):
-    """Every LoRA file read and checked (headers), before OUT is claimed: a bad one is refused before any work."""
-    from .lora import open_loras
-
-    return open_loras(specs, unmatched, components)
-
-
-def _convert(src, out, loaded, overwrite, max_bytes, workers, progress, base_model, steps, merge, hasher):
+def _convert(src, out, loaded, overwrite, max_bytes, workers, progress, base_model, steps, hasher):
     from .card import CardFacts, pipeline_tag, source_card_metadata
     from .pipeline import io_problem, write_checkpoint
     from .plan import make_plan
 
-    if merge is not None:
-        steps = [merge, *steps]
-        for lora in merge.loras:
-            hasher.submit(lora.path, background=True)
+    for step in steps:
+        for f in step.inputs:
+            hasher.submit(f, background=True)
     plan = make_plan(src, loaded.recipe, steps=steps)
     progress.start(plan.source_bytes, plan.tensor_count)
     facts = CardFacts(
@@ -113,7 +100,7 @@ def _convert(src, out, loaded, overwrite, max_bytes, workers, progress, base_mod
     with staging_dir(out) as tmp:
         try:
             manifest = write_checkpoint(
-                plan, loaded, tmp, max_bytes, workers, progress, src.name, facts, hasher, merge
+                plan, loaded, tmp, max_bytes, workers, progress, src.name, facts, hasher, steps
             )
             publish(tmp, out, overwrite)
         except OSError as e:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -22,7 +23,6 @@ __all__ = [
     "FileEntry",
     "TensorEntry",
     "RecipeEntry",
-    "LoraEntry",
     "Manifest",
     "read_manifest",
 ]
@@ -73,23 +73,6 @@ class RecipeEntry(_Strict):
     text: str
 
 
-class LoraEntry(_Strict):
-    """One LoRA merged into the source before quantizing (`convert --lora`), in the order applied."""
-
-    file: str  # as given when a relative path inside the working directory, else its file name
-    size: int = Field(ge=0)
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    strength: float
-    component: str | None  # the one component it was given for; None: every component
-    tensors: dict[str, int]  # component -> source tensors it changed
-    ignored: dict[str, list[str]] = Field(
-        default_factory=dict,
-        description="component -> its keys that matched no tensor (--lora-unmatched ignore)",
-    )
-
-    _confined = field_validator("file")(_inside_checkpoint)
-
-
 class ComponentEntry(_Strict):
     path: str  # "." for the root
     quantized: int
@@ -112,7 +95,27 @@ class Manifest(_Strict):
     components: list[ComponentEntry]
     tensors: dict[str, TensorEntry] = Field(description="keyed by '<component>/<tensor name>'")
     output_files: list[FileEntry]
-    loras: list[LoraEntry] = Field(default_factory=list)
+    #: the recorded per-tensor steps, in the order applied (`steps`: each a JSON object naming its kind)
+    steps: list[dict[str, Any]] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_loras(cls, data: Any) -> Any:
+        """A manifest written before steps recorded themselves keeps its LoRAs in a top-level ``loras`` list."""
+        if isinstance(data, dict) and "loras" in data and "steps" not in data:
+            from .steps.lora_record import from_legacy
+
+            loras = data["loras"]
+            data = {k: v for k, v in data.items() if k != "loras"}
+            data["steps"] = [from_legacy(loras)] if loras else []
+        return data
+
+    @model_validator(mode="after")
+    def _steps_known(self) -> Manifest:
+        from .steps import check_records
+
+        check_records(self.steps)
+        return self
 
     @model_validator(mode="after")
     def _tensor_keys(self) -> Manifest:
@@ -129,8 +132,8 @@ class Manifest(_Strict):
         for entry in data["tensors"].values():
             if entry["type"] is None:  # formats with one encoding: the manifest as it always was
                 del entry["type"]
-        if not data["loras"]:
-            del data["loras"]
+        if not data["steps"]:  # a conversion without recorded steps: the manifest as it always was
+            del data["steps"]
         return json.dumps(data, indent=2, sort_keys=False) + "\n"
 
 

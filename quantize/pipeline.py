@@ -14,6 +14,7 @@ import errno
 import os
 import platform
 import shutil
+from collections.abc import Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -28,13 +29,11 @@ from .encode import copy_unchanged, encode_and_measure, kept_rows
 from .errors import ConversionError, InputError
 from .formats import Format, format_info
 from .hashing import FileHasher
-from .lora import LoraMerge, recorded_path
 from .manifest import (
     MANIFEST_NAME,
     RECIPE_NAME,
     ComponentEntry,
     FileEntry,
-    LoraEntry,
     Manifest,
     RecipeEntry,
     TensorEntry,
@@ -43,6 +42,7 @@ from .output import NO_SPACE_ERRNOS, fsync_path, write_file
 from .plan import ComponentPlan, Plan, TensorPlan
 from .progress import Progress
 from .recipes import LoadedRecipe, dump_recipe
+from .steps import TensorStep
 
 __all__ = ["write_checkpoint", "write_tensor", "io_problem"]
 
@@ -99,11 +99,11 @@ def write_checkpoint(
     source_name: str,
     facts: CardFacts,
     hasher: FileHasher,
-    merge: LoraMerge | None = None,
+    steps: Sequence[TensorStep] = (),
 ) -> Manifest:
     """Fill the staging directory `tmp` with the whole checkpoint of `plan`; returns its manifest.
-    `hasher` may already be hashing the source's files (each file is hashed once); `merge`: the LoRAs
-    the plan's steps merge, recorded in the manifest."""
+    `hasher` may already be hashing the source's files (each file is hashed once); `steps`: the plan's
+    per-tensor steps, each recording itself in the manifest (`TensorStep.record`)."""
     saved_threads = torch.get_num_threads()
     work = _Work(
         pool=ThreadPoolExecutor(
@@ -143,7 +143,7 @@ def write_checkpoint(
             components=components,
             tensors=dict(sorted(tensors.items())),
             output_files=[],
-            loras=[] if merge is None else _lora_entries(merge, work),
+            steps=[r for step in steps if (r := step.record(lambda p: work.hash_later(p).result())) is not None],
         )
         card = render_card(manifest, dataclasses.replace(facts, model_files=model_files))
         write_file(tmp / CARD_NAME, card)  # from everything but the output hashes
@@ -156,21 +156,6 @@ def write_checkpoint(
         for pool in (work.pool, work.syncer):
             pool.shutdown(wait=True, cancel_futures=True)
         torch.set_num_threads(saved_threads)
-
-
-def _lora_entries(merge: LoraMerge, work: _Work) -> list[LoraEntry]:
-    return [
-        LoraEntry(
-            file=recorded_path(lora.path),
-            size=lora.size,
-            sha256=work.hash_later(lora.path).result(),
-            strength=lora.spec.strength,
-            component=lora.spec.component,
-            tensors=touched,
-            ignored=ignored,
-        )
-        for lora, touched, ignored in zip(merge.loras, merge.touched, merge.ignored, strict=True)
-    ]
 
 
 def _library_versions(plan: Plan) -> dict[str, str]:

@@ -41,8 +41,9 @@ from .manifest import MANIFEST_NAME, RECIPE_NAME
 from .models import IDENTITY, Family, NameTable, names_for
 from .names import WEIGHT_SUFFIX, manifest_key, module_name
 from .recipes import Recipe
-from .source import TensorSource, TensorStep
+from .source import TensorSource
 from .source_folder import SourceFolder, local_source
+from .steps import TensorStep
 from .writer import TensorSpec
 
 __all__ = [
@@ -417,10 +418,10 @@ def make_plan(source: Path | SourceFolder, recipe: Recipe, *, steps: Sequence[Te
     """Open every component the recipe names and decide each tensor's fate, reading headers only.
 
     source: a `SourceFolder` (`source_folder.open_source`), or a local folder, resolved here under `recipe`.
-    steps: per-tensor steps (`source.TensorStep`) whose transforms each tensor's source applies.
+    steps: per-tensor steps (`steps.TensorStep`) whose transforms each tensor's source applies.
     """
     src = source if isinstance(source, SourceFolder) else local_source(source, recipe)
-    recipe, folder = src.recipe, src.folder
+    recipe, folder = src.fit(recipe), src.folder
     role = format_info(recipe.format).names
     for step in steps:
         step.start(src)

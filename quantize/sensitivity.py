@@ -51,7 +51,17 @@ from .forward import (
 from .plan import ComponentPlan, Plan, TensorPlan, replanned
 from .recipes import Recipe
 
-__all__ = ["Rung", "Layer", "Measurement", "Proposal", "measure", "propose", "proposed_recipe", "KEPT"]
+__all__ = [
+    "Rung",
+    "Layer",
+    "Measurement",
+    "Proposal",
+    "measure",
+    "propose",
+    "proposed_recipe",
+    "files_size",
+    "KEPT",
+]
 
 KEPT = "kept"
 #: measured passes a proposal may take before it gives up on a quality target
@@ -398,7 +408,12 @@ def propose(
             measured, passes = remeasure(), passes + 1
     raised = [(c.module, c.layers[0].rungs[c.level].label(fmt)) for c in choices if c.level]
     recipe = proposed_recipe(m.plan.recipe, choices, fmt, min_forward_sqnr_db, measured)
-    return Proposal(recipe, measured, reached, raised, on_disk(), _files_size(m.plan, {}), passes)
+    return Proposal(recipe, measured, reached, raised, on_disk(), files_size(m.plan), passes)
+
+
+def files_size(plan: Plan) -> int:
+    """The bytes the tensor files of `plan` take on disk (headers and padding included)."""
+    return _files_size(plan, {})
 
 
 def _files_size(plan: Plan, changed: dict[tuple[str, str], TensorPlan]) -> int:

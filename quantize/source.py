@@ -6,29 +6,22 @@ tensor and applies each step to them; `copy_bytes` streams the stored bytes unch
 step would change them. Converter, verify and forward read through it, so a step given to them
 (`convert(steps=...)`, `verify(steps=...)`) applies to all three.
 
-A `TensorStep` is what the plan is given (`make_plan(..., steps=...)`): for each component it says which
-of its tensors change and how (it sees the whole component at once, so it can tell which naming the
-component uses); once every component is planned, `finish` lets it refuse what it did not use (a LoRA
-meant for a component the recipe does not convert, say), naming it.
+The steps that give tensors their transforms are `steps.TensorStep`s, given to the plan.
 
 >>> # source = TensorSource(info); rows = source.read_rows(0, 16)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
 from .checkpoint import TensorInfo, copy_tensor_bytes, read_rows
 
-if TYPE_CHECKING:
-    from .source_folder import SourceFolder
-
-__all__ = ["Transform", "TensorStep", "TensorSource"]
+__all__ = ["Transform", "TensorSource"]
 
 
 class Transform(Protocol):
@@ -40,27 +33,6 @@ class Transform(Protocol):
     def apply(self, rows: torch.Tensor, r0: int, r1: int) -> torch.Tensor:
         """Rows [r0, r1) of the changed tensor, in the stored dtype, from the same rows as stored (or as the
         previous step left them). Rows along dim 0; a 0-d tensor is one row."""
-        ...
-
-
-class TensorStep(Protocol):
-    """A per-tensor step given to the plan (a set of LoRAs, say)."""
-
-    #: files the step reads (never copied into the output as the source's other files)
-    inputs: Sequence[Path]
-
-    def start(self, source: SourceFolder) -> None:
-        """Called once before any component is planned, with the source as resolved (its components as they
-        lie: a bare component folder is the root)."""
-        ...
-
-    def transforms_for(self, component: str, tensors: Mapping[str, TensorInfo]) -> Mapping[str, Transform]:
-        """The changes to apply to the source tensors of `component` (``.`` for the root), by tensor name;
-        raise `InputError` for what cannot apply to them."""
-        ...
-
-    def finish(self) -> None:
-        """Called once every component is planned: raise `InputError` for what matched nothing."""
         ...
 
 

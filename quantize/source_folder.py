@@ -48,6 +48,17 @@ class SourceFolder:
         """Whether SOURCE is itself the one component folder the recipe names (converted as the root)."""
         return list(self.named) != self.components
 
+    def fit(self, recipe: Recipe) -> Recipe:
+        """`recipe` (naming the same components as the one this source was resolved under) as it applies here:
+        a bare folder's one component is the root."""
+        if list(recipe.components) == self.components:
+            return recipe
+        if list(recipe.components) == list(self.named):
+            return recipe.model_copy(update={"components": self.components})
+        raise InputError(
+            f"{self.folder}: resolved for components {', '.join(self.named)}, not {', '.join(recipe.components)}"
+        )
+
     def where(self, named: str) -> str:
         """Where the component the recipe names `named` lies here (``.`` for a bare folder)."""
         return "." if self.bare and named in self.named else named

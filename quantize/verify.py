@@ -42,13 +42,13 @@ from .errors import InputError, QuantizeError
 from .formats import Format, format_info, get_format, quantized_parts
 from .forward import check_forward, require_known_models
 from .hashing import sha256_file
-from .lora import LoraMerge, LoraSpec, find_recorded, open_lora
 from .manifest import MANIFEST_NAME, RECIPE_NAME, ComponentEntry, Manifest, TensorEntry, read_manifest
 from .names import module_name, split_manifest_key
 from .plan import ComponentPlan, Plan, TensorPlan, make_plan
 from .progress import NoProgress, Progress
 from .recipes import Recipe, parse_recipe
-from .source import TensorStep
+from .source_folder import SourceFolder, local_source
+from .steps import Rebuilt, TensorStep, rebuild
 
 __all__ = ["verify", "Report", "CheckResult", "CATEGORIES"]
 
@@ -135,16 +135,16 @@ def verify(
     workers: int | None = None,
     progress: Progress | None = None,
     steps: Sequence[TensorStep] = (),
-    loras: Sequence[str | Path] = (),
+    step_files: Sequence[str | Path] = (),
 ) -> Report:
     """Run every check that the given inputs allow; see the module docstring.
 
     steps: the per-tensor steps the conversion applied (`convert(steps=...)`): parity and forward read the
     source through them, as the conversion did.
     inputs: a safetensors file of the forward pass's inputs (`forward.load_inputs`); fixed random ones if None.
-    loras: LoRA files the checkpoint was made with (`convert --lora`), when they are not at the path the
-    manifest records (nor beside or inside the source): found by SHA-256, and re-applied to the source as
-    the manifest says (order, strength, component).
+    step_files: input files of the steps the manifest records (the LoRAs of `convert --lora`), when they are
+    not at the path the manifest records (nor beside or inside the source): found by SHA-256; each recorded
+    step is rebuilt from its record (`steps.rebuild`) and applied to the source as the conversion applied it.
 
     >>> # report = verify("Wan2.1-T2V-1.3B-fp8", source="Wan2.1-T2V-1.3B"); report.ok
     """
@@ -153,30 +153,34 @@ def verify(
         raise InputError(f"{checkpoint}: checkpoint directory not found")
     manifest = read_manifest(checkpoint)
     recipe = _manifest_recipe(manifest)
-    if loras and not manifest.loras:
+    if step_files and not manifest.steps:
         raise InputError(
-            f"{checkpoint}: was converted without LoRAs, so `loras` has nothing to re-apply",
-            parameters=("loras",),
+            f"{checkpoint}: was converted without LoRAs, so `step_files` has nothing to re-apply",
+            parameters=("step_files",),
         )
-    if loras and source is None:
+    if step_files and source is None:
         raise InputError(
-            "`loras` re-applies LoRAs to the source: give `source` too", parameters=("loras", "source")
+            "`step_files` re-applies LoRAs to the source: give `source` too", parameters=("step_files", "source")
         )
-    merge, lora_paths = None, []
+    rebuilt: list[Rebuilt] = []
+    src = None
     if source is not None:
         source = Path(source)
         _require_source(source, manifest)
-        if manifest.loras:
-            merge, lora_paths = _recorded_loras(manifest, recipe, source, [Path(p) for p in loras])
-            steps = [merge, *steps]
+        files = [Path(p) for p in step_files]
+        named = None if recipe is None else recipe.components
+        rebuilt = [rebuild(record, source, files, named) for record in manifest.steps]
+        steps = [*(r.step for r in rebuilt), *steps]
+        if recipe is not None:
+            src = local_source(source, recipe)  # resolved once: the forward check and the parity plan share it
     if forward:
         if source is None:
             raise InputError(
                 "`forward` compares against the source model: give `source` too",
                 parameters=("forward", "source"),
             )
-        if recipe is not None:
-            require_known_models(source, recipe, None if inputs is None else Path(inputs))
+        if src is not None:
+            require_known_models(src, None if inputs is None else Path(inputs))
     elif inputs is not None:
         raise InputError(
             "`inputs` are the forward pass's: give `forward` too", parameters=("inputs", "forward")
@@ -198,13 +202,16 @@ def verify(
                     damaged |= _check_layout(components[entry.path], entry, manifest, fmt, report)
         if source is not None:
             _check_provenance(source, manifest, report, pool, progress)
-            _check_lora_provenance(manifest, lora_paths, report, pool)
+            for r in rebuilt:
+                for check, ok, failure in r.provenance(sha256_file):
+                    report.record("provenance", check, ok, failure)
             if fmt is not None and recipe is not None:
                 plan = _check_parity(
-                    source, recipe, steps, components, damaged, fmt, manifest, report, pool, progress
+                    src, recipe, steps, components, damaged, fmt, manifest, report, pool, progress
                 )
-                if merge is not None and plan is not None:
-                    _check_lora_matches(manifest, merge, report)
+                for r in rebuilt if plan is not None else ():
+                    for category, check, ok, failure in r.after_plan():
+                        report.record(category, check, ok, failure)
                 if forward:
                     if plan is None or not report.ok:
                         report.fail(
@@ -235,19 +242,6 @@ def _require_source(source: Path, manifest: Manifest) -> None:
         raise InputError(
             f"{source}: holds none of the {len(paths)} source files the manifest lists: is this the right source?"
         )
-
-
-def _recorded_loras(
-    manifest: Manifest, recipe: Recipe | None, source: Path, given: list[Path]
-) -> tuple[LoraMerge, list[Path]]:
-    """The LoRAs the manifest records, found (given, at the recorded path, or beside or inside the source) and
-    opened as the conversion applied them."""
-    hashes = {path: sha256_file(path) for path in given}
-    paths = [find_recorded(e.file, e.sha256, hashes, [source, source.parent]) for e in manifest.loras]
-    specs = [LoraSpec(p, e.strength, e.component) for p, e in zip(paths, manifest.loras, strict=True)]
-    unmatched = "ignore" if any(e.ignored for e in manifest.loras) else "error"
-    components = None if recipe is None else recipe.components
-    return LoraMerge([open_lora(s) for s in specs], unmatched, components), paths
 
 
 def _work_size(manifest: Manifest, with_source: bool) -> tuple[int, int]:
@@ -495,38 +489,11 @@ def _check_provenance(
         )
 
 
-def _check_lora_provenance(
-    manifest: Manifest, paths: list[Path], report: Report, pool: ThreadPoolExecutor
-) -> None:
-    """The LoRAs re-applied are the ones the checkpoint was made with."""
-    futures = [
-        (entry, path, pool.submit(sha256_file, path))
-        for entry, path in zip(manifest.loras, paths, strict=True)
-    ]
-    for entry, path, future in futures:
-        ok = future.result() == entry.sha256
-        failure = "" if ok else f"{path}: SHA-256 differs from that of LoRA {entry.file!r} in the manifest"
-        report.record("provenance", "LoRA sha256", ok, failure)
-
-
-def _check_lora_matches(manifest: Manifest, merge: LoraMerge, report: Report) -> None:
-    """Each LoRA changed the tensors, and skipped the keys, that the manifest says."""
-    for entry, touched, ignored in zip(manifest.loras, merge.touched, merge.ignored, strict=True):
-        ok = touched == entry.tensors and ignored == entry.ignored
-        failure = (
-            ""
-            if ok
-            else f"LoRA {entry.file!r}: changes {touched} tensors and skips {ignored} keys now; the manifest says "
-            f"{entry.tensors} and {entry.ignored}"
-        )
-        report.record("parity", "LoRAs", ok, failure)
-
-
 # --- parity ------------------------------------------------------------------------------------
 
 
 def _check_parity(
-    source: Path,
+    source: SourceFolder,
     recipe: Recipe,
     steps: Sequence[TensorStep],
     components: dict[str, Component | None],
@@ -541,7 +508,7 @@ def _check_parity(
     try:
         plan = make_plan(source, recipe, steps=steps)
     except QuantizeError as e:
-        report.fail("parity", "keys", f"the recipe no longer applies to {source}: {e}")
+        report.fail("parity", "keys", f"the recipe no longer applies to {source.folder}: {e}")
         return None
     report.mark("parity", "keys")
     for cp in plan.components:

@@ -12,6 +12,7 @@ import io
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,6 +27,14 @@ from safetensors import safe_open
 from quantize.synthetic import write_example
 
 QUANTIZE = str(Path(sys.executable).with_name("quantize"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` skip, saying why, where torch sees no CUDA device."""
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu and not torch.cuda.is_available():
+        for item in gpu:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
 
 
 @pytest.fixture(scope="session")
@@ -203,6 +212,23 @@ def load_all(directory: Path) -> dict[str, torch.Tensor]:
                 assert key not in tensors, f"{key} in two shards"
                 tensors[key] = f.get_tensor(key)
     return tensors
+
+
+#: the Linears that wan-fp8 (and the recipes split like it) quantize, in Wan's original names: the attention
+#: projections and the FFN's first layer of every block (the recipe's own patterns, written out again here)
+WAN_FP8_TARGETS = re.compile(r"blocks\.\d+\.((self_attn|cross_attn)\.(q|k|v|o|k_img|v_img)|ffn\.0)")
+
+
+def wan_fp8_modules(directory: Path) -> set[str]:
+    """The modules of the checkpoint in `directory` that wan-fp8 quantizes, found from its tensors' names and
+    shapes (not from our plan): what a test on that fixture counts, whatever its preset."""
+    return {
+        name.removesuffix(".weight")
+        for name, t in load_all(directory).items()
+        if name.endswith(".weight")
+        and t.dim() == 2
+        and WAN_FP8_TARGETS.fullmatch(name.removesuffix(".weight"))
+    }
 
 
 def read_json(path: Path) -> dict:

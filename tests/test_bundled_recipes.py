@@ -134,7 +134,7 @@ def test_dequantized_diffusers_forward_stays_close_to_bf16(tmp_path):
     """Convert a diffusers Wan with the CLI, load the dequantized weights, compare one forward."""
     from diffusers import WanTransformer3DModel
 
-    from quantize.formats import fp8_channel as fp8
+    from quantize.formats.fp8_channel import FORMAT as fp8
 
     src = tmp_path / "Wan-Diffusers"
     _diffusers_wan(src / "transformer")

@@ -13,7 +13,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from quantize.formats import comfy_fp8, comfy_int8
+from quantize.formats.comfy_fp8 import FORMAT as comfy_fp8
+from quantize.formats.comfy_int8 import FORMAT as comfy_int8
 from quantize.names import wan_native_name
 from tests.conftest import load_all, read_json, run_cli
 from tests.diffusers_models import WAN_TINY
@@ -253,7 +254,7 @@ def test_weights_are_streamed_in_row_chunks_bit_exactly(recipe, fmt, wan_tiny, t
     whole = convert(wan_tiny, tmp_path / "whole", recipe, workers=1)
     encoded: list[int] = []
     encode = fmt.encode
-    monkeypatch.setattr(fmt, "encode", lambda w, **kw: encoded.append(w.shape[0]) or encode(w, **kw))
+    monkeypatch.setattr(fmt, "encode", lambda w, *a, **kw: encoded.append(w.shape[0]) or encode(w, *a, **kw))
     monkeypatch.setattr(chunking, "CHUNK_BYTES", 3 * 64 * 4)  # three rows of the tiny model's 64-wide weights
     chunked = convert(wan_tiny, tmp_path / "chunked", recipe, workers=2)
     assert max(encoded) <= 3 and len(encoded) > 3 * len(whole.tensors)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from quantize.formats import gguf as gguf_format
+from quantize.ggml_types import ggml_type
 from quantize.names import wan_native_name
 from tests.conftest import load_all, read_json, run_cli
 from tests.diffusers_models import WAN_TINY
@@ -37,7 +37,7 @@ def _reference_quantize(value, qtype: str) -> np.ndarray:
     """The reference quantizer's bytes for a whole source weight: gguf-py's for Q8_0 and the _0/_1 types, ggml's
     own for the K-quants (ours runs in torch, row chunk by row chunk)."""
     w = value.float().numpy()
-    if qtype in gguf_format.K_TYPES:
+    if ggml_type(qtype).k_quant:
         return _ggml_reference(w, qtype)
     return gguf.quants.quantize(w, gguf.GGMLQuantizationType[qtype])
 

@@ -48,7 +48,7 @@ def _quantize_in_memory_with_torchao(model: torch.nn.Module, recipe: str) -> set
 
 
 def _float8_modules(model: torch.nn.Module) -> set[str]:
-    Float8Tensor = type(torchao_fp8.to_float8_tensor(torchao_fp8.encode(torch.ones(16, 16))))
+    Float8Tensor = type(torchao_fp8.to_float8_tensor(torchao_fp8.FORMAT.encode(torch.ones(16, 16))))
     return {n for n, m in model.named_modules() if isinstance(getattr(m, "weight", None), Float8Tensor)}
 
 

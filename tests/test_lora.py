@@ -9,6 +9,7 @@ is a second oracle for a diffusers-named LoRA.
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,9 +21,10 @@ from safetensors.torch import load_file, save_file
 from quantize.checkpoint import open_component
 from quantize.converter import convert
 from quantize.errors import InputError
-from quantize.lora import LoraMerge, LoraSpec, open_lora
 from quantize.plan import make_plan
 from quantize.recipes import load_recipe
+from quantize.steps.lora import LoraMerge, LoraSpec, open_lora, open_loras
+from quantize.steps.lora_record import LoraRecord
 from quantize.verify import verify
 from tests.conftest import read_json, run_cli
 from tests.diffusers_models import wan as diffusers_wan
@@ -91,6 +93,12 @@ def make_lora(
     return lora
 
 
+def recorded_loras(manifest) -> list:
+    """The LoRAs a manifest's one step record holds."""
+    (record,) = manifest.steps
+    return LoraRecord.model_validate(record).loras
+
+
 def to_diffusers_name(native: str) -> str:
     """diffusers' own converter, one name at a time (the oracle for the name table)."""
     from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
@@ -101,9 +109,9 @@ def to_diffusers_name(native: str) -> str:
 
 def to_native_name(diffusers: str) -> str:
     """The inverse of `to_diffusers_name`, found by search over the converter's answers."""
-    from quantize.names import wan_native_name
+    from quantize.models import get_family
 
-    native = wan_native_name(diffusers)
+    native = get_family("wan").native_name(diffusers)
     assert to_diffusers_name(native) == diffusers
     return native
 
@@ -185,15 +193,15 @@ def test_every_convention_gives_what_converting_the_merged_model_gives(conventio
     lora = make_lora(wan_tiny, seed=1, alpha=alpha if convention != "none" else None)
     lora.strength = 0.75
     path = write_lora(lora, tmp_path / "style.safetensors", convention)
-    manifest = convert(wan_tiny, tmp_path / "out", "wan-fp8", loras=[f"{path}:0.75"], workers=2)
+    manifest = convert(wan_tiny, tmp_path / "out", "wan-fp8", steps=[open_loras([f"{path}:0.75"])], workers=2)
     convert(merged_source(wan_tiny, tmp_path / "merged", [lora]), tmp_path / "direct", "wan-fp8", workers=2)
     assert_same_output(tmp_path / "out", tmp_path / "direct")
-    (entry,) = manifest.loras
+    (entry,) = recorded_loras(manifest)
     assert entry.tensors == {".": len(lora.terms)} and entry.strength == 0.75 and entry.ignored == {}
     if convention == "diffusion_model":  # once: the LoRA changed something, and a plain manifest is as it was
         plain = convert(wan_tiny, tmp_path / "plain", "wan-fp8", workers=2)
         assert plain.output_files != manifest.output_files
-        assert "loras" not in read_json(tmp_path / "plain" / "quantize_manifest.json")
+        assert {"steps", "loras"}.isdisjoint(read_json(tmp_path / "plain" / "quantize_manifest.json"))
 
 
 def test_a_diffusers_named_lora_merges_into_original_names(wan_tiny, tmp_path):
@@ -201,7 +209,7 @@ def test_a_diffusers_named_lora_merges_into_original_names(wan_tiny, tmp_path):
     del lora.terms["head.modulation"]  # its diffusers name is a root tensor: no LoRA key spells it
     path = write_lora(lora, tmp_path / "d.safetensors", "transformer", rename=to_diffusers_name)
     assert any(".attn1.to_q." in k for k in load_file(path)), "the LoRA is in diffusers' names"
-    convert(wan_tiny, tmp_path / "out", "wan-fp8", loras=[path], workers=2)
+    convert(wan_tiny, tmp_path / "out", "wan-fp8", steps=[open_loras([path])], workers=2)
     convert(merged_source(wan_tiny, tmp_path / "merged", [lora]), tmp_path / "direct", "wan-fp8", workers=2)
     assert_same_output(tmp_path / "out", tmp_path / "direct")
 
@@ -214,7 +222,7 @@ def test_an_original_named_lora_merges_into_diffusers_names(tmp_path):
     assert "diffusion_model.blocks.1.diff_m" in load_file(
         path
     ) and "diffusion_model.head.diff_m" in load_file(path)
-    convert(src, tmp_path / "out", "wan-diffusers-fp8", loras=[path], workers=2)
+    convert(src, tmp_path / "out", "wan-diffusers-fp8", steps=[open_loras([path])], workers=2)
     convert(
         merged_source(src, tmp_path / "merged", [lora], rel="transformer"),
         tmp_path / "direct",
@@ -230,7 +238,7 @@ def test_a_diffusers_named_lora_on_diffusers_names_reaches_the_modulation(tmp_pa
     del lora.terms["scale_shift_table"]  # a root tensor: no LoRA key spells it in diffusers' names
     path = write_lora(lora, tmp_path / "d.safetensors", "transformer")
     assert "transformer.blocks.1.diff_m" in load_file(path)
-    convert(src, tmp_path / "out", "wan-diffusers-fp8", loras=[path], workers=2)
+    convert(src, tmp_path / "out", "wan-diffusers-fp8", steps=[open_loras([path])], workers=2)
     merged = merged_source(src, tmp_path / "merged", [lora], rel="transformer")
     convert(merged, tmp_path / "direct", "wan-diffusers-fp8", workers=2)
     assert_same_output(tmp_path / "out", tmp_path / "direct")
@@ -265,7 +273,7 @@ def test_every_format(recipe, make_wan, tmp_path):
     src = make_wan("t2v", preset="small" if "gguf" in recipe else "tiny")
     lora = make_lora(src, seed=4, alpha=torch.tensor(RANK * 2.0))
     path = write_lora(lora, tmp_path / "l.safetensors")
-    convert(src, tmp_path / "out", recipe, loras=[path], workers=2)
+    convert(src, tmp_path / "out", recipe, steps=[open_loras([path])], workers=2)
     convert(merged_source(src, tmp_path / "merged", [lora]), tmp_path / "direct", recipe, workers=2)
     assert_same_output(tmp_path / "out", tmp_path / "direct")
     assert verify(tmp_path / "out", src).ok  # found at its recorded path, re-applied
@@ -291,11 +299,14 @@ def test_loras_apply_in_order_with_strengths_and_one_per_component(make_wan, tmp
     assert_same_output(tmp_path / "out", tmp_path / "direct")
     # the other order is another model: float32 sums in the order given
     manifest = read_json(Path("out/quantize_manifest.json"))
-    assert [(e["file"], e["strength"], e["component"]) for e in manifest["loras"]] == [
+    (record,) = manifest["steps"]
+    assert record["step"] == "lora" and record["unmatched"] == "error"
+    assert [(e["file"], e["strength"], e["component"]) for e in record["loras"]] == [
         ("high.safetensors", 0.5, "high_noise_model"),
         ("both.safetensors", 1.0, None),
     ]
-    assert manifest["loras"][1]["tensors"] == {"high_noise_model": 20, "low_noise_model": 20}
+    pairs = len(both[0].terms)  # a low-rank pair on every block Linear, in each expert
+    assert record["loras"][1]["tensors"] == {"high_noise_model": pairs, "low_noise_model": pairs}
     card = Path("out/README.md").read_text()
     assert (
         "## LoRAs merged before quantizing" in card
@@ -323,17 +334,36 @@ def test_verify_takes_the_loras_from_the_manifest_or_from_lora(make_wan, tmp_pat
     src = make_wan("t2v")
     (tmp_path / "loras").mkdir()
     path = write_lora(make_lora(src, seed=7), tmp_path / "loras" / "l.safetensors")
-    convert(src, tmp_path / "out", "wan-fp8", loras=[path], workers=2)
+    convert(src, tmp_path / "out", "wan-fp8", steps=[open_loras([path])], workers=2)
     with pytest.raises(
         InputError, match=r"LoRA 'l.safetensors' the checkpoint was made with is not at l.safetensors, "
     ):
         verify(tmp_path / "out", src)  # not in the working directory, nor in or beside the source
-    assert verify(tmp_path / "out", src, loras=[path]).ok
+    assert verify(tmp_path / "out", src, step_files=[path]).ok
     shutil.copy(path, src.parent / "l.safetensors")  # beside the source
     assert verify(tmp_path / "out", src).ok
     convert(src, tmp_path / "plain", "wan-fp8", workers=2)
     with pytest.raises(InputError, match="converted without LoRAs"):
-        verify(tmp_path / "plain", src, loras=[path])
+        verify(tmp_path / "plain", src, step_files=[path])
+
+
+def test_a_manifest_written_before_steps_recorded_themselves_still_verifies(make_wan, tmp_path):
+    """Earlier manifests keep the LoRAs in a top-level `loras` list (no `unmatched`): read as the LoRA step."""
+    src = make_wan("t2v")
+    path = write_lora(make_lora(src, seed=7), tmp_path / "l.safetensors")
+    convert(src, tmp_path / "out", "wan-fp8", steps=[open_loras([path])], workers=2)
+    manifest_path = tmp_path / "out" / "quantize_manifest.json"
+    data = read_json(manifest_path)
+    (record,) = data.pop("steps")
+    legacy = {**data, "loras": record["loras"]}  # the shape of the earlier manifests, key order kept
+    manifest_path.write_text(json.dumps(legacy, indent=2) + "\n")
+    report = verify(tmp_path / "out", src, step_files=[path])
+    assert report.ok, report
+    assert {("parity", "LoRAs"), ("provenance", "LoRA sha256")} <= set(report.checks)
+    # and a record of no known kind is named
+    manifest_path.write_text(json.dumps({**data, "steps": [{"step": "dora"}]}, indent=2) + "\n")
+    with pytest.raises(InputError, match="manifest step 'dora' is not a recorded step"):
+        verify(tmp_path / "out", src)
 
 
 # --- a second oracle: PEFT through diffusers ---------------------------------------------------
@@ -376,13 +406,14 @@ def open_source_tensor(src: Path, name: str) -> torch.Tensor:
 
 
 def test_the_merge_reads_only_the_rows_it_converts(wan_tiny, tmp_path, monkeypatch):
-    import quantize.lora as lora_mod
+    import quantize.steps.lora as lora_mod
 
     lora = make_lora(wan_tiny, seed=10, diffs=False)
     path = write_lora(lora, tmp_path / "l.safetensors")
     merge = LoraMerge([open_lora(LoraSpec(path))])
     tensors = open_component(wan_tiny).tensors
-    name = "blocks.0.ffn.0.weight"  # 192 rows
+    name = "blocks.0.ffn.0.weight"
+    n = tensors[name].shape[0]  # its rows
     transform = merge.transforms_for(".", tensors)[name]
     reads = []
     real = lora_mod.read_rows
@@ -394,13 +425,13 @@ def test_the_merge_reads_only_the_rows_it_converts(wan_tiny, tmp_path, monkeypat
     source = TensorSource(tensors[name], (transform,))
     whole = source.read()
     up = [r for r in reads if r[0].endswith("lora_up.weight")]
-    assert up == [("diffusion_model.blocks.0.ffn.0.lora_up.weight", 0, 192)]
+    assert up == [("diffusion_model.blocks.0.ffn.0.lora_up.weight", 0, n)]
     reads.clear()
     for chunk in (1, 2, 7, 64):  # any chunking gives the same bits, a lone row included
-        rows = [source.read_rows(r0, min(r0 + chunk, 192)) for r0 in range(0, 192, chunk)]
+        rows = [source.read_rows(r0, min(r0 + chunk, n)) for r0 in range(0, n, chunk)]
         assert torch.equal(torch.cat(rows), whole), chunk
     up = [r for r in reads if r[0].endswith("lora_up.weight")]
-    assert max(r1 - r0 for _, r0, r1 in up) <= 64 and all(r1 - r0 <= 2 for _, r0, r1 in up[:192])
+    assert max(r1 - r0 for _, r0, r1 in up) <= 64 and all(r1 - r0 <= 2 for _, r0, r1 in up[:n])
 
 
 # --- bad input: one line, exit 2, nothing written -------------------------------------------------
@@ -432,7 +463,7 @@ def test_a_key_that_matches_nothing_is_refused_naming_it(wan_tiny, make_wan, tmp
     assert "i2v.safetensors: skipped in . (match no tensor)" in plan.stdout
     ignore = ["--recipe", "wan-fp8", "--lora", path, "--lora-unmatched", "ignore"]
     run_cli("convert", wan_tiny, tmp_path / "out", *ignore, check=True)
-    (entry,) = read_json(tmp_path / "out" / "quantize_manifest.json")["loras"]
+    ((entry,),) = [r["loras"] for r in read_json(tmp_path / "out" / "quantize_manifest.json")["steps"]]
     assert entry["tensors"] == {".": 4} and sorted(entry["ignored"]["."]) == sorted(
         f"diffusion_model.blocks.0.cross_attn.{m}.lora_{r}.weight"
         for m in ("k_img", "v_img")
@@ -448,10 +479,13 @@ def test_a_shape_mismatch_names_both_shapes(wan_tiny, make_wan, tmp_path):
     other = make_wan("t2v", preset="small")
     lora = make_lora(other, seed=12, linears="blocks.0.self_attn.q", diffs=False)
     path = write_lora(lora, tmp_path / "big.safetensors")
+    big = open_component(other).tensors["blocks.0.self_attn.q.weight"].shape[0]
+    small = list(open_component(wan_tiny).tensors["blocks.0.self_attn.q.weight"].shape)
+    assert big != small[0]
     _refused(
         ["convert", wan_tiny, tmp_path / "out", "--recipe", "wan-fp8", "--lora", path],
-        "[256, 4] and 'diffusion_model.blocks.0.self_attn.q.lora_down.weight' [4, 256] do not fit tensor "
-        "'blocks.0.self_attn.q.weight' [64, 64]",
+        f"[{big}, 4] and 'diffusion_model.blocks.0.self_attn.q.lora_down.weight' [4, {big}] do not fit tensor "
+        f"'blocks.0.self_attn.q.weight' {small}",
         tmp_path,
     )
 
@@ -526,8 +560,8 @@ def test_a_lora_kept_in_the_source_folder_is_not_copied_into_the_output(make_wan
     (src / "loras").mkdir()
     monkeypatch.chdir(tmp_path)
     path = write_lora(make_lora(src, seed=17), Path(src.name) / "loras" / "style.safetensors")
-    manifest = convert(src, tmp_path / "out", "wan-fp8", loras=[path], workers=2)
-    assert manifest.loras[0].file == f"{src.name}/loras/style.safetensors"  # relative, as given
+    manifest = convert(src, tmp_path / "out", "wan-fp8", steps=[open_loras([path])], workers=2)
+    assert recorded_loras(manifest)[0].file == f"{src.name}/loras/style.safetensors"  # relative, as given
     assert (tmp_path / "out" / "example.json").is_file()  # the recipe copies the source's other files
     assert not (tmp_path / "out" / "loras").exists()
     assert verify(tmp_path / "out", src).ok  # found at the recorded path
@@ -547,7 +581,7 @@ def test_ignore_still_refuses_a_lora_that_matches_nothing(wan_tiny, make_wan, tm
 
 def test_verify_lora_arguments(wan_tiny, tmp_path):
     path = write_lora(make_lora(wan_tiny, seed=19), tmp_path / "l.safetensors")
-    convert(wan_tiny, tmp_path / "out", "wan-fp8", loras=[path], workers=2)
+    convert(wan_tiny, tmp_path / "out", "wan-fp8", steps=[open_loras([path])], workers=2)
     no_source = run_cli("verify", tmp_path / "out", "--lora", path)
     assert no_source.returncode == 2 and "give --source too" in no_source.stderr
     missing = run_cli(

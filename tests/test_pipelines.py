@@ -148,7 +148,7 @@ def test_a_gguf_transformer_in_the_source_pipeline(source, reference, tmp_path):
     assert_close_to(reference, frames(pipe))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 def test_block_offload_and_nf4_in_diffusers_on_a_gpu(source, reference, tmp_path):
     """On a GPU: the source pipeline with a block-offloaded transformer, and diffusers' own NF4 loading."""
     from diffusers import WanPipeline, WanTransformer3DModel

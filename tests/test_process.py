@@ -18,7 +18,7 @@ LINUX_GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 # a conversion's pattern: a few MB of temporaries allocated and freed per row chunk, on worker threads
 _CHUNK_LOOP = """
 import resource, sys, threading, torch
-from quantize.formats import fp8_channel
+from quantize.formats.fp8_channel import FORMAT as fp8_channel
 from quantize.process import tune_for_streaming
 from quantize.encode import ErrorStats
 took = tune_for_streaming() if sys.argv[1] == "tuned" else None

@@ -10,6 +10,7 @@ from an ordinary forward hook and the format's encode/decode.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from pathlib import Path
@@ -61,16 +62,30 @@ def _json(*args) -> dict:
     return json.loads(proc.stdout)
 
 
+@pytest.fixture(scope="module")
+def report(planted):
+    """report(recipe): `sensitivity planted -r RECIPE --json`, measured once per module (several tests start
+    from the same one); each call returns a copy of its own."""
+    made: dict[str, dict] = {}
+
+    def get(recipe) -> dict:
+        if str(recipe) not in made:
+            made[str(recipe)] = _json(planted, "-r", recipe)
+        return copy.deepcopy(made[str(recipe)])
+
+    return get
+
+
 COMFY_INT8 = "format: comfy_int8\ncomponents: [transformer]\ntargets: ['blocks\\.\\d+\\.(attn[12]\\.\\w+|ffn\\.net\\.0\\.proj)']\nignore: ['blocks\\.\\d+\\.attn[12]\\.norm_\\w+']\n"
 
 
 @pytest.mark.parametrize("recipe", [GGUF, "wan-diffusers-nf4.yaml", "comfy_int8"])
-def test_the_planted_layer_is_ranked_first(planted, tmp_path, recipe):
+def test_the_planted_layer_is_ranked_first(planted, report, tmp_path, recipe):
     if recipe == "comfy_int8":
         recipe = tmp_path / "int8.yaml"
         recipe.write_text(COMFY_INT8)
-    report = _json(planted, "-r", recipe)
-    layers = report["layers"]
+    measured = report(recipe)
+    layers = measured["layers"]
     assert layers[0]["module"] == PLANTED, layers[:3]
     assert set(layers[0]) == {"module", "component", "type", "output_sqnr_db", "weight_sqnr_db", "bytes"}
     figures = [lay["output_sqnr_db"] for lay in layers]
@@ -83,8 +98,8 @@ def test_the_planted_layer_is_ranked_first(planted, tmp_path, recipe):
     assert {lay["module"] for lay in layers} == set(by_module)
     assert all(lay["bytes"] == by_module[lay["module"]].output_bytes for lay in layers)
     assert all(lay["component"] == "transformer" for lay in layers)
-    assert report["bytes"] == plan.output_bytes
-    assert 10 < report["forward_sqnr_db"] < 80
+    assert measured["bytes"] == plan.output_bytes
+    assert 10 < measured["forward_sqnr_db"] < 80
 
 
 def test_output_sqnr_is_x_times_q_of_w_from_an_ordinary_forward(planted):
@@ -123,7 +138,7 @@ def test_output_sqnr_is_x_times_q_of_w_from_an_ordinary_forward(planted):
                 assert layer.noise[level] == 0 and layer.weight_sqnr[level] is None
                 assert layer.output_sqnr_db(level) == math.inf
                 continue
-            q = fmt.decode(fmt.encode(w, qtype=rung.qtype), torch.float32, qtype=rung.qtype)
+            q = fmt.decode(fmt.encode(w, rung.options), torch.float32, options=rung.options)
             signal, noise = (x @ w.T).double().pow(2).sum(), (x @ (w - q).T).double().pow(2).sum()
             want = 10 * math.log10(float(signal) / float(noise))
             assert layer.output_sqnr_db(level) == pytest.approx(want, abs=0.01), (layer.module, rung)
@@ -245,16 +260,16 @@ def test_the_recipes_figure_is_what_verify_decodes_from_the_converted_files(
             assert torch.equal(here(name), want) and torch.equal(threaded(name), want), name
 
 
-def test_a_proposal_reaches_the_target_and_verify_proves_it(planted, tmp_path):
-    base = _json(planted, "-r", GGUF)["forward_sqnr_db"]
+def test_a_proposal_reaches_the_target_and_verify_proves_it(planted, report, tmp_path):
+    base = report(GGUF)["forward_sqnr_db"]
     target = round(base + 0.5, 2)
     written = tmp_path / "proposed.yaml"
-    report = _json(planted, "-r", GGUF, "--min-forward-sqnr", target, "--write-recipe", written)
-    proposal = report["proposal"]
+    proposed = _json(planted, "-r", GGUF, "--min-forward-sqnr", target, "--write-recipe", written)
+    proposal = proposed["proposal"]
     assert proposal["reached"] and proposal["forward_sqnr_db"] >= target
     raised = {r["module"]: r["type"] for r in proposal["raised"]}
     assert PLANTED in raised
-    assert 0 < len(raised) < len(report["layers"]) / 2  # most layers stay at the recipe's types
+    assert 0 < len(raised) < len(proposed["layers"]) / 2  # most layers stay at the recipe's types
     assert proposal["bytes"] > proposal["recipe_bytes"]
     # an ordinary recipe: the raised modules as explicit types ahead of the recipe's own, the target as a check
     recipe = parse_recipe(written.read_text())
@@ -287,16 +302,16 @@ def test_a_proposal_reaches_the_target_and_verify_proves_it(planted, tmp_path):
     assert run_cli("verify", out2, "--source", planted, "--forward").returncode == 1
 
 
-def test_a_format_with_one_encoding_raises_to_kept(planted, tmp_path):
+def test_a_format_with_one_encoding_raises_to_kept(planted, report, tmp_path):
     written = tmp_path / "nf4.yaml"
-    target = round(_json(planted, "-r", "wan-diffusers-nf4.yaml")["forward_sqnr_db"] + 3, 2)
-    report = _json(
+    target = round(report("wan-diffusers-nf4.yaml")["forward_sqnr_db"] + 3, 2)
+    proposed = _json(
         planted, "-r", "wan-diffusers-nf4.yaml", "--min-forward-sqnr", target, "--write-recipe", written
     )
-    proposal = report["proposal"]
+    proposal = proposed["proposal"]
     raised = proposal["raised"]
     assert raised and all(r["type"] == "kept" for r in raised) and raised[0]["module"] == PLANTED
-    assert len(raised) < len(report["layers"]) / 2
+    assert len(raised) < len(proposed["layers"]) / 2
     recipe = parse_recipe(written.read_text())
     assert PLANTED.replace(".", "\\.") in recipe.ignore
     out = tmp_path / "out"
@@ -323,17 +338,20 @@ def test_an_unreachable_target_exits_1_and_writes_nothing(planted, tmp_path):
     assert proposal["passes"] >= 1 and proposal["forward_sqnr_db"] < 500
 
 
-def test_a_size_budget(planted, tmp_path):
-    base = _json(planted, "-r", GGUF)
+def test_a_size_budget(planted, report, tmp_path):
+    base = report(GGUF)
     budget = base["bytes"] + 120_000
     written = tmp_path / "budget.yaml"
-    report = _json(planted, "-r", GGUF, "--max-size", budget, "--write-recipe", written)
-    proposal = report["proposal"]
+    proposal = _json(planted, "-r", GGUF, "--max-size", budget, "--write-recipe", written)["proposal"]
     assert proposal["reached"] and base["bytes"] < proposal["bytes"] <= budget
     assert proposal["forward_sqnr_db"] > base["forward_sqnr_db"]
     assert PLANTED in {r["module"] for r in proposal["raised"]}
     recipe = parse_recipe(written.read_text())
-    assert make_plan(planted, recipe).output_bytes == proposal["bytes"]
+    # the budget is the files' size on disk (headers and padding included), not their tensors' bytes
+    assert make_plan(planted, recipe).output_bytes < proposal["bytes"]
+    out = tmp_path / "out"
+    run_cli("convert", planted, out, "-r", written, check=True)
+    assert sum(p.stat().st_size for p in out.rglob("*.gguf")) == proposal["bytes"] <= budget
     assert recipe.checks.min_forward_sqnr_db == math.floor(proposal["forward_sqnr_db"] * 10) / 10
     proc = run_cli("sensitivity", planted, "-r", GGUF, "--max-size", base["bytes"] - 1)
     assert proc.returncode == 1 and "does not fit --max-size" in proc.stdout
@@ -343,11 +361,13 @@ def test_the_table(planted):
     # a process of its own: whether the imports of a forward pass stay quiet depends on what was imported before
     proc = run_process("sensitivity", planted, "-r", GGUF, "--top", 3)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.index(PLANTED) < proc.stdout.index("... and 17 more")
+    (cp,) = make_plan(planted, load_recipe(GGUF).recipe).components
+    quantized = len(list(cp.quantized()))
+    assert proc.stdout.index(PLANTED) < proc.stdout.index(f"... and {quantized - 3} more")
     assert "forward SQNR of the recipe in transformer" in proc.stdout
     # what importing diffusers pulls in stays quiet (torchao's CUDA libraries, bitsandbytes' kernels)
     assert proc.stderr.splitlines() == [
-        "pass: transformer: the source model, and each of its 20 quantized Linears",
+        f"pass: transformer: the source model, and each of its {quantized} quantized Linears",
         "pass: transformer: the recipe's model",
     ]
 
@@ -418,6 +438,17 @@ def test_inputs_captured_from_a_pipeline(tmp_path):
     save_file({"hidden_states": torch.zeros(1, 16, 2, 8, 8)}, str(bad))
     proc = run_cli("sensitivity", src, "-r", recipe, "--inputs", bad)
     assert proc.returncode == 2 and "no tensor 'timestep'" in proc.stderr
+    # a tensor of the wrong rank or width is named, with its shape and the shape the model takes
+    good = load_file(inputs)
+    for key, wrong in (
+        ("hidden_states", good["hidden_states"][0]),
+        ("encoder_hidden_states", torch.zeros(1, 8, 3)),
+    ):
+        save_file({**good, key: wrong}, str(bad))
+        proc = run_cli("sensitivity", src, "-r", recipe, "--inputs", bad)
+        assert proc.returncode == 2, proc.stderr
+        assert f"tensor {key!r} has shape {list(wrong.shape)}" in proc.stderr and "takes" in proc.stderr
+        assert "not enough values" not in proc.stderr
 
 
 def test_kandinsky5(tmp_path):

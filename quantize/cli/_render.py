@@ -159,7 +159,7 @@ def print_converted(output: Path, manifest, elapsed: float) -> None:
     out.print(
         f"wrote {output}: {quantized} tensors quantized to {manifest.format}, {kept} kept; {gb(src)} -> {gb(dst)} in {elapsed:.1f}s ({gb(src / max(elapsed, 1e-9))}/s)"
     )
-    _print_merged_loras(manifest)
+    _print_steps(manifest)
     if sqnrs:
         out.print(f"weight SQNR: min {min(sqnrs):.1f} dB, median {statistics.median(sqnrs):.1f} dB")
 
@@ -179,8 +179,8 @@ def inspect_summary(checkpoint: Path, m) -> dict:
         "min_sqnr_db": min(sqnrs) if sqnrs else None,
         "median_sqnr_db": statistics.median(sqnrs) if sqnrs else None,
     }
-    if m.loras:
-        summary["loras"] = [lora.model_dump() for lora in m.loras]
+    if m.steps:
+        summary["steps"] = m.steps  # as recorded: each names its kind (the LoRAs merged, say)
     return summary
 
 
@@ -211,18 +211,17 @@ def print_inspect(checkpoint: Path, m, summary: dict) -> None:
         )
     out.print(table)
     out.print(f"{summary['files']} files, {gb(summary['bytes'])}")
-    _print_merged_loras(m)
+    _print_steps(m)
     if sqnrs:
         out.print(f"weight SQNR: min {min(sqnrs):.1f} dB, median {statistics.median(sqnrs):.1f} dB")
 
 
-def _print_merged_loras(manifest) -> None:
-    for lora in manifest.loras:
-        skipped = sum(len(keys) for keys in lora.ignored.values())
-        out.print(
-            f"merged LoRA {escape(lora.file)} (strength {lora.strength:g}) into {sum(lora.tensors.values())} tensors"
-            + (f", skipped {skipped} keys that match no tensor" if skipped else "")
-        )
+def _print_steps(manifest) -> None:
+    """What each recorded step did (the LoRAs merged), a line each."""
+    from ..steps import summary_lines
+
+    for line in summary_lines(manifest.steps):
+        out.print(escape(line))
 
 
 def _summarize_names(names: list[str]) -> str:
@@ -302,6 +301,8 @@ def _db_text(value: float | None) -> str:
 
 def sensitivity_json(measured, proposal, written: Path | None) -> dict:
     """`quantize sensitivity --json`: every layer's figures, the forward SQNR, and the proposal if any."""
+    from ..sensitivity import files_size
+
     fmt = measured.plan.format
     data = {
         "recipe": measured.plan.recipe.name,
@@ -319,7 +320,7 @@ def sensitivity_json(measured, proposal, written: Path | None) -> dict:
         ],
         "forward_sqnr_db": _db(measured.worst_forward_sqnr_db),
         "components": {rel: {"forward_sqnr_db": _db(db)} for rel, db in measured.forward_sqnr_db.items()},
-        "bytes": measured.plan.output_bytes,
+        "bytes": files_size(measured.plan),  # on disk, headers and padding included
     }
     if proposal is not None:
         data["proposal"] = {

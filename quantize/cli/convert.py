@@ -57,25 +57,28 @@ def convert_cmd(
     """Convert the safetensors checkpoint SOURCE (a folder or a Hub repo id) into OUTPUT following RECIPE."""
     from ..converter import convert
     from ..layout import parse_size
+    from ..steps.lora import open_loras
     from ..process import tune_for_streaming
+    from ..recipes import load_recipe
 
     max_bytes = parse_size(max_shard_size, "--max-shard-size")
     t0 = time.monotonic()
-    recipe = chosen_recipe(source, recipe, fmt)
+    loaded = load_recipe(chosen_recipe(source, recipe, fmt))
+    # every LoRA file read and checked (headers) before OUT is claimed: a bad one is refused before any work
+    steps = [open_loras(loras, lora_unmatched, loaded.recipe.components)] if loras else []
     # started once torch is imported and planned
     progress = progress_display("convert", on_start=tune_for_streaming)
     try:
         manifest = convert(
             source,
             output,
-            recipe,
+            loaded,
             overwrite=overwrite,
             max_shard_size=max_bytes,
             workers=workers,
             progress=progress,
             base_model=base_model,
-            loras=loras,
-            lora_unmatched=lora_unmatched,
+            steps=steps,
             on_recovery=_report_recovery,
         )
     finally:

@@ -18,7 +18,7 @@ def plan_cmd(
     source: str, recipe: str | None, fmt: str | None, loras: tuple[str, ...], lora_unmatched: str
 ) -> None:
     """Dry run: what each tensor of SOURCE (a folder or a Hub repo id) becomes under RECIPE, and the sizes."""
-    from ..lora import open_loras
+    from ..steps.lora import open_loras
     from ..plan import make_plan
     from ..recipes import load_recipe
     from ..source_folder import open_source

@@ -71,7 +71,7 @@ def sensitivity_cmd(
     """Measure how much each quantized Linear of SOURCE hurts the output under RECIPE (one streamed forward pass),
     and with --min-forward-sqnr or --max-size propose the recipe that raises the most sensitive ones."""
     from ..layout import parse_size
-    from ..lora import open_loras
+    from ..steps.lora import open_loras
     from ..plan import make_plan
     from ..recipes import dump_recipe, load_recipe, parse_recipe
     from ..sensitivity import measure, propose
@@ -118,7 +118,7 @@ def sensitivity_cmd(
     written = None
     if proposal is not None and proposal.reached and write_recipe is not None:
         text = dump_recipe(proposal.recipe)
-        make_plan(src.folder, parse_recipe(text, str(write_recipe)), steps=steps())  # valid, and plans here
+        make_plan(src, parse_recipe(text, str(write_recipe)), steps=steps())  # valid, and plans here
         _write_text_atomically(write_recipe, text)
         written = write_recipe
     if as_json:

@@ -29,7 +29,7 @@ __all__ = ["verify_cmd"]
 @click.option("--workers", type=int, default=None, help="Threads hashing and comparing [default: all cores].")
 @click.option(
     "--lora",
-    "loras",
+    "step_files",
     multiple=True,
     type=click.Path(path_type=Path, exists=True, dir_okay=False),
     metavar="FILE",
@@ -42,7 +42,7 @@ def verify_cmd(
     inputs: Path | None,
     as_json: bool,
     workers: int | None,
-    loras: tuple[Path, ...],
+    step_files: tuple[Path, ...],
 ) -> int:
     """Prove CHECKPOINT: hashes and layout; with --source, provenance and per-tensor parity. Exit 1 if a check fails."""
     if forward:
@@ -67,7 +67,7 @@ def verify_cmd(
             inputs=inputs,
             workers=workers,
             progress=progress,
-            loras=loras,
+            step_files=step_files,
         )
     finally:
         if progress is not None:

@@ -1,4 +1,5 @@
-"""comfy_fp8 and comfy_int8: bit-exact to comfy-kitchen's quantizers, and read back by comfy-kitchen's layouts.
+"""comfy_fp8 and comfy_int8: read back by comfy-kitchen's layouts, their markers, rounding and zero weights.
+Bit-exactness to comfy-kitchen's quantizers and the shared checks are `test_contract.py`'s.
 
 comfy-kitchen (ComfyUI's kernel library, its pure eager backend on the CPU) is a test dependency only.
 """
@@ -13,11 +14,9 @@ from comfy_kitchen.tensor import QuantizedTensor
 from comfy_kitchen.tensor.fp8 import TensorCoreFP8Layout
 from comfy_kitchen.tensor.int8 import TensorWiseINT8Layout
 
-from quantize import dtypes
-from quantize.formats import _comfy, comfy_fp8, comfy_int8
-from quantize.formats.base import NonFiniteWeightError
-
-DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+from quantize.formats import _comfy
+from quantize.formats.comfy_fp8 import FORMAT as comfy_fp8
+from quantize.formats.comfy_int8 import FORMAT as comfy_int8
 
 
 def _weight(shape, dtype, seed=0, outlier=True):
@@ -27,25 +26,10 @@ def _weight(shape, dtype, seed=0, outlier=True):
     return w.to(dtype)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_fp8_is_bit_exact_to_comfy_kitchen(dtype):
-    w = _weight((96, 160), dtype)
-    parts = comfy_fp8.encode(w)
-    scale = w.float().abs().amax() / 448.0
-    theirs = ck.quantize_per_tensor_fp8(w.float(), scale)
-    assert parts["weight"].dtype == torch.float8_e4m3fn and parts["weight"].shape == w.shape
-    assert torch.equal(parts["weight"].view(torch.uint8), theirs.view(torch.uint8))
-    assert parts["weight_scale"].shape == () and torch.equal(parts["weight_scale"], scale)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_int8_is_bit_exact_to_comfy_kitchen(dtype):
-    w = _weight((96, 160), dtype, seed=1)
+def test_int8_gives_an_all_zero_row_comfy_kitchens_floor_scale():
+    w = _weight((96, 160), torch.bfloat16, seed=1)
     w[7] = 0  # an all-zero row
     parts = comfy_int8.encode(w)
-    q, scale = ck.quantize_int8_rowwise(w.float())
-    assert torch.equal(parts["weight"], q) and parts["weight"].dtype == torch.int8
-    assert torch.equal(parts["weight_scale"], scale) and scale.shape == (96, 1)
     assert bool((parts["weight"][7] == 0).all()) and torch.equal(
         parts["weight_scale"][7], torch.tensor([1e-30])
     )
@@ -98,10 +82,6 @@ def test_the_marker_is_what_comfyui_reads(fmt):
     assert json.loads(marker.numpy().tobytes()) == {"format": fmt.LAYOUT}  # ComfyUI's own reading (ops.py)
     (dt, shape) = fmt.parts((16, 32))["comfy_quant"]
     assert (dt, shape) == ("U8", (marker.numel(),))
-    # what encode returns is what parts() promises: each part's dtype and shape
-    assert fmt.parts((16, 32)) == {
-        k: (dtypes.by_torch(t.dtype).name, tuple(t.shape)) for k, t in parts.items()
-    }
 
 
 @pytest.mark.parametrize("fmt", [comfy_fp8, comfy_int8])
@@ -109,20 +89,3 @@ def test_an_all_zero_weight_gets_a_finite_scale_and_zeros(fmt):
     parts = fmt.encode(torch.zeros(16, 32, dtype=torch.bfloat16))
     assert bool(torch.isfinite(parts["weight_scale"]).all())
     assert not parts["weight"].float().any() and not fmt.decode(parts).any()
-
-
-@pytest.mark.parametrize("fmt", [comfy_fp8, comfy_int8])
-@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-def test_a_non_finite_weight_is_refused(fmt, bad):
-    w = torch.ones(16, 32)
-    w[2, 3] = bad
-    with pytest.raises(NonFiniteWeightError):
-        fmt.encode(w)
-
-
-@pytest.mark.parametrize("fmt", [comfy_fp8, comfy_int8])
-def test_row_ranges_decode_as_the_whole(fmt):
-    parts = fmt.encode(_weight((40, 64), torch.float32, seed=5))
-    whole = fmt.decode(parts)
-    for rows in [(0, 1), (3, 17), (39, 40)]:
-        assert torch.equal(fmt.decode(parts, rows=rows), whole[rows[0] : rows[1]])

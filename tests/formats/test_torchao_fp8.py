@@ -1,4 +1,5 @@
-"""torchao_fp8: bit-exact to torchao's own Float8Tensor.from_hp; metadata and config as torchao/diffusers write them."""
+"""torchao_fp8: read back by torchao, its zero-row difference, metadata and config as torchao/diffusers write them.
+Bit-exactness to torchao's own Float8Tensor.from_hp and the shared checks are `test_contract.py`'s."""
 
 from __future__ import annotations
 
@@ -7,40 +8,21 @@ import json
 import pytest
 import torch
 
-from quantize.formats import torchao_fp8 as ao_fmt
+from quantize.formats import torchao_fp8 as ao_module
 from quantize.formats._torchao import torchao
-from quantize.formats.base import NonFiniteWeightError, UnsupportedShapeError
+from quantize.formats.base import UnsupportedShapeError
+from tests.formats.references import torchao_float8 as reference
 
-
-def reference(w: torch.Tensor):
-    """What Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()) makes of a weight loaded in bf16."""
-    ao = torchao()
-    cfg = ao.Float8DynamicActivationFloat8WeightConfig(granularity=ao.PerRow())
-    act, weight = cfg.granularity
-    kwargs = ao.QuantizeTensorToFloat8Kwargs(
-        cfg.activation_dtype, act, kernel_preference=cfg.kernel_preference
-    )
-    return ao.Float8Tensor.from_hp(
-        w.to(torch.bfloat16),
-        float8_dtype=cfg.weight_dtype,
-        granularity=weight,
-        mm_config=cfg.mm_config,
-        kernel_preference=cfg.kernel_preference,
-        act_quant_kwargs=kwargs,
-    )
+ao_fmt = ao_module.FORMAT
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
-def test_encode_is_bit_exact_to_float8_tensor_from_hp(dtype):
+def test_decode_is_torchaos_dequantize(dtype):
     g = torch.Generator().manual_seed(0)
     w = (torch.randn(96, 160, generator=g) * 0.03).to(dtype)
     w[5, 7] = 3.0  # an outlier
     w[9] = 1e-3 * torch.randn(160, generator=g).to(dtype)  # a row of small values
-    ref = reference(w)
-    parts = ao_fmt.encode(w)
-    assert torch.equal(parts["_weight_qdata"].view(torch.uint8), ref.qdata.view(torch.uint8))
-    assert torch.equal(parts["_weight_scale"], ref.scale)
-    assert torch.equal(ao_fmt.decode(parts, torch.bfloat16), ref.dequantize())
+    assert torch.equal(ao_fmt.decode(ao_fmt.encode(w), torch.bfloat16), reference(w).dequantize())
 
 
 def test_zero_row_is_finite_where_torchao_gives_nan():
@@ -56,7 +38,7 @@ def test_zero_row_is_finite_where_torchao_gives_nan():
 
 def test_stored_parts_rebuild_a_float8_tensor_that_matches_torchao():
     w = torch.randn(48, 64).to(torch.bfloat16)
-    ours = ao_fmt.to_float8_tensor(ao_fmt.encode(w))
+    ours = ao_module.to_float8_tensor(ao_fmt.encode(w))
     ref = reference(w)
     x = torch.randn(5, 64).to(torch.bfloat16)
     assert type(ours) is type(ref)
@@ -70,13 +52,6 @@ def test_shapes_scaled_mm_cannot_take_are_refused():
         "_weight_qdata": ("F8_E4M3", (32, 64)),
         "_weight_scale": ("F32", (32, 1)),
     }
-
-
-def test_non_finite_refused():
-    w = torch.ones(16, 16)
-    w[0, 0] = float("inf")
-    with pytest.raises(NonFiniteWeightError):
-        ao_fmt.encode(w)
 
 
 def test_metadata_is_what_torchao_flatten_writes():
@@ -112,13 +87,13 @@ def test_serialized_forms_are_torchaos_own_string_for_string():
     """The format writes torchao's JSON without importing torchao: the same strings its encoders give."""
     ao = torchao()
     for in_features in (16, 1536, 13824):
-        probe = ao_fmt.to_float8_tensor(
+        probe = ao_module.to_float8_tensor(
             {
-                ao_fmt.QDATA: torch.zeros(1, in_features, dtype=torch.float8_e4m3fn),
-                ao_fmt.SCALE: torch.ones(1, 1),
+                ao_module.QDATA: torch.zeros(1, in_features, dtype=torch.float8_e4m3fn),
+                ao_module.SCALE: torch.ones(1, 1),
             }
         )
-        assert ao_fmt._weight_json(in_features) == json.dumps(probe, cls=ao.JSONEncoder)
+        assert ao_module._weight_json(in_features) == json.dumps(probe, cls=ao.JSONEncoder)
     theirs = ao.config_to_dict(ao.Float8DynamicActivationFloat8WeightConfig(granularity=ao.PerRow()))
     assert json.dumps(ao_fmt.quantization_config([])["quant_type"]["default"]) == json.dumps(theirs)
 

@@ -135,7 +135,7 @@ def test_offload_arguments_are_checked(converted):
             enable_block_offload(_load(converted, "wan", "nf4"), device="cpu", host="pinned")
 
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+cuda = pytest.mark.gpu  # skipped without a CUDA device (tests/conftest.py)
 
 
 @cuda

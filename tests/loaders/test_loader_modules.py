@@ -13,7 +13,10 @@ import torch.nn.functional as F
 from loaders import Float8Linear, FP8Linear, NF4Linear, bnb
 from loaders.bnb import quant_state
 from loaders.modules import quantize_rows
-from quantize.formats import fp8_channel, nf4, torchao_fp8
+from quantize.formats import nf4 as nf4_module
+from quantize.formats.fp8_channel import FORMAT as fp8_channel
+from quantize.formats.nf4 import FORMAT as nf4
+from quantize.formats.torchao_fp8 import FORMAT as torchao_fp8
 from tests.formats.test_torchao_fp8 import reference as float8_reference
 
 MODULES = [FP8Linear, Float8Linear, NF4Linear]
@@ -97,7 +100,9 @@ def test_nf4_linear_computes_linear_with_bitsandbytes_dequantized_weight():
     m = make(NF4Linear, w, b)
     x = _x(dtype=torch.float32)
     parts = nf4.encode(w)
-    bnb_weight = bnb.functional().dequantize_4bit(parts[nf4.WEIGHT], quant_state(parts), quant_type="nf4")
+    bnb_weight = bnb.functional().dequantize_4bit(
+        parts[nf4_module.WEIGHT], quant_state(parts), quant_type="nf4"
+    )
     got = m(x)
     assert got.dtype == torch.float32  # computed in bf16 (the compute dtype), returned in the input's dtype
     assert torch.equal(got, F.linear(x.to(torch.bfloat16), bnb_weight, b).float())
@@ -213,7 +218,7 @@ def test_set_part_refuses_a_part_of_the_wrong_dtype_or_shape(cls):
         m.set_part(part, torch.zeros(shape, dtype=torch.bfloat16))
 
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+cuda = pytest.mark.gpu  # skipped without a CUDA device (tests/conftest.py)
 
 
 @cuda

@@ -37,14 +37,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import dtypes
-from .checkpoint import TensorInfo, read_header, read_rows, read_tensor
-from .errors import InputError
-from .layout import relative_path_problem
-from .models import lora_prefixes, lora_renamings
+from .. import dtypes
+from ..checkpoint import TensorInfo, read_header, read_rows, read_tensor
+from ..errors import InputError
+from ..layout import relative_path_problem
+from ..models import lora_prefixes, lora_renamings
+from .lora_record import LoraEntry, LoraRecord
 
 if TYPE_CHECKING:
-    from .source_folder import SourceFolder
+    from ..source_folder import SourceFolder
 
 __all__ = [
     "LoraSpec",
@@ -532,6 +533,22 @@ class LoraMerge:
                     self.loras[i] = dataclasses.replace(lora, spec=spec)
             self.components = source.components
 
+    def record(self, sha256: Callable[[Path], str]) -> dict:
+        """The manifest's record (`steps.lora_record.LoraRecord`): each LoRA in order, with what it changed."""
+        entries = [
+            LoraEntry(
+                file=recorded_path(lora.path),
+                size=lora.size,
+                sha256=sha256(lora.path),
+                strength=lora.spec.strength,
+                component=lora.spec.component,
+                tensors=touched,
+                ignored=ignored,
+            )
+            for lora, touched, ignored in zip(self.loras, self.touched, self.ignored, strict=True)
+        ]
+        return LoraRecord(unmatched=self.unmatched, loras=entries).model_dump(mode="json")
+
     def finish(self) -> None:
         """A LoRA for one component that no planned component was (only without `components`)."""
         for lora, touched in zip(self.loras, self.touched, strict=True):
@@ -593,3 +610,50 @@ def find_recorded(file: str, sha256: str, given: Mapping[Path, str], places: Seq
         + (" and no --lora given has its SHA-256" if given else "")
         + ": give it with --lora FILE"
     )
+
+
+# --- verify: the merge rebuilt from the manifest's record -------------------------------------
+
+
+@dataclass
+class _Rebuilt:
+    """The LoRAs a checkpoint records, found again and opened as the conversion applied them (`steps.Rebuilt`)."""
+
+    step: LoraMerge
+    record: LoraRecord
+    paths: list[Path]
+
+    def provenance(self, sha256: Callable[[Path], str]) -> list[tuple[str, bool, str]]:
+        """The LoRAs re-applied are the ones the checkpoint was made with."""
+        out = []
+        for entry, path in zip(self.record.loras, self.paths, strict=True):
+            ok = sha256(path) == entry.sha256
+            failure = "" if ok else f"{path}: SHA-256 differs from that of LoRA {entry.file!r} in the manifest"
+            out.append(("LoRA sha256", ok, failure))
+        return out
+
+    def after_plan(self) -> list[tuple[str, str, bool, str]]:
+        """Each LoRA changed the tensors, and skipped the keys, that the manifest says."""
+        out = []
+        for entry, touched, ignored in zip(self.record.loras, self.step.touched, self.step.ignored, strict=True):
+            ok = touched == entry.tensors and ignored == entry.ignored
+            failure = (
+                ""
+                if ok
+                else f"LoRA {entry.file!r}: changes {touched} tensors and skips {ignored} keys now; the manifest "
+                f"says {entry.tensors} and {entry.ignored}"
+            )
+            out.append(("parity", "LoRAs", ok, failure))
+        return out
+
+
+def rebuild(record: dict, source: Path, files: Sequence[Path], components: Sequence[str] | None) -> _Rebuilt:
+    """The merge `record` describes: each LoRA found (one of `files` with its SHA-256, the recorded path, or its
+    name beside or inside `source`) and opened with the recorded strength, component and unmatched policy."""
+    from ..hashing import sha256_file
+
+    rec = LoraRecord.model_validate(record)
+    hashes = {Path(path): sha256_file(Path(path)) for path in files}
+    paths = [find_recorded(e.file, e.sha256, hashes, [source, source.parent]) for e in rec.loras]
+    specs = [LoraSpec(p, e.strength, e.component) for p, e in zip(paths, rec.loras, strict=True)]
+    return _Rebuilt(LoraMerge([open_lora(s) for s in specs], rec.unmatched, components), rec, paths)

@@ -1,0 +1,142 @@
+"""Per-tensor steps: what changes a source tensor's rows on the way in (LoRA merging), and how a step that
+must be reproducible records itself in the manifest and is rebuilt from that record.
+
+A step (`TensorStep`, given to `plan.make_plan` / `convert(steps=...)`) is told the resolved source
+(`start`), gives each component's tensors their transforms (`transforms_for`), refuses what it never used
+(`finish`), and returns its manifest record once the plan is made (`record`; None: nothing to record). A
+record is a JSON object whose ``step`` names its kind; `RECORDS` maps each kind to the module that reads it:
+its torch-free `StepRecord` (validation, the card's section, `inspect`'s lines) and, for verify, how the step
+is rebuilt from it (`rebuild`). Converter, pipeline, verify and the card go through this module only: a new
+recorded step is a module and a row here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..errors import InputError
+
+if TYPE_CHECKING:
+    from ..checkpoint import TensorInfo
+    from ..source import Transform
+    from ..source_folder import SourceFolder
+
+__all__ = [
+    "TensorStep",
+    "StepRecord",
+    "Rebuilt",
+    "RECORDS",
+    "step_record",
+    "check_records",
+    "rebuild",
+    "card_lines",
+    "summary_lines",
+]
+
+
+class TensorStep(Protocol):
+    """A per-tensor step given to the plan (a set of LoRAs, say)."""
+
+    #: files the step reads (never copied into the output as the source's other files)
+    inputs: Sequence[Path]
+
+    def start(self, source: SourceFolder) -> None:
+        """Called once before any component is planned, with the source as resolved (its components as they
+        lie: a bare component folder is the root)."""
+        ...
+
+    def transforms_for(self, component: str, tensors: Mapping[str, TensorInfo]) -> Mapping[str, Transform]:
+        """The changes to apply to the source tensors of `component` (``.`` for the root), by tensor name;
+        raise `InputError` for what cannot apply to them."""
+        ...
+
+    def finish(self) -> None:
+        """Called once every component is planned: raise `InputError` for what matched nothing."""
+        ...
+
+    def record(self, sha256: Callable[[Path], str]) -> dict[str, Any] | None:
+        """The manifest's record of this step (``{"step": KIND, ...}``), from the plan it took part in;
+        `sha256(path)` hashes an input file. None: a step that verify need not rebuild."""
+        ...
+
+
+class StepRecord(Protocol):
+    """What is known of one kind of record without torch (the kind's record module provides it)."""
+
+    KIND: str
+
+    def validate(self, record: dict[str, Any]) -> None:
+        """Raise `ValueError` naming what is wrong with `record` (paths that leave the checkpoint, say)."""
+        ...
+
+    def card_lines(self, record: dict[str, Any]) -> list[str]:
+        """The model card's section on this step."""
+        ...
+
+    def summary_lines(self, record: dict[str, Any]) -> list[str]:
+        """One line per thing the step did, for `inspect`."""
+        ...
+
+
+class Rebuilt(Protocol):
+    """A recorded step rebuilt by verify: the step, and the checks that it is the one the checkpoint records."""
+
+    step: TensorStep
+
+    def provenance(self, sha256: Callable[[Path], str]) -> list[tuple[str, bool, str]]:
+        """(check, ok, failure message) that the inputs found are the recorded ones; `sha256` hashes a file."""
+        ...
+
+    def after_plan(self) -> list[tuple[str, str, bool, str]]:
+        """(category, check, ok, failure message) once the source is planned with the step again."""
+        ...
+
+
+#: record kind -> (its torch-free record module, the module that rebuilds the step)
+RECORDS: dict[str, tuple[str, str]] = {"lora": (f"{__name__}.lora_record", f"{__name__}.lora")}
+
+
+def _kind(record: dict[str, Any]) -> str:
+    kind = record.get("step") if isinstance(record, dict) else None
+    if kind not in RECORDS:
+        raise InputError(f"manifest step {kind!r} is not a recorded step (known: {', '.join(RECORDS)})")
+    return kind
+
+
+def step_record(record: dict[str, Any]) -> StepRecord:
+    """The record module of `record`'s kind (imports no torch)."""
+    return importlib.import_module(RECORDS[_kind(record)][0]).RECORD
+
+
+def check_records(records: Sequence[dict[str, Any]]) -> None:
+    """Every record is of a known kind and valid; `ValueError` naming the first that is not."""
+    for i, record in enumerate(records):
+        try:
+            step_record(record).validate(record)
+        except InputError as e:
+            raise ValueError(str(e)) from None
+        except ValueError as e:
+            raise ValueError(f"steps.{i}: {e}") from None
+
+
+def rebuild(
+    record: dict[str, Any], source: Path, files: Sequence[Path], components: Sequence[str] | None
+) -> Rebuilt:
+    """The step `record` describes, rebuilt on `source` (its input files found among `files`, at the recorded
+    place, or beside or inside the source), for `components` as the checkpoint lists them."""
+    module = importlib.import_module(RECORDS[_kind(record)][1])
+    return module.rebuild(record, source, files, components)
+
+
+def card_lines(records: Sequence[dict[str, Any]]) -> list[str]:
+    out: list[str] = []
+    for record in records:
+        out += ["", *step_record(record).card_lines(record)]
+    return out
+
+
+def summary_lines(records: Sequence[dict[str, Any]]) -> list[str]:
+    return [line for record in records for line in step_record(record).summary_lines(record)]
