@@ -72,7 +72,8 @@ def recipe_for_format(folder: Path, fmt: str) -> tuple[str, SourceLayout]:
         known = ", ".join(f.title for f in FAMILIES)
         raise InputError(
             f"{folder}: no known layout (of {known}: original names at the root or in expert folders, a diffusers "
-            "transformer/, or such a folder itself): pick a recipe with --recipe (quantize recipes lists them)"
+            "transformer/, or such a folder itself): pick a recipe with `recipe` (quantize recipes lists them)",
+            parameters=("recipe",),
         )
     candidates = [(DEFAULT_RECIPES[lay.name].get(fmt), lay) for lay in layouts]
     chosen = [(r, lay) for r, lay in candidates if r is not None]
@@ -81,7 +82,9 @@ def recipe_for_format(folder: Path, fmt: str) -> tuple[str, SourceLayout]:
     if len(chosen) > 1:
         names = ", ".join(f"{r} ({lay.name})" for r, lay in chosen)
         raise InputError(
-            f"{folder}: holds more than one kind of model ({_layout_words(layouts)}): candidates {names}; pick one with --recipe"
+            f"{folder}: holds more than one kind of model ({_layout_words(layouts)}): candidates {names}; "
+            "pick one with `recipe`",
+            parameters=("recipe",),
         )
     there = sorted({f"{r} ({f})" for lay in layouts for f, r in DEFAULT_RECIPES[lay.name].items()})
     raise InputError(

@@ -270,7 +270,7 @@ class StreamedModel:
             for name, m in self.model.named_modules()
             if name and any(True for _ in m.parameters(recurse=False))
         ]
-        #: the root's own parameters (Wan's scale_shift_table), held for the whole pass
+        #: the root's own parameters (a top-level modulation table, say), held for the whole pass
         self.root_params = [n for n, _ in self.model.named_parameters(recurse=False)]
 
     def forward(

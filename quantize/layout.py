@@ -160,8 +160,8 @@ def component_class(folder: Path) -> str | None:
 
 def bare_model_class(folder: Path) -> str | None:
     """The class of the one model `folder` itself holds when it is a diffusers model folder (a config.json whose
-    ``_class_name`` is a transformer class, and safetensors beside it), else None. Wan's original releases
-    (``WanModel``) hold their model at the root as they always do: not a bare folder."""
+    ``_class_name`` is a transformer class, and safetensors beside it), else None. A family's original release
+    (a config class without "Transformer") holds its model at the root as it always did: not a bare folder."""
     folder = Path(folder)
     cls = component_class(folder)
     if cls is None or "Transformer" not in cls or not any(folder.glob("*.safetensors")):

@@ -150,15 +150,20 @@ def check_output_location(source: Path, out: Path, overwrite: bool) -> None:
             raise InputError(f"{out}: exists and is not a directory")
         if not overwrite:
             raise OutputExistsError(
-                f"{out}: already exists; pass --overwrite to replace it (the old checkpoint stays until the new one is complete)"
+                f"{out}: already exists; pass `overwrite` to replace it (the old checkpoint stays until the new one is complete)",
+                parameters=("overwrite",),
             )
         cwd = Path.cwd().resolve()
         if real_out == cwd or real_out in cwd.parents:
-            raise InputError(f"{out}: is the current directory or holds it; --overwrite will not replace it")
+            raise InputError(
+                f"{out}: is the current directory or holds it; `overwrite` will not replace it",
+                parameters=("overwrite",),
+            )
         if any(out.iterdir()) and not (out / MANIFEST_NAME).is_file():
             raise InputError(
                 f"{out}: is not a checkpoint written by `quantize convert` (no {MANIFEST_NAME}) and not empty; "
-                "--overwrite replaces only those: remove it yourself or pick another path"
+                "`overwrite` replaces only those: remove it yourself or pick another path",
+                parameters=("overwrite",),
             )
     if not out.parent.is_dir():
         raise InputError(f"{out.parent}: the output's parent directory does not exist")

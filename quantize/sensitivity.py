@@ -158,7 +158,7 @@ def measure(
     for cp in plan.components:
         run = runnable(cp)
         model = StreamedModel(run)
-        x = load_inputs(inputs, run.class_name, run.config)
+        x = load_inputs(inputs, run.family, run.config)
         found = _layers(cp, run, fmt, recipe, all_rungs)
         note(f"{cp.rel}: the source model, and each of its {len(found)} quantized Linears")
         with _pool(workers) as pool:

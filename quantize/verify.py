@@ -397,7 +397,8 @@ def _check_layout(
         if rel != entry.path:
             continue
         try:
-            parts = quantized_parts(fmt, module_name(name), tuple(t.shape), t.type)
+            options = fmt.options_type.from_type(t.type)  # the manifest names them (gguf: the GGML type)
+            parts = quantized_parts(fmt, module_name(name), tuple(t.shape), options)
         except ValueError as e:
             report.fail(
                 "integrity",

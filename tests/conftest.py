@@ -16,6 +16,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,7 +42,7 @@ def pytest_collection_modifyitems(config, items):
 def wan_tiny(tmp_path_factory) -> Path:
     """A tiny Wan2.1 T2V checkpoint (original names, bf16, sharded with an index). Read-only: copy before changing."""
     root = tmp_path_factory.mktemp("wan-tiny")
-    return write_example(root / "Wan2.1-T2V-tiny", "tiny", "t2v", max_shard_size=150_000)
+    return write_example(root / "Wan2.1-T2V-tiny", "tiny", "t2v", max_shard_size=1_100_000)  # 3 shards
 
 
 @pytest.fixture
@@ -70,15 +71,14 @@ _READ_AT_IMPORT = ("HF_",)
 
 def run_cli(*args: str | Path, check: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run `quantize ARGS` in this process, as the console script would: `quantize.cli.main(argv)` with stdout
-    and stderr captured (not terminals), the exit code from its SystemExit, `env` set for the call.
+    and stderr captured (not terminals), the exit code from its SystemExit, `env` set for the call; a thread
+    it leaves running fails the call (it would keep a process from exiting).
 
     Whatever the call changes in this process is put back afterwards: the environment (the CLI sets
     DIFFUSERS_VERBOSITY), the SIGINT/SIGTERM handlers (main installs its own, then ignores both), the CLI's
     settings (--debug), the levels of existing loggers, torch's thread count, the collector's frozen objects.
     QUANTIZE_TEST_CLI=process makes it run_process, to tell a difference of the two apart from a bug."""
-    if (
-        os.environ.get("QUANTIZE_TEST_CLI") == "process"
-    ):  # the whole suite's CLI calls as processes, to compare
+    if os.environ.get("QUANTIZE_TEST_CLI") == "process":  # every CLI call of the suite a process, to compare
         return run_process(*args, check=check, env=env)
     argv = [str(a) for a in args]
     late = sorted(k for k in env or {} if k.startswith(_READ_AT_IMPORT))
@@ -161,8 +161,10 @@ def _restored_process_state() -> Iterator[None]:
     loggers = {name: lg.level for name, lg in _loggers().items()}
     frozen = gc.get_freeze_count()
     threads = sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None
+    running = set(threading.enumerate())
     try:
         yield
+        _assert_no_thread_left(running)  # a process would not exit while one runs
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
@@ -176,6 +178,19 @@ def _restored_process_state() -> Iterator[None]:
             gc.unfreeze()  # the CLI freezes what it imported; this process's later garbage must stay collectable
         if threads is not None and sys.modules["torch"].get_num_threads() != threads:
             sys.modules["torch"].set_num_threads(threads)
+
+
+#: seconds a thread the command started may take to finish after it returned
+THREAD_GRACE = 10.0
+
+
+def _assert_no_thread_left(before: set[threading.Thread]) -> None:
+    left = [t for t in threading.enumerate() if t not in before and not t.daemon]
+    for t in left:
+        t.join(timeout=THREAD_GRACE)
+    alive = sorted(t.name for t in left if t.is_alive())
+    if alive:
+        raise AssertionError(f"the command left threads running, which would keep its process alive: {alive}")
 
 
 def _loggers() -> dict[str, logging.Logger]:

@@ -15,7 +15,9 @@ from safetensors import safe_open
 
 from quantize.formats.comfy_fp8 import FORMAT as comfy_fp8
 from quantize.formats.comfy_int8 import FORMAT as comfy_int8
-from quantize.names import wan_native_name
+from quantize.models import get_family
+
+wan_native_name = get_family("wan").native_name
 from tests.conftest import load_all, read_json, run_cli
 from tests.diffusers_models import WAN_TINY
 
@@ -206,7 +208,7 @@ def test_two_experts_one_file_each(make_wan, tmp_path):
     assert proc.returncode == 0 and "high_noise_model_comfy_fp8.safetensors" in proc.stdout
 
 
-def test_a_model_without_native_wan_names_is_refused_at_plan_time(tmp_path):
+def test_a_family_without_native_names_is_refused_at_plan_time_naming_both(tmp_path):
     from tests import diffusers_models as models
 
     src = tmp_path / "K5"
@@ -223,7 +225,7 @@ def test_a_model_without_native_wan_names_is_refused_at_plan_time(tmp_path):
         assert proc.returncode == 2
         (line,) = proc.stderr.strip().splitlines()
         assert line.startswith(
-            f"error: {src / 'transformer'}: the tensor names are neither Wan's native names"
+            f"error: {src / 'transformer'}: comfy_fp8 writes a model's native names, and Kandinsky 5 has none"
         )
     assert not (tmp_path / "out").exists()
 

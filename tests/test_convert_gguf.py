@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from quantize.ggml_types import ggml_type
-from quantize.names import wan_native_name
+from quantize.models import get_family
+
+wan_native_name = get_family("wan").native_name
 from tests.conftest import load_all, read_json, run_cli
 from tests.diffusers_models import WAN_TINY
 from tests.formats.test_gguf import _ggml_reference

@@ -102,9 +102,9 @@ def test_kandinsky5_recipe_quantizes_exactly_the_layers_of_the_kandinsky5_fp8_wo
     }
     expected = {m for m in linears if not KANDINSKY_KEPT.fullmatch(m)}
     assert {t.module for t in cp.quantized()} == expected
-    assert (
-        len(expected) == 5 * 1 + 9 * 2
-    )  # text blocks: q, k, v, out, ffn-in; visual blocks: two attentions + ffn-in
+    config = read_json(src / "transformer" / "config.json")
+    # text blocks: q, k, v, out, ffn-in; visual blocks: two attentions + ffn-in
+    assert len(expected) == 5 * config["num_text_blocks"] + 9 * config["num_visual_blocks"]
     assert {
         "visual_transformer_blocks.0.feed_forward.out_layer",
         "out_layer.out_layer",

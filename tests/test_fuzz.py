@@ -72,6 +72,7 @@ recipe_values = (
 recipe_mappings = st.dictionaries(recipe_keys, recipe_values, max_size=6)
 
 
+@pytest.mark.slow
 @settings(max_examples=800 * SCALE)
 @given(st.one_of(st.text(max_size=200), recipe_mappings.map(lambda d: yaml.safe_dump(d, allow_unicode=True))))
 @example("format: fp8_channel\ntargets: ['blocks\\.\\d+\\.ffn\\.0']\n")

@@ -55,14 +55,22 @@ def _files(root: Path) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-@pytest.fixture
-def converted(wan_tiny, tmp_path) -> Path:
-    src = tmp_path / "src"
+@pytest.fixture(scope="module")
+def converted_once(wan_tiny, tmp_path_factory) -> Path:
+    """The tiny Wan with a model card, converted once for the module. Read-only: `converted` copies it."""
+    src = tmp_path_factory.mktemp("hub") / "src"
     shutil.copytree(wan_tiny, src)
     (src / "README.md").write_text(SOURCE_CARD)
-    out = tmp_path / "Wan-tiny-fp8"
+    out = src.parent / "Wan-tiny-fp8"
     run_cli("convert", src, out, "-r", "wan-fp8", check=True)
     return out
+
+
+@pytest.fixture
+def converted(converted_once, tmp_path) -> Path:
+    """A copy of the converted checkpoint of the test's own (some change it), beside a copy of its source."""
+    shutil.copytree(converted_once.parent / "src", tmp_path / "src")
+    return Path(shutil.copytree(converted_once, tmp_path / "Wan-tiny-fp8"))
 
 
 def _assert_no_token(hub: HubStandIn, *texts: str) -> None:
@@ -168,6 +176,7 @@ def test_a_checkpoint_that_fails_verify_is_not_sent(converted, hub, hub_env):
     assert hub.requests == []
 
 
+@pytest.mark.slow
 def test_no_token_or_a_wrong_one_is_a_clean_error_that_never_shows_it(converted, hub, hub_env, tmp_path):
     proc = run_process("upload", converted, "someone/tiny", env={**hub_env, "HF_TOKEN": ""})
     assert proc.returncode == 2 and "no Hugging Face token" in proc.stderr and hub.requests == []
@@ -220,6 +229,7 @@ def _transformer_only(tmp_path: Path) -> Path:
     return recipe
 
 
+@pytest.mark.slow
 def test_convert_from_a_repo_id_fetches_only_what_the_recipe_needs(hub, hub_env, tmp_path):
     files = _seed_diffusers_repo(hub, tmp_path)
     recipe = _transformer_only(tmp_path)

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = [ROOT / "quantize", ROOT / "loaders"]
 #: modules that unpickle (or load code or objects from bytes)
@@ -111,6 +113,7 @@ sys.addaudithook(_hook)
 RECIPES = ("wan-fp8", "wan-nf4", "wan-torchao-fp8")
 
 
+@pytest.mark.slow
 def test_a_whole_session_unpickles_nothing(tmp_path):
     import diffusers  # noqa: F401  (a dev dependency: missing is a failure, not a skip)
 

@@ -362,9 +362,12 @@ def _first_with(ckpt: Path, suffix: str) -> tuple[Path, str]:
 def test_an_all_zero_weight_verifies(tmp_path, wan_tiny):
     src = tmp_path / "src"
     shutil.copytree(wan_tiny, src)
-    shard = sorted(src.glob("*.safetensors"))[0]
-    with safe_open(shard, framework="pt") as f:
-        target = next(k for k in f.keys() if k.endswith("self_attn.o.weight") or k.endswith("ffn.0.weight"))
+    shard, target = next(
+        (shard, k)
+        for shard in sorted(src.glob("*.safetensors"))
+        for k in safe_open(shard, framework="pt").keys()
+        if k.endswith(("self_attn.o.weight", "ffn.0.weight"))
+    )
     _rewrite(shard, lambda t: t.update({target: torch.zeros_like(t[target])}))
     for recipe in ("wan-fp8.yaml", "wan-nf4.yaml"):
         out = tmp_path / recipe

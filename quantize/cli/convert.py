@@ -57,7 +57,6 @@ def convert_cmd(
     """Convert the safetensors checkpoint SOURCE (a folder or a Hub repo id) into OUTPUT following RECIPE."""
     from ..converter import convert
     from ..layout import parse_size
-    from ..steps.lora import open_loras
     from ..process import tune_for_streaming
     from ..recipes import load_recipe
 
@@ -65,7 +64,11 @@ def convert_cmd(
     t0 = time.monotonic()
     loaded = load_recipe(chosen_recipe(source, recipe, fmt))
     # every LoRA file read and checked (headers) before OUT is claimed: a bad one is refused before any work
-    steps = [open_loras(loras, lora_unmatched, loaded.recipe.components)] if loras else []
+    steps = []
+    if loras:  # (imports torch: a refused output is refused before)
+        from ..steps.lora import open_loras
+
+        steps = [open_loras(loras, lora_unmatched, loaded.recipe.components)]
     # started once torch is imported and planned
     progress = progress_display("convert", on_start=tune_for_streaming)
     try:

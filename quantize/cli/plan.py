@@ -18,10 +18,10 @@ def plan_cmd(
     source: str, recipe: str | None, fmt: str | None, loras: tuple[str, ...], lora_unmatched: str
 ) -> None:
     """Dry run: what each tensor of SOURCE (a folder or a Hub repo id) becomes under RECIPE, and the sizes."""
-    from ..steps.lora import open_loras
     from ..plan import make_plan
     from ..recipes import load_recipe
     from ..source_folder import open_source
+    from ..steps.lora import open_loras
 
     loaded = load_recipe(chosen_recipe(source, recipe, fmt))
     merge = open_loras(loras, lora_unmatched, loaded.recipe.components) if loras else None

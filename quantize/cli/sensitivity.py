@@ -71,11 +71,11 @@ def sensitivity_cmd(
     """Measure how much each quantized Linear of SOURCE hurts the output under RECIPE (one streamed forward pass),
     and with --min-forward-sqnr or --max-size propose the recipe that raises the most sensitive ones."""
     from ..layout import parse_size
-    from ..steps.lora import open_loras
     from ..plan import make_plan
     from ..recipes import dump_recipe, load_recipe, parse_recipe
     from ..sensitivity import measure, propose
     from ..source_folder import open_source
+    from ..steps.lora import open_loras
 
     if min_forward_sqnr is not None and max_size is not None:
         raise InputError("give --min-forward-sqnr or --max-size, not both")

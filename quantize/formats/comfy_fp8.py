@@ -1,6 +1,6 @@
 """`comfy_fp8`: ComfyUI's "fp8 scaled" Linear: float8_e4m3fn weights with one float32 scale per tensor.
 
-On disk, per quantized Linear ``<m>`` (ComfyUI's native Wan names, one file per component):
+On disk, per quantized Linear ``<m>`` (the model family's native names, which ComfyUI reads; one file per component):
   ``<m>.weight``       float8_e4m3fn [out, in]
   ``<m>.weight_scale`` float32 [] (one value: ComfyUI's CUDA path asserts a single scale)
   ``<m>.comfy_quant``  uint8 [n]   UTF-8 JSON ``{"format": "float8_e4m3fn"}``

@@ -1,6 +1,6 @@
 """`comfy_int8`: ComfyUI's int8 Linear: int8 weights with one float32 scale per output row.
 
-On disk, per quantized Linear ``<m>`` (ComfyUI's native Wan names, one file per component):
+On disk, per quantized Linear ``<m>`` (the model family's native names, which ComfyUI reads; one file per component):
   ``<m>.weight``       int8 [out, in]
   ``<m>.weight_scale`` float32 [out, 1]
   ``<m>.comfy_quant``  uint8 [n]   UTF-8 JSON ``{"format": "int8_tensorwise"}``

@@ -35,6 +35,7 @@ __all__ = [
     "default_recipes",
     "lora_prefixes",
     "lora_renamings",
+    "modulation_names",
     "diffusers_classes",
 ]
 
@@ -78,7 +79,7 @@ def names_for(role: str, family: Family | None, fmt: str, where: str) -> NameTab
             f"{where}: the tensor names are of no model family this tool knows ({known}): {fmt} writes a "
             f"family's {role} names, so it takes only one of those"
         )
-    return family.name_table(role, fmt)
+    return family.name_table(role, fmt, where)
 
 
 def default_recipes() -> dict[str, dict[str, str]]:
@@ -99,6 +100,11 @@ def lora_renamings() -> Iterator[tuple[str, object]]:
         if f.names is not None:
             yield f"diffusers names -> {f.title}'s native names", f.native_name
             yield f"{f.title}'s native names -> diffusers names", f.diffusers_name
+
+
+def modulation_names() -> tuple[str, ...]:
+    """The names a block's modulation table has in any family and naming (what a LoRA's ``diff_m`` adds to)."""
+    return tuple(dict.fromkeys(n for f in FAMILIES for n in f.modulation_names))
 
 
 def diffusers_classes() -> frozenset[str]:

@@ -166,6 +166,8 @@ class Family:
     gguf_architecture: str | None = None
     #: prefixes its LoRA keys carry in the wild (stripped, any of them, in any order)
     lora_prefixes: tuple[str, ...] = ()
+    #: what a block's modulation table is called in its namings (a LoRA's ``diff_m`` adds to it)
+    modulation_names: tuple[str, ...] = ()
     #: layout -> format -> the bundled recipe `convert --format` takes
     default_recipes: Mapping[str, Mapping[str, str]] = {}
     #: example presets (`quantize example --preset`) and folder layouts (`--layout`)
@@ -221,15 +223,15 @@ class Family:
     def diffusers_name(self, native_name: str) -> str | None:
         return None if self.names is None else self.names.diffusers(native_name)
 
-    def name_table(self, role: str, fmt: str) -> NameTable:
-        """The names format `fmt` writes this family's tensors under; `InputError` in one line naming the family
-        and the format when it has no names of that role."""
+    def name_table(self, role: str, fmt: str, where: str = "") -> NameTable:
+        """The names format `fmt` writes this family's tensors under; `InputError` in one line naming the model
+        (`where`), the family and the format when it has no names of that role."""
         if role == "source":
             return IDENTITY
         if role == "native" and self.names is not None:
             return NameTable(f"{self.name}_native", self._native_renamer, f"{self.title}'s original names")
         raise InputError(
-            f"{fmt} writes a model's {role} names, and {self.title} has none in this tool yet: "
+            f"{where + ': ' if where else ''}{fmt} writes a model's {role} names, and {self.title} has none in this tool yet: "
             f"convert {self.title} to another format (quantize recipes lists them)"
         )
 

@@ -215,6 +215,7 @@ class Wan(Family):
     native_marks = ("head.modulation", "blocks.0.self_attn.")
     diffusers_marks = ("condition_embedder.", "blocks.0.attn1.")
     gguf_architecture = "wan"
+    modulation_names = ("modulation", "scale_shift_table")
     lora_prefixes = (
         "model.diffusion_model.",
         "diffusion_model.",

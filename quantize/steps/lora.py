@@ -7,12 +7,12 @@ For each source tensor the LoRAs touch, the value the recipe converts is
 summed in float32 in the order the LoRAs were given (within one LoRA: its up·down term, then its diff) and
 cast once, so converting with `--lora` gives byte for byte what converting the merged model (merged in
 float32, saved in the source dtype) gives. ``diff_b`` adds to the module's bias, ``diff_m`` to the block's
-``modulation`` (diffusers' ``scale_shift_table``).
+modulation table (`models.modulation_names`: Wan's ``modulation``, diffusers' ``scale_shift_table``).
 
 Conventions read (`parse_key`): the prefixes `PREFIXES` or none; ``lora_down``/``lora_up``, ``lora_A``/
 ``lora_B`` (also with ``.default``); kohya / musubi-tuner module names (``lora_unet_blocks_0_self_attn_q``,
 also ``lora_unet__...``); ``.alpha`` of any dtype (missing: alpha = rank); ``.diff``, ``.diff_b``,
-``.diff_m``. A LoRA written for diffusers' Wan names merges into a source with Wan's original names and the
+``.diff_m``. A LoRA written for a family's diffusers names merges into a source with its original names and the
 reverse, through the family's one name table (`models.lora_renamings`). LyCORIS (LoHa,
 LoKr) and DoRA weights are refused naming the key.
 
@@ -41,7 +41,7 @@ from .. import dtypes
 from ..checkpoint import TensorInfo, read_header, read_rows, read_tensor
 from ..errors import InputError
 from ..layout import relative_path_problem
-from ..models import lora_prefixes, lora_renamings
+from ..models import lora_prefixes, lora_renamings, modulation_names
 from .lora_record import LoraEntry, LoraRecord
 
 if TYPE_CHECKING:
@@ -342,7 +342,8 @@ Rename = Callable[[str], "str | None"]
 #: how a LoRA's names may relate to the source's: the same naming, or a family's diffusers names on its native
 #: names and the reverse (Wan's: a diffusers LoRA on the original names)
 _NAMINGS: tuple[tuple[str, Rename], ...] = (("the source's names", lambda name: name), *lora_renamings())
-_MODULATION_ALIASES = ("modulation", "scale_shift_table")
+#: the names a block's modulation table has (``diff_m`` adds to it), over every family and naming
+_MODULATION_ALIASES = modulation_names()
 
 
 @dataclass(frozen=True)
@@ -507,7 +508,9 @@ class LoraMerge:
             self.ignored[i].pop(component, None)  # planned again (verify): counted afresh
             if resolved.unmatched:
                 if self.unmatched == "error" or not resolved.matched:
-                    raise InputError(_unmatched_message(lora, resolved, tensors, where))
+                    raise InputError(
+                        _unmatched_message(lora, resolved, tensors, where), parameters=("lora_unmatched",)
+                    )
                 self.ignored[i][component] = sorted(k for t in resolved.unmatched for k in t.keys)
             for name, targets in resolved.matched.items():
                 if len(targets) > 1:
@@ -577,7 +580,7 @@ def _unmatched_message(
     return (
         f"{lora.path}: key {key!r} matches no tensor of {where} (closest: {close[0]!r}"
         f"{f'; {more} more keys match nothing' if more else ''}): is the LoRA made for this model? "
-        "(--lora-unmatched ignore skips such keys, and the manifest lists them)"
+        "(`lora_unmatched` ignore skips such keys, and the manifest lists them)"
     )
 
 
@@ -607,8 +610,9 @@ def find_recorded(file: str, sha256: str, given: Mapping[Path, str], places: Seq
     looked = ", ".join(str(p) for p in candidates)
     raise InputError(
         f"LoRA {file!r} the checkpoint was made with is not at {looked}"
-        + (" and no --lora given has its SHA-256" if given else "")
-        + ": give it with --lora FILE"
+        + (" and no `step_files` given has its SHA-256" if given else "")
+        + ": give it with `step_files` FILE",
+        parameters=("step_files",),
     )
 
 
@@ -628,14 +632,18 @@ class _Rebuilt:
         out = []
         for entry, path in zip(self.record.loras, self.paths, strict=True):
             ok = sha256(path) == entry.sha256
-            failure = "" if ok else f"{path}: SHA-256 differs from that of LoRA {entry.file!r} in the manifest"
+            failure = (
+                "" if ok else f"{path}: SHA-256 differs from that of LoRA {entry.file!r} in the manifest"
+            )
             out.append(("LoRA sha256", ok, failure))
         return out
 
     def after_plan(self) -> list[tuple[str, str, bool, str]]:
         """Each LoRA changed the tensors, and skipped the keys, that the manifest says."""
         out = []
-        for entry, touched, ignored in zip(self.record.loras, self.step.touched, self.step.ignored, strict=True):
+        for entry, touched, ignored in zip(
+            self.record.loras, self.step.touched, self.step.ignored, strict=True
+        ):
             ok = touched == entry.tensors and ignored == entry.ignored
             failure = (
                 ""

@@ -50,7 +50,9 @@ class LoraRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     step: Literal["lora"] = KIND
-    unmatched: Literal["error", "ignore"] = "error"  # what a key matching no tensor did (see `lora.UNMATCHED`)
+    unmatched: Literal["error", "ignore"] = (
+        "error"  # what a key matching no tensor did (see `lora.UNMATCHED`)
+    )
     loras: list[LoraEntry]
 
 

@@ -9,10 +9,12 @@ import sys
 from pathlib import Path
 
 import diffusers  # noqa: F401  (a dev dependency: missing is a failure, not a skip)
+import pytest
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
+@pytest.mark.slow
 def test_the_readme_loaders_example_runs(tmp_path):
     text = README.read_text()
     match = re.search(r"<!-- example:loaders -->\n```python\n(.*?)```", text, re.S)

@@ -32,7 +32,11 @@ def test_families_are_registered_once_and_unknown_ones_are_named():
         (None, ["visual_transformer_blocks.0.self_attention.to_query.weight"], "kandinsky5"),
         (None, ["proj_out.weight"], None),
         ("FluxTransformer2DModel", ["x_embedder.weight"], None),
-        ("WanModelVariant", ["head.modulation"], "wan"),  # a class no family is registered by: the names decide
+        (
+            "WanModelVariant",
+            ["head.modulation"],
+            "wan",
+        ),  # a class no family is registered by: the names decide
     ],
 )
 def test_a_components_family_is_found_by_its_config_class_else_by_its_names(config_class, names, family):
@@ -44,9 +48,13 @@ def test_a_format_asks_for_a_role_and_the_family_answers_or_is_named():
     assert names_for("source", None, "fp8_channel", "here") is IDENTITY
     assert names_for("source", KANDINSKY5, "fp8_channel", "here") is IDENTITY
     assert names_for("native", WAN, "gguf", "here").name == "wan_native"
-    with pytest.raises(InputError, match=r"^comfy_fp8 writes a model's native names, and Kandinsky 5 has none"):
+    with pytest.raises(
+        InputError, match=r"^here: comfy_fp8 writes a model's native names, and Kandinsky 5 has none"
+    ):
         names_for("native", KANDINSKY5, "comfy_fp8", "here")
-    with pytest.raises(InputError, match=r"^here: the tensor names are of no model family this tool knows.*gguf"):
+    with pytest.raises(
+        InputError, match=r"^here: the tensor names are of no model family this tool knows.*gguf"
+    ):
         names_for("native", None, "gguf", "here")
     with pytest.raises(InputError, match="unknown role of names 'comfy'"):
         names_for("comfy", WAN, "gguf", "here")
