@@ -16,10 +16,10 @@ from safetensors import safe_open
 from quantize.formats.comfy_fp8 import FORMAT as comfy_fp8
 from quantize.formats.comfy_int8 import FORMAT as comfy_int8
 from quantize.models import get_family
-
-wan_native_name = get_family("wan").native_name
 from tests.conftest import load_all, read_json, run_cli
 from tests.diffusers_models import WAN_TINY
+
+wan_native_name = get_family("wan").native_name
 
 LAYOUTS = {comfy_fp8.LAYOUT: comfy_fp8, comfy_int8.LAYOUT: comfy_int8}
 

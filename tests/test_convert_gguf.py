@@ -14,12 +14,12 @@ import torch
 
 from quantize.ggml_types import ggml_type
 from quantize.models import get_family
-
-wan_native_name = get_family("wan").native_name
 from tests.conftest import load_all, read_json, run_cli
 from tests.diffusers_models import WAN_TINY
 from tests.formats.test_gguf import _ggml_reference
 from tests.test_convert_comfy import _comfyui_wan_config
+
+wan_native_name = get_family("wan").native_name
 
 BLOCK_LINEAR = r"blocks\.\d+\.((self_attn|cross_attn)\.(q|k|v|o|k_img|v_img)|ffn\.(0|2))"
 

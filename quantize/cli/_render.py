@@ -121,7 +121,7 @@ def _plan_groups(plan) -> list[tuple]:
     for cp in plan.components:
         for tp in cp.tensors:
             generic = _star_blocks(tp.name)
-            if tp.output_name != tp.name:  # the format's name table renames it (the family's native names, say)
+            if tp.output_name != tp.name:  # the format's name table renames it (native names, say)
                 generic += f" -> {_star_blocks(tp.output_name)}"
             kept_as = tp.outputs[0].dtype
             becomes = (
