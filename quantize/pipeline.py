@@ -143,7 +143,9 @@ def write_checkpoint(
             components=components,
             tensors=dict(sorted(tensors.items())),
             output_files=[],
-            steps=[r for step in steps if (r := step.record(lambda p: work.hash_later(p).result())) is not None],
+            steps=[
+                r for step in steps if (r := step.record(lambda p: work.hash_later(p).result())) is not None
+            ],
         )
         card = render_card(manifest, dataclasses.replace(facts, model_files=model_files))
         write_file(tmp / CARD_NAME, card)  # from everything but the output hashes

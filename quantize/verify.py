@@ -160,7 +160,8 @@ def verify(
         )
     if step_files and source is None:
         raise InputError(
-            "`step_files` re-applies LoRAs to the source: give `source` too", parameters=("step_files", "source")
+            "`step_files` re-applies LoRAs to the source: give `source` too",
+            parameters=("step_files", "source"),
         )
     rebuilt: list[Rebuilt] = []
     src = None
@@ -172,7 +173,8 @@ def verify(
         rebuilt = [rebuild(record, source, files, named) for record in manifest.steps]
         steps = [*(r.step for r in rebuilt), *steps]
         if recipe is not None:
-            src = local_source(source, recipe)  # resolved once: the forward check and the parity plan share it
+            # resolved once: the forward check and the parity plan share it
+            src = local_source(source, recipe)
     if forward:
         if source is None:
             raise InputError(

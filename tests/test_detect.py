@@ -246,7 +246,5 @@ def test_a_lora_for_the_component_a_bare_folder_is(sources, tmp_path):
     )
     manifest = read_json(tmp_path / "out" / "quantize_manifest.json")
     (record,) = manifest["steps"]
-    assert record["loras"][0]["component"] == "." and record["loras"][0]["tensors"] == {
-        ".": len(made.terms)
-    }
+    assert record["loras"][0]["component"] == "." and record["loras"][0]["tensors"] == {".": len(made.terms)}
     assert manifest["source"]["name"] == "diffusers/transformer"  # what the card calls the model

@@ -123,9 +123,7 @@ def test_output_sqnr_is_x_times_q_of_w_from_an_ordinary_forward(planted):
             m.register_forward_pre_hook(lambda m, args, name=name: seen.__setitem__(name, args[0]))
     run = runnable(cp)
     with torch.no_grad():
-        model(
-            **run.family.inputs.call(run.config, load_inputs(None, run.family, run.config))
-        )
+        model(**run.family.inputs.call(run.config, load_inputs(None, run.family, run.config)))
     ladders = set()
     for layer in measured.layers:
         tp = plans[layer.module]
