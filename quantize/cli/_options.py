@@ -70,7 +70,7 @@ def lora_options(f):
         multiple=True,
         metavar="[COMPONENT=]FILE[:STRENGTH]",
         help="Merge a LoRA (safetensors) into the source before quantizing; repeatable, applied in order; "
-        "strength 1.0 unless given; COMPONENT= for one component only (e.g. high_noise_model=high.safetensors).",
+        "strength 1.0 unless given; COMPONENT= for one component folder only (one expert of two, say).",
     )(f)
 
 
