@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from quantize.errors import InputError
 from quantize.formats import FORMATS, get_format
 from quantize.formats import fp8_channel as fp8_module
 
@@ -73,7 +74,7 @@ def test_quantization_config_is_compressed_tensors_fp8_channel():
 
 def test_format_table_lookup_lists_known_names():
     assert get_format("fp8_channel") is fp8
-    with pytest.raises(Exception, match="known: " + ", ".join(sorted(FORMATS))):
+    with pytest.raises(InputError, match="known: " + ", ".join(sorted(FORMATS))):
         get_format("fp4")
 
 

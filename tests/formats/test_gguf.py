@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from quantize import dtypes
+from quantize.errors import InputError
 from quantize.formats import NO_OPTIONS, GgufOptions
 from quantize.formats import gguf as gguf_module
 from quantize.formats.base import UnsupportedShapeError
@@ -234,7 +235,7 @@ def test_a_missing_ggml_is_named_with_the_tables_k_quants():
     saved = sys.modules.get("ggml")
     sys.modules["ggml"] = None  # type: ignore[assignment]
     try:
-        with pytest.raises(Exception, match=r"the K-quants \(Q6_K, Q5_K, Q4_K\) need ggml's own quantizer"):
+        with pytest.raises(InputError, match=r"the K-quants \(Q6_K, Q5_K, Q4_K\) need ggml's own quantizer"):
             gguf_module._ggml()
     finally:
         sys.modules["ggml"] = saved
