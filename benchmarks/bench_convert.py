@@ -142,9 +142,9 @@ def source_bytes(src: Path) -> int:
 
 def is_complete(path: Path, preset: str) -> bool:
     """Every expected tensor is there, bf16, with its shape, and every shard is whole."""
-    from quantize.checkpoint import open_component
     from quantize.errors import QuantizeError
     from quantize.models import get_family
+    from quantize.read.checkpoint import open_component
 
     if not (path / "example.json").is_file():
         return False
@@ -162,7 +162,7 @@ def ensure_checkpoint(data_dir: Path, preset: str) -> Path:
     """The benchmark checkpoint, generated unless a complete one is already there."""
     import torch
 
-    from quantize.synthetic import write_example
+    from quantize.examples import write_example
 
     path = checkpoint_dir(data_dir, preset)
     if path.is_dir() and is_complete(path, preset):
@@ -181,7 +181,7 @@ def ensure_checkpoint(data_dir: Path, preset: str) -> Path:
 
 def ensure_lora(data_dir: Path, preset: str) -> Path:
     """A rank-`LORA_RANK` LoRA on every block Linear of the benchmark model, generated once."""
-    from quantize.synthetic import write_example_lora
+    from quantize.examples import write_example_lora
 
     path = data_dir / f"wan-{preset}-lora-r{LORA_RANK}.safetensors"
     if not path.is_file():

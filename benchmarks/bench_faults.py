@@ -77,7 +77,7 @@ def signal_to_exit(src: Path, out: Path, sig: signal.Signals, runs: int) -> list
 
 
 def hasher_stop(scratch: Path, runs: int) -> tuple[list[float], list[float]]:
-    from quantize.hashing import FileHasher, HashingStopped
+    from quantize.read.hashing import FileHasher, HashingStopped
 
     big = scratch / "hash-me.bin"
     with open(big, "wb") as f:

@@ -73,7 +73,7 @@ def ensure_source(data_dir: Path) -> Path:
     import torch
     from diffusers import WanTransformer3DModel
 
-    from quantize.synthetic import write_random_checkpoint
+    from quantize.examples import write_random_checkpoint
 
     tmp = root.with_name(f".{root.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -57,9 +57,9 @@ def whole_models(src: Path, out: Path) -> None:
     from loaders import parameters_on_meta
     from quantize.containers import get_container
     from quantize.formats import format_info
-    from quantize.forward import forward_sqnr_db, load_inputs, runnable, source_weights, stored_weights
     from quantize.plan import make_plan
     from quantize.recipes import load_recipe
+    from quantize.run.forward import forward_sqnr_db, load_inputs, runnable, source_weights, stored_weights
 
     plan = make_plan(src, load_recipe(str(out / "recipe.yaml")).recipe)
     fmt = plan.format

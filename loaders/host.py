@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from quantize import dtypes
-from quantize.checkpoint import TensorInfo, read_into
+from quantize.read.checkpoint import TensorInfo, read_into
 
 __all__ = [
     "HOST_MODES",

@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from quantize.checkpoint import CONFIG_NAME, Component, TensorInfo, open_component
 from quantize.errors import InputError
 from quantize.formats import Format, format_of_config, quantized_parts
 from quantize.models.meta import parameters_on_meta
+from quantize.read.checkpoint import CONFIG_NAME, Component, TensorInfo, open_component
 
 from .blocks import find_blocks
 from .host import TensorReader, remember_source

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from quantize.checkpoint import read_into
+from quantize.read.checkpoint import read_into
 
 from .blocks import find_block_lists
 from .host import check_host, host_buffer, mapped_source

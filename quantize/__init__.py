@@ -4,7 +4,7 @@
 >>> # manifest = convert("Wan2.1-T2V-1.3B", "Wan2.1-T2V-1.3B-fp8", "wan-fp8.yaml")
 
 The entry points are imported on first use, so that `loaders` can use `quantize.formats` and
-`quantize.checkpoint` without pulling in the converter.
+`quantize.read.checkpoint` without pulling in the converter.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import importlib
 
 __version__ = "0.1.0"
 
-_LAZY = {"convert": ".converter", "make_plan": ".plan", "load_recipe": ".recipes"}
+_LAZY = {"convert": ".publish.converter", "make_plan": ".plan", "load_recipe": ".recipes"}
 
 __all__ = ["__version__", *_LAZY]
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from . import dtypes
-from .checkpoint import CONFIG_NAME, Component, TensorInfo
+from .containers.writer import TensorSpec
 from .errors import InputError
 from .formats import (
     FORMATS,
@@ -36,15 +36,15 @@ from .formats import (
     get_format,
     quantized_parts,
 )
-from .layout import read_json_object
-from .manifest import MANIFEST_NAME, RECIPE_NAME
 from .models import IDENTITY, Family, NameTable, names_for
 from .names import WEIGHT_SUFFIX, manifest_key, module_name
+from .publish.manifest import MANIFEST_NAME, RECIPE_NAME
+from .read.checkpoint import CONFIG_NAME, Component, TensorInfo
+from .read.files import read_json_object
+from .read.source import SourceFolder, local_source
+from .read.tensor_source import TensorSource
 from .recipes import Recipe
-from .source import TensorSource
-from .source_folder import SourceFolder, local_source
 from .steps import TensorStep
-from .writer import TensorSpec
 
 __all__ = [
     "TensorPlan",

@@ -25,7 +25,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from quantize.synthetic import write_example
+from quantize.examples import write_example
 
 QUANTIZE = str(Path(sys.executable).with_name("quantize"))
 

@@ -81,7 +81,8 @@ def _imported(code: str) -> list[str]:
 
 def test_quantize_imports_nothing_of_loaders():
     modules = _imported(
-        "import quantize.cli, quantize.forward, quantize.sensitivity, quantize.verify, quantize.converter"
+        "import quantize.cli, quantize.run.forward, quantize.run.sensitivity, quantize.check.verify, "
+        "quantize.publish.converter"
     )
     assert not [m for m in modules if m == "loaders" or m.startswith("loaders.")]
 

@@ -20,10 +20,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save
 
-from quantize.checkpoint import open_component, read_header
 from quantize.errors import InputError
-from quantize.layout import component_files
-from quantize.manifest import MANIFEST_NAME, read_manifest
+from quantize.publish.manifest import MANIFEST_NAME, read_manifest
+from quantize.read.checkpoint import open_component, read_header
+from quantize.read.files import component_files
 from quantize.recipes import Recipe, dump_recipe, parse_recipe
 
 settings.register_profile(
@@ -253,7 +253,7 @@ def test_manifest_reader_never_crashes(text):
 
 @pytest.mark.parametrize("field", ["output_files", "source_files", "components"])
 def test_a_manifest_path_outside_the_checkpoint_is_refused(wan_tiny, tmp_path, field):
-    from quantize.converter import convert
+    from quantize.publish.converter import convert
 
     out = tmp_path / "out"
     convert(wan_tiny, out, "wan-fp8", workers=1)

@@ -23,7 +23,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from quantize.converter import convert
+from quantize.publish.converter import convert
 from tests.conftest import QUANTIZE, process_env, run_cli, run_process
 
 TARGET = "blocks.0.ffn.0.weight"  # quantized by wan-fp8
@@ -382,7 +382,7 @@ def _wait_for_progress(proc: subprocess.Popen, out: Path) -> None:
 @pytest.fixture(scope="module")
 def wan_small(tmp_path_factory) -> Path:
     """Big enough (8 MB, ~2 s of nf4 on one worker) to be interrupted halfway."""
-    from quantize.synthetic import write_example
+    from quantize.examples import write_example
 
     return write_example(tmp_path_factory.mktemp("small") / "wan-small", "small", "t2v")
 

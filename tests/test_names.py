@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from quantize.checkpoint import open_component
 from quantize.errors import InputError
 from quantize.models import NameTable
 from quantize.names import manifest_key, module_name, part_key, split_manifest_key
 from quantize.plan import plan_component
+from quantize.read.checkpoint import open_component
 from quantize.recipes import load_recipe
 
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from quantize.hashing import FileHasher, HashingStopped, lowest_priority, sha256_file
+from quantize.read.hashing import FileHasher, HashingStopped, lowest_priority, sha256_file
 
 LINUX_GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 
@@ -79,7 +79,7 @@ def test_file_hasher_hashes_each_file_once_and_background_work_runs_niced(tmp_pa
         nice[path.name] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
         return sha256_file(path, stop)
 
-    monkeypatch.setattr("quantize.hashing.sha256_file", counted)
+    monkeypatch.setattr("quantize.read.hashing.sha256_file", counted)
     with FileHasher() as hasher:
         first = hasher.submit(a, background=True)
         assert hasher.submit(tmp_path / "b.bin") is first  # by inode: not hashed again
@@ -93,12 +93,12 @@ def test_file_hasher_hashes_each_file_once_and_background_work_runs_niced(tmp_pa
 def test_recipes_and_the_files_to_hash_come_without_torch(tmp_path):
     """The command line starts hashing the source before it imports torch (a second of start-up)."""
     code = (
-        "import sys; from quantize.recipes import load_recipe; from quantize.layout import files_of_components; "
-        "from quantize.hashing import FileHasher; from quantize.hub import resolve_source; "
+        "import sys; from quantize.recipes import load_recipe; from quantize.read.files import files_of_components; "
+        "from quantize.read.hashing import FileHasher; from quantize.publish.hub import resolve_source; "
         f"r = load_recipe('wan-fp8.yaml'); print(len(files_of_components({str(tmp_path)!r}, r.recipe.components))); "
         "print('torch' in sys.modules)"
     )
-    from quantize.synthetic import write_example
+    from quantize.examples import write_example
 
     write_example(tmp_path / "src", "tiny", "t2v")
     code = code.replace(repr(str(tmp_path)), repr(str(tmp_path / "src")))
@@ -134,7 +134,7 @@ def test_a_file_system_that_cannot_map_files_is_hashed_by_reading(tmp_path, monk
     import errno
     import hashlib
 
-    import quantize.hashing as hashing
+    import quantize.read.hashing as hashing
 
     def refuse(*args, **kwargs):
         raise OSError(errno.ENODEV, "No such device")

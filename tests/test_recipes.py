@@ -286,7 +286,7 @@ def test_types_are_for_formats_that_have_them(text, message):
 
 
 def test_a_types_pattern_must_match_and_the_first_match_decides(tmp_path):
-    from quantize.synthetic import write_example
+    from quantize.examples import write_example
 
     src = write_example(tmp_path / "w", "small", "t2v")
     base = "format: gguf\ntype: Q4_K\ntargets: ['blocks\\.\\d+\\.ffn\\.(0|2)']\n"

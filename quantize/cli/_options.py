@@ -37,7 +37,7 @@ def chosen_recipe(source: str, recipe: str | None, fmt: str | None) -> str:
         raise InputError("give --recipe RECIPE or --format FORMAT (one of them)")
     if recipe is not None:
         return recipe
-    from ..detect import recipe_for_format
+    from ..read.detect import recipe_for_format
 
     folder = Path(source)
     if folder.exists() and not folder.is_dir():

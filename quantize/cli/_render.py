@@ -301,7 +301,7 @@ def _db_text(value: float | None) -> str:
 
 def sensitivity_json(measured, proposal, written: Path | None) -> dict:
     """`quantize sensitivity --json`: every layer's figures, the forward SQNR, and the proposal if any."""
-    from ..sensitivity import files_size
+    from ..run.sensitivity import files_size
 
     fmt = measured.plan.format
     data = {

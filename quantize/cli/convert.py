@@ -55,9 +55,9 @@ def convert_cmd(
     lora_unmatched: str,
 ) -> None:
     """Convert the safetensors checkpoint SOURCE (a folder or a Hub repo id) into OUTPUT following RECIPE."""
-    from ..converter import convert
-    from ..layout import parse_size
     from ..process import tune_for_streaming
+    from ..publish.converter import convert
+    from ..read.files import parse_size
     from ..recipes import load_recipe
 
     max_bytes = parse_size(max_shard_size, "--max-shard-size")

@@ -66,9 +66,9 @@ def example_cmd(
     import torch
 
     from ..errors import OutputExistsError
-    from ..layout import parse_size
+    from ..examples import write_example, write_example_lora
     from ..models import get_family
-    from ..synthetic import write_example, write_example_lora
+    from ..read.files import parse_size
 
     chosen = get_family(family)
     preset = preset or chosen.default_preset

@@ -17,7 +17,7 @@ __all__ = ["inspect_cmd"]
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def inspect_cmd(checkpoint: Path, as_json: bool) -> None:
     """Format, components, sizes and kept layers of a converted CHECKPOINT (from its manifest)."""
-    from ..manifest import read_manifest
+    from ..publish.manifest import read_manifest
 
     m = read_manifest(checkpoint)
     summary = inspect_summary(checkpoint, m)

@@ -19,8 +19,8 @@ def plan_cmd(
 ) -> None:
     """Dry run: what each tensor of SOURCE (a folder or a Hub repo id) becomes under RECIPE, and the sizes."""
     from ..plan import make_plan
+    from ..read.source import open_source
     from ..recipes import load_recipe
-    from ..source_folder import open_source
     from ..steps.lora import open_loras
 
     loaded = load_recipe(chosen_recipe(source, recipe, fmt))

@@ -50,8 +50,8 @@ def recipes_cmd(name: str | None, source: str | None) -> None:
 
 
 def _recipes_for(source: Path) -> None:
-    from ..detect import DEFAULT_RECIPES, detect_layouts
     from ..plan import make_plan
+    from ..read.detect import DEFAULT_RECIPES, detect_layouts
     from ..recipes import bundled_recipe, bundled_recipes
 
     layouts = detect_layouts(source)

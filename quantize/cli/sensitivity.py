@@ -70,11 +70,11 @@ def sensitivity_cmd(
 ) -> int:
     """Measure how much each quantized Linear of SOURCE hurts the output under RECIPE (one streamed forward pass),
     and with --min-forward-sqnr or --max-size propose the recipe that raises the most sensitive ones."""
-    from ..layout import parse_size
     from ..plan import make_plan
+    from ..read.files import parse_size
+    from ..read.source import open_source
     from ..recipes import dump_recipe, load_recipe, parse_recipe
-    from ..sensitivity import measure, propose
-    from ..source_folder import open_source
+    from ..run.sensitivity import measure, propose
     from ..steps.lora import open_loras
 
     if min_forward_sqnr is not None and max_size is not None:
@@ -96,8 +96,8 @@ def sensitivity_cmd(
 
     steps()  # a bad LoRA fails before anything is fetched
     src = open_source(source, loaded.recipe)
-    from ..forward import require_known_models
     from ..process import tune_for_streaming
+    from ..run.forward import require_known_models
 
     quiet_model_imports()
     require_known_models(src, inputs)

@@ -27,8 +27,8 @@ def upload_cmd(
     checkpoint: Path, repo_id: str, private: bool, revision: str | None, message: str | None, dry_run: bool
 ) -> None:
     """Publish CHECKPOINT to the Hugging Face Hub as REPO_ID, after verify's integrity checks pass."""
-    from ..hub import check_repo_id, has_token, upload, upload_files
-    from ..verify import verify
+    from ..check.verify import verify
+    from ..publish.hub import check_repo_id, has_token, upload, upload_files
 
     check_repo_id(repo_id)
     if not dry_run and not has_token():

@@ -47,13 +47,13 @@ def verify_cmd(
     """Prove CHECKPOINT: hashes and layout; with --source, provenance and per-tensor parity. Exit 1 if a check fails."""
     if forward:
         quiet_model_imports()
+    from ..check.verify import verify
     from ..process import tune_for_streaming
-    from ..verify import verify
 
     tune_for_streaming()
     if source is not None:
-        from ..hub import resolve_source
-        from ..manifest import read_manifest
+        from ..publish.hub import resolve_source
+        from ..publish.manifest import read_manifest
 
         listed = {f.path for f in read_manifest(checkpoint).source_files}
         source, _, _ = resolve_source(source, lambda files: sorted(listed & set(files)))

@@ -33,8 +33,8 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Protocol
 
 from ..errors import InputError
-from ..layout import CONFIG_NAME
-from ..output import write_file
+from ..publish.output import write_file
+from ..read.files import CONFIG_NAME
 
 if TYPE_CHECKING:
     import torch

@@ -12,14 +12,14 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from ..checkpoint import CONFIG_NAME, Component
 from ..errors import InputError
 from ..formats import Format
 from ..ggml_types import ggml_type
-from ..gguf_file import GGUFTensor, GGUFWriter, read_gguf, written_size
-from ..layout import read_json_object
 from ..plan import ComponentPlan
+from ..read.checkpoint import CONFIG_NAME, Component
+from ..read.files import read_json_object
 from . import PlannedFile, WrittenFile, component_stem, config_with_quantization, write_config
+from .gguf_io import GGUFTensor, GGUFWriter, read_gguf, written_size
 
 __all__ = [
     "NAME",

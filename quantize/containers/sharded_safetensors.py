@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..checkpoint import Component, open_component
 from ..formats import Format
-from ..layout import SHARD_METADATA, group_by_size, index_json, index_name, shard_names
-from ..output import write_file
 from ..plan import ComponentPlan
-from ..writer import ShardWriter, header_bytes, shard_layout
+from ..publish.output import write_file
+from ..read.checkpoint import Component, open_component
+from ..read.files import SHARD_METADATA, group_by_size, index_json, index_name, shard_names
 from . import PlannedFile, WrittenFile, config_with_quantization, write_config
+from .writer import ShardWriter, header_bytes, shard_layout
 
 __all__ = [
     "NAME",

@@ -27,7 +27,7 @@ from ..errors import InputError
 if TYPE_CHECKING:
     import torch
 
-    from ..checkpoint import Component, TensorInfo
+    from ..read.checkpoint import Component, TensorInfo
 
 __all__ = [
     "ROLES",

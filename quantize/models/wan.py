@@ -28,7 +28,7 @@ from .base import BlockNames, ExampleModel, Family, ModelInputs, SourceLayout
 if TYPE_CHECKING:
     import torch
 
-    from ..checkpoint import Component, TensorInfo
+    from ..read.checkpoint import Component, TensorInfo
 
 __all__ = ["WAN", "Wan", "WanShape", "NAMES"]
 

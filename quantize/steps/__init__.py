@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..errors import InputError
 
 if TYPE_CHECKING:
-    from ..checkpoint import TensorInfo
-    from ..source import Transform
-    from ..source_folder import SourceFolder
+    from ..read.checkpoint import TensorInfo
+    from ..read.source import SourceFolder
+    from ..read.tensor_source import Transform
 
 __all__ = [
     "TensorStep",

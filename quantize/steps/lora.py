@@ -38,14 +38,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from .. import dtypes
-from ..checkpoint import TensorInfo, read_header, read_rows, read_tensor
 from ..errors import InputError
-from ..layout import relative_path_problem
 from ..models import lora_prefixes, lora_renamings, modulation_names
+from ..read.checkpoint import TensorInfo, read_header, read_rows, read_tensor
+from ..read.files import relative_path_problem
 from .lora_record import LoraEntry, LoraRecord
 
 if TYPE_CHECKING:
-    from ..source_folder import SourceFolder
+    from ..read.source import SourceFolder
 
 __all__ = [
     "LoraSpec",
@@ -658,7 +658,7 @@ class _Rebuilt:
 def rebuild(record: dict, source: Path, files: Sequence[Path], components: Sequence[str] | None) -> _Rebuilt:
     """The merge `record` describes: each LoRA found (one of `files` with its SHA-256, the recorded path, or its
     name beside or inside `source`) and opened with the recorded strength, component and unmatched policy."""
-    from ..hashing import sha256_file
+    from ..read.hashing import sha256_file
 
     rec = LoraRecord.model_validate(record)
     hashes = {Path(path): sha256_file(Path(path)) for path in files}

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..layout import relative_path_problem
+from ..read.files import relative_path_problem
 
 __all__ = ["KIND", "LoraEntry", "LoraRecord", "RECORD", "from_legacy"]
 

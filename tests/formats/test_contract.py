@@ -15,7 +15,6 @@ import torch
 from safetensors.torch import save_file
 
 from quantize import dtypes
-from quantize.checkpoint import open_component
 from quantize.encode import encode_and_measure
 from quantize.errors import InputError
 from quantize.formats import (
@@ -28,6 +27,7 @@ from quantize.formats import (
     get_format,
 )
 from quantize.plan import plan_component
+from quantize.read.checkpoint import open_component
 from quantize.recipes import parse_recipe
 from tests.formats.references import REFERENCES
 

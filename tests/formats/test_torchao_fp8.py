@@ -102,7 +102,7 @@ def test_converting_to_torchao_fp8_does_not_import_torchao(tmp_path):
     import subprocess
     import sys
 
-    from quantize.synthetic import write_example
+    from quantize.examples import write_example
 
     src = tmp_path / "src"
     write_example(src, "tiny", "t2v")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from quantize.checkpoint import open_component
 from quantize.errors import InputError
 from quantize.models import FAMILIES, IDENTITY, family_of, get_family, names_for
+from quantize.read.checkpoint import open_component
 
 WAN, KANDINSKY5 = get_family("wan"), get_family("kandinsky5")
 WAN_NATIVE = WAN.name_table("native", "comfy_fp8").renamer
@@ -133,7 +133,7 @@ def test_a_wan_example_builds_as_diffusers_wan_with_every_tensor_in_place(layout
     import diffusers
     import torch
 
-    from quantize.checkpoint import TensorInfo
+    from quantize.read.checkpoint import TensorInfo
 
     (model,) = WAN.example("tiny", layout)
     infos = {n: TensorInfo(n, "BF16", shape, Path("example"), 0, 0) for n, shape in model.tensors}

@@ -1,0 +1,1 @@
+"""`verify`: integrity, provenance, parity and the forward check of a converted checkpoint."""

@@ -1,0 +1,713 @@
+"""`verify`: prove a converted checkpoint before anyone spends GPU hours or bandwidth on it.
+
+Checks, by category (each one a named check that passes or fails, failures naming the file or tensor):
+  integrity   every file of the manifest is there with its size and SHA-256; no shard, index or
+              config is missing from the manifest; headers parse, offsets lie in bounds; the index
+              maps every key to the shard that holds it, no key twice; every quantized tensor has the
+              parts its format requires, with their dtypes and shapes; config.json carries the
+              format's quantization_config.
+  provenance  (with a source) the source files hash to the manifest's SHA-256; recipe.yaml and the
+              manifest's recipe hash alike.
+  parity      (with a source) the stored keys are exactly the recipe's plan; each quantized tensor,
+              decoded, is within the recipe's `checks` of its source (SQNR, cosine) and requantizing
+              the source reproduces the stored bytes; each kept tensor is bit-exact or exactly the
+              cast the recipe asked for.
+  forward     (with a source and `forward=True`) one forward pass of the source model and of the
+              dequantized model (streamed layer by layer, `forward`) on fixed random inputs, or on
+              `inputs`, agree to the recipe's `min_forward_sqnr_db`.
+
+Reads are streamed: files are hashed through one buffer per thread, tensors compared in row chunks.
+A problem with the checkpoint is a failed check; only unusable input (no checkpoint, no or unreadable
+manifest, no source directory) raises `InputError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..containers import get_container
+from ..encode import encode_and_measure, kept_rows
+from ..errors import InputError, QuantizeError
+from ..formats import Format, format_info, get_format, quantized_parts
+from ..names import module_name, split_manifest_key
+from ..plan import ComponentPlan, Plan, TensorPlan, make_plan
+from ..progress import NoProgress, Progress
+from ..publish.manifest import (
+    MANIFEST_NAME,
+    RECIPE_NAME,
+    ComponentEntry,
+    Manifest,
+    TensorEntry,
+    read_manifest,
+)
+from ..read.checkpoint import Component, confined_path, read_rows, read_tensor
+from ..read.hashing import sha256_file
+from ..read.source import SourceFolder, local_source
+from ..recipes import Recipe, parse_recipe
+from ..run.forward import check_forward, require_known_models
+from ..steps import Rebuilt, TensorStep, rebuild
+
+__all__ = ["verify", "Report", "CheckResult", "CATEGORIES"]
+
+CATEGORIES = ("integrity", "provenance", "parity", "forward")
+
+
+@dataclass
+class CheckResult:
+    """One named check: how many subjects passed, and a one-line message per failure."""
+
+    category: str
+    name: str
+    passed: int = 0
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+@dataclass
+class Report:
+    checkpoint: str
+    source: str | None
+    checks: dict[tuple[str, str], CheckResult] = field(default_factory=dict)
+    hashed_bytes: int = 0
+    hash_seconds: float = 0.0
+    #: component -> the forward check's figures (`forward.check_forward`): class, output SQNR, threshold
+    forward: dict[str, dict] = field(default_factory=dict)
+
+    def record(self, category: str, name: str, ok: bool, failure: str = "") -> None:
+        """One subject checked: a pass, or a failure with its one-line message."""
+        check = self.checks.setdefault((category, name), CheckResult(category, name))
+        if ok:
+            check.passed += 1
+        else:
+            check.failures.append(failure)
+
+    def fail(self, category: str, name: str, failure: str) -> None:
+        self.record(category, name, False, failure)
+
+    def mark(self, category: str, name: str) -> None:
+        """Name a check that ran, with nothing to count (so that it shows, passed, when nothing failed)."""
+        self.checks.setdefault((category, name), CheckResult(category, name))
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks.values())
+
+    @property
+    def hash_gbps(self) -> float:
+        return self.hashed_bytes / self.hash_seconds / 1e9 if self.hash_seconds else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "checkpoint": self.checkpoint,
+            "source": self.source,
+            "ok": self.ok,
+            "checks": [
+                {
+                    "category": c.category,
+                    "check": c.name,
+                    "ok": c.ok,
+                    "passed": c.passed,
+                    "failures": c.failures,
+                }
+                for c in sorted(self.checks.values(), key=lambda c: (CATEGORIES.index(c.category), c.name))
+            ],
+            "forward": self.forward,
+            "hashing": {
+                "bytes": self.hashed_bytes,
+                "seconds": round(self.hash_seconds, 3),
+                "gb_per_s": round(self.hash_gbps, 3),
+            },
+        }
+
+
+def verify(
+    checkpoint: str | Path,
+    source: str | Path | None = None,
+    *,
+    forward: bool = False,
+    inputs: str | Path | None = None,
+    workers: int | None = None,
+    progress: Progress | None = None,
+    steps: Sequence[TensorStep] = (),
+    step_files: Sequence[str | Path] = (),
+) -> Report:
+    """Run every check that the given inputs allow; see the module docstring.
+
+    steps: the per-tensor steps the conversion applied (`convert(steps=...)`): parity and forward read the
+    source through them, as the conversion did.
+    inputs: a safetensors file of the forward pass's inputs (`forward.load_inputs`); fixed random ones if None.
+    step_files: input files of the steps the manifest records (the LoRAs of `convert --lora`), when they are
+    not at the path the manifest records (nor beside or inside the source): found by SHA-256; each recorded
+    step is rebuilt from its record (`steps.rebuild`) and applied to the source as the conversion applied it.
+
+    >>> # report = verify("Wan2.1-T2V-1.3B-fp8", source="Wan2.1-T2V-1.3B"); report.ok
+    """
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_dir():
+        raise InputError(f"{checkpoint}: checkpoint directory not found")
+    manifest = read_manifest(checkpoint)
+    recipe = _manifest_recipe(manifest)
+    if step_files and not manifest.steps:
+        raise InputError(
+            f"{checkpoint}: was converted without LoRAs, so `step_files` has nothing to re-apply",
+            parameters=("step_files",),
+        )
+    if step_files and source is None:
+        raise InputError(
+            "`step_files` re-applies LoRAs to the source: give `source` too",
+            parameters=("step_files", "source"),
+        )
+    rebuilt: list[Rebuilt] = []
+    src = None
+    if source is not None:
+        source = Path(source)
+        _require_source(source, manifest)
+        files = [Path(p) for p in step_files]
+        named = None if recipe is None else recipe.components
+        rebuilt = [rebuild(record, source, files, named) for record in manifest.steps]
+        steps = [*(r.step for r in rebuilt), *steps]
+        if recipe is not None:
+            # resolved once: the forward check and the parity plan share it
+            src = local_source(source, recipe)
+    if forward:
+        if source is None:
+            raise InputError(
+                "`forward` compares against the source model: give `source` too",
+                parameters=("forward", "source"),
+            )
+        if src is not None:
+            require_known_models(src, None if inputs is None else Path(inputs))
+    elif inputs is not None:
+        raise InputError(
+            "`inputs` are the forward pass's: give `forward` too", parameters=("inputs", "forward")
+        )
+    progress = progress or NoProgress()
+    progress.start(*_work_size(manifest, source is not None))
+    workers = (os.cpu_count() or 1) if workers is None else workers
+    report = Report(str(checkpoint), None if source is None else str(source))
+    fmt = _format(manifest, report)
+    with _pool(workers) as pool:
+        _check_files(checkpoint, manifest, report, pool, progress)
+        _check_recipe(checkpoint, manifest, recipe, report)
+        components = {c.path: _open(checkpoint, c, fmt, report) for c in manifest.components}
+        # manifest keys ("<component>/<tensor>") whose stored parts do not fit the format: parity skips them
+        damaged: set[str] = set()
+        if fmt is not None:
+            for entry in manifest.components:
+                if components[entry.path] is not None:
+                    damaged |= _check_layout(components[entry.path], entry, manifest, fmt, report)
+        if source is not None:
+            _check_provenance(source, manifest, report, pool, progress)
+            for r in rebuilt:
+                for check, ok, failure in r.provenance(sha256_file):
+                    report.record("provenance", check, ok, failure)
+            if fmt is not None and recipe is not None:
+                plan = _check_parity(
+                    src, recipe, steps, components, damaged, fmt, manifest, report, pool, progress
+                )
+                for r in rebuilt if plan is not None else ():
+                    for category, check, ok, failure in r.after_plan():
+                        report.record(category, check, ok, failure)
+                if forward:
+                    if plan is None or not report.ok:
+                        report.fail(
+                            "forward",
+                            "output SQNR",
+                            "skipped: earlier checks failed, the models would not be comparable",
+                        )
+                    else:
+                        check_forward(
+                            plan, checkpoint, recipe, fmt, report, None if inputs is None else Path(inputs)
+                        )
+    return report
+
+
+def _manifest_recipe(manifest: Manifest) -> Recipe | None:
+    try:
+        return parse_recipe(manifest.recipe.text, f"{MANIFEST_NAME} recipe")
+    except InputError:
+        return None  # reported by _check_recipe
+
+
+def _require_source(source: Path, manifest: Manifest) -> None:
+    """A source directory that holds none of the files the checkpoint was made from is the wrong input."""
+    if not source.is_dir():
+        raise InputError(f"{source}: source directory not found")
+    paths = [confined_path(source, f.path, MANIFEST_NAME) for f in manifest.source_files]
+    if paths and not any(p.is_file() for p in paths):
+        raise InputError(
+            f"{source}: holds none of the {len(paths)} source files the manifest lists: is this the right source?"
+        )
+
+
+def _work_size(manifest: Manifest, with_source: bool) -> tuple[int, int]:
+    """Bytes and items the progress bar counts: output files hashed; source files hashed and tensors compared."""
+    total = sum(f.size for f in manifest.output_files)
+    items = len(manifest.output_files)
+    if with_source:
+        total += sum(f.size for f in manifest.source_files) + sum(c.source_bytes for c in manifest.components)
+        items += len(manifest.source_files) + sum(c.quantized + c.kept for c in manifest.components)
+    return total, items
+
+
+@contextmanager
+def _pool(workers: int) -> Iterator[ThreadPoolExecutor]:
+    saved = torch.get_num_threads()
+    pool = ThreadPoolExecutor(
+        max(1, workers), thread_name_prefix="verify", initializer=torch.set_num_threads, initargs=(1,)
+    )
+    try:
+        yield pool
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        torch.set_num_threads(saved)
+
+
+def _format(manifest: Manifest, report: Report) -> Format | None:
+    try:
+        return get_format(manifest.format)
+    except InputError as e:
+        report.fail("integrity", "manifest", f"{MANIFEST_NAME}: {e}")
+        return None
+
+
+# --- integrity ---------------------------------------------------------------------------------
+
+
+def _sha256_and_size(path: Path) -> tuple[str, int]:
+    return sha256_file(path), path.stat().st_size
+
+
+def _check_files(
+    checkpoint: Path, manifest: Manifest, report: Report, pool: ThreadPoolExecutor, progress
+) -> None:
+    """Every listed file present with its size and hash; nothing unlisted beside them."""
+    present = []
+    for entry in manifest.output_files:
+        try:
+            path = confined_path(checkpoint, entry.path, MANIFEST_NAME)
+        except InputError as e:
+            report.fail("integrity", "file size", str(e))
+            continue
+        if _file_present(path, entry.path, entry.size, report):
+            present.append((entry, path))
+    t0 = time.perf_counter()
+    futures = [(entry, pool.submit(_sha256_and_size, path)) for entry, path in present]
+    for entry, future in futures:
+        digest, size = future.result()
+        report.hashed_bytes += size
+        progress.advance(size)
+        ok = digest == entry.sha256
+        report.record(
+            "integrity",
+            "file sha256",
+            ok,
+            ""
+            if ok
+            else (
+                f"{entry.path}: SHA-256 {digest[:12]}... differs from the manifest's {entry.sha256[:12]}...: "
+                "the file was changed or corrupted"
+            ),
+        )
+    report.hash_seconds = time.perf_counter() - t0
+    listed = {f.path for f in manifest.output_files} | {MANIFEST_NAME}
+    report.mark("integrity", "unlisted files")
+    for path in sorted(checkpoint.rglob("*")):
+        rel = path.relative_to(checkpoint).as_posix()
+        if path.is_file() and rel not in listed:
+            report.fail(
+                "integrity", "unlisted files", f"{rel}: not in the manifest (a stray or substituted file)"
+            )
+
+
+def _file_present(path: Path, rel: str, size: int, report: Report) -> bool:
+    if not path.is_file():
+        report.fail("integrity", "file size", f"{rel}: listed in the manifest but missing")
+        return False
+    actual = path.stat().st_size
+    ok = actual == size
+    report.record(
+        "integrity",
+        "file size",
+        ok,
+        "" if ok else f"{rel}: {actual} bytes, the manifest says {size}: truncated or changed",
+    )
+    return ok
+
+
+def _check_recipe(checkpoint: Path, manifest: Manifest, recipe: Recipe | None, report: Report) -> None:
+    """The manifest's recipe text, its hash and recipe.yaml agree, and name the components that are there."""
+    text_ok = hashlib.sha256(manifest.recipe.text.encode()).hexdigest() == manifest.recipe.sha256
+    report.record(
+        "integrity",
+        "recipe",
+        text_ok,
+        "" if text_ok else f"{MANIFEST_NAME}: the recipe text does not match its SHA-256 (edited manifest)",
+    )
+    path = checkpoint / RECIPE_NAME
+    file_ok = path.is_file() and sha256_file(path) == manifest.recipe.sha256
+    report.record(
+        "integrity",
+        "recipe",
+        file_ok,
+        ""
+        if file_ok
+        else f"{RECIPE_NAME}: missing, or not the recipe the manifest records (its SHA-256 differs)",
+    )
+    if recipe is None:
+        report.fail("integrity", "recipe", f"{MANIFEST_NAME}: the recorded recipe is not a valid recipe")
+        return
+    stored = [c.path for c in manifest.components]
+    ok = stored == recipe.components
+    report.record(
+        "integrity",
+        "components",
+        ok,
+        "" if ok else f"{MANIFEST_NAME}: components {stored} but the recipe names {recipe.components}",
+    )
+
+
+def _open(root: Path, entry: ComponentEntry, fmt: Format | None, report: Report) -> Component | None:
+    """The component as its format's container stored it, validated; a failure is recorded, not raised."""
+    if fmt is None:
+        return None
+    try:
+        component = get_container(format_info(fmt.NAME).container).open_stored(root, entry.path)
+    except InputError as e:
+        report.fail("integrity", "headers and index", str(e))
+        return None
+    report.record("integrity", "headers and index", True)
+    return component
+
+
+def _check_layout(
+    component: Component, entry: ComponentEntry, manifest: Manifest, fmt: Format, report: Report
+) -> set[str]:
+    """Each quantized tensor's parts have its format's dtypes and shapes; the key count adds up; shard metadata
+    and config.json are the format's. Returns the modules whose parts do not fit (parity skips them)."""
+    stored = component.tensors
+    expected_parts = 0
+    damaged = set()
+    for key, t in manifest.tensors.items():
+        rel, name = split_manifest_key(key, [c.path for c in manifest.components])
+        if rel != entry.path:
+            continue
+        try:
+            options = fmt.options_type.from_type(t.type)  # the manifest names them (gguf: the GGML type)
+            parts = quantized_parts(fmt, module_name(name), tuple(t.shape), options)
+        except ValueError as e:
+            report.fail(
+                "integrity",
+                "manifest",
+                f"{MANIFEST_NAME}: tensor {key!r} has shape {t.shape}, which {fmt.NAME} cannot hold ({e})",
+            )
+            damaged.add(key)
+            continue
+        for full, (dt, shape) in parts.values():
+            expected_parts += 1
+            info = stored.get(full)
+            fits = (
+                info is not None
+                and info.dtype == dt
+                and (info.shape == shape if shape is not None else len(info.shape) == 1)
+            )
+            if not fits:
+                damaged.add(key)
+                found = "missing" if info is None else f"{info.dtype}{list(info.shape)}"
+                wanted = f"{dt}{list(shape) if shape is not None else '[n]'}"
+                where = component.dir if info is None else info.file.name
+                report.fail(
+                    "integrity",
+                    "tensor layout",
+                    f"{where}: tensor {full!r} is {found}, {fmt.NAME} requires {wanted}",
+                )
+            else:
+                report.record("integrity", "tensor layout", True)
+    expected = expected_parts + entry.kept
+    ok = len(stored) == expected
+    report.record(
+        "integrity",
+        "tensor count",
+        ok,
+        ""
+        if ok
+        else (
+            f"{component.dir}: {len(stored)} tensors stored, the manifest accounts for {expected} "
+            "(a key was added or removed; --source names it)"
+        ),
+    )
+    metadata = list(component.metadata.values())
+    ok = all(m == metadata[0] for m in metadata)
+    report.record(
+        "integrity", "shard metadata", ok, "" if ok else f"{component.dir}: the shards' __metadata__ differ"
+    )
+    config = component.config or {}
+    source_config = {k: v for k, v in config.items() if k != "quantization_config"}
+    container = get_container(format_info(fmt.NAME).container)
+    ok = config == container.component_config(fmt, source_config, entry.kept_linears)
+    report.record(
+        "integrity",
+        "config",
+        ok,
+        ""
+        if ok
+        else f"{component.config_path}: quantization_config is not the one {fmt.NAME} writes for this checkpoint",
+    )
+    return damaged
+
+
+# --- provenance --------------------------------------------------------------------------------
+
+
+def _check_provenance(
+    source: Path, manifest: Manifest, report: Report, pool: ThreadPoolExecutor, progress
+) -> None:
+    """The source is the one the checkpoint was made from."""
+    present = []
+    for entry in manifest.source_files:
+        path = confined_path(source, entry.path, MANIFEST_NAME)
+        if path.is_file():
+            present.append((entry, path))
+        else:
+            report.fail("provenance", "source sha256", f"{path}: missing from the source")
+    futures = [(entry, path, pool.submit(sha256_file, path)) for entry, path in present]
+    for entry, path, future in futures:
+        ok = future.result() == entry.sha256
+        progress.advance(entry.size)
+        report.record(
+            "provenance",
+            "source sha256",
+            ok,
+            ""
+            if ok
+            else (
+                f"{path}: SHA-256 differs from the manifest's: this is not the source the checkpoint was made from"
+            ),
+        )
+
+
+# --- parity ------------------------------------------------------------------------------------
+
+
+def _check_parity(
+    source: SourceFolder,
+    recipe: Recipe,
+    steps: Sequence[TensorStep],
+    components: dict[str, Component | None],
+    damaged: set[str],
+    fmt: Format,
+    manifest: Manifest,
+    report: Report,
+    pool: ThreadPoolExecutor,
+    progress,
+) -> Plan | None:
+    """The stored keys are the recipe's plan for this source, and every tensor is what the plan says."""
+    try:
+        plan = make_plan(source, recipe, steps=steps)
+    except QuantizeError as e:
+        report.fail("parity", "keys", f"the recipe no longer applies to {source.folder}: {e}")
+        return None
+    report.mark("parity", "keys")
+    for cp in plan.components:
+        stored = components.get(cp.rel)
+        if stored is None:
+            if cp.rel not in components:
+                report.fail(
+                    "parity", "keys", f"component {cp.rel!r} of the recipe is missing from the checkpoint"
+                )
+            continue
+        expected = {spec.name for tp in cp.tensors for spec in tp.outputs}
+        for key in sorted(expected - set(stored.tensors)):
+            report.fail("parity", "keys", f"{stored.dir}: tensor {key!r} is missing")
+        for key in sorted(set(stored.tensors) - expected):
+            report.fail(
+                "parity", "keys", f"{stored.dir}: tensor {key!r} is not in the recipe's plan (extra key)"
+            )
+        _check_format_metadata(cp, stored, fmt, report)
+        futures = [
+            pool.submit(
+                _check_tensor,
+                cp.rel,
+                tp,
+                stored,
+                fmt,
+                recipe,
+                manifest.tensors.get(cp.manifest_key(tp)),
+                progress,
+            )
+            for tp in cp.tensors
+            if all(spec.name in stored.tensors for spec in tp.outputs) and cp.manifest_key(tp) not in damaged
+        ]
+        for future in futures:
+            for category, name, ok, failure in future.result():
+                report.record(category, name, ok, failure)
+    return plan
+
+
+def _check_format_metadata(cp: ComponentPlan, stored: Component, fmt: Format, report: Report) -> None:
+    """The format's entries (torchao's tensor JSON, say) are in every file's metadata, as written."""
+    expected = get_container(format_info(fmt.NAME).container).file_metadata(fmt, cp)
+    for shard in stored.shards:
+        have = stored.metadata[shard]
+        ok = all(have.get(k) == v for k, v in expected.items())
+        report.record(
+            "parity",
+            "shard metadata",
+            ok,
+            "" if ok else f"{shard.name}: __metadata__ lacks the {fmt.NAME} entries a loader needs",
+        )
+
+
+Result = tuple[str, str, bool, str]
+
+
+def _check_tensor(
+    rel: str,
+    tp: TensorPlan,
+    stored: Component,
+    fmt: Format,
+    recipe: Recipe,
+    entry: TensorEntry | None,
+    progress,
+) -> list[Result]:
+    try:
+        results = (
+            _check_quantized(rel, tp, stored, fmt, recipe, entry)
+            if tp.quantize
+            else [_check_kept(rel, tp, stored)]
+        )
+    except Exception as e:  # damaged data that no earlier check caught: a failed check, not a crash
+        results = [
+            ("parity", "decode", False, f"{rel}/{tp.name}: cannot be read back: {type(e).__name__}: {e}")
+        ]
+    progress.advance(tp.info.nbytes)
+    return results
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (
+        a.shape == b.shape
+        and a.dtype == b.dtype
+        and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    )
+
+
+def _same_part(part: str, fmt: Format, mine: torch.Tensor, stored: torch.Tensor) -> bool:
+    """Bit-exact, except a format's code tables, which some libraries compute a last bit differently per CPU."""
+    if part in fmt.CODE_TABLES:
+        return (
+            mine.shape == stored.shape
+            and mine.dtype == stored.dtype
+            and torch.allclose(mine, stored, rtol=1e-6, atol=0)
+        )
+    return _same(mine, stored)
+
+
+def _db(x: float | None) -> str:
+    return "exact" if x is None else f"{x:.2f} dB"
+
+
+def _check_quantized(
+    rel: str, tp: TensorPlan, stored: Component, fmt: Format, recipe: Recipe, entry: TensorEntry | None
+) -> list[Result]:
+    infos = {part: stored.tensors[spec.name] for part, spec in zip(tp.parts, tp.outputs, strict=True)}
+    identical = True
+
+    def compare(parts: dict[str, torch.Tensor], rows: tuple[int, int] | None) -> dict[str, torch.Tensor]:
+        """Requantized parts against the stored ones (the same rows); the stored ones are what is measured."""
+        nonlocal identical
+        mine = {
+            part: read_tensor(infos[part]) if rows is None else read_rows(infos[part], *rows)
+            for part in parts  # a row chunk's parts, or the weight's whole parts (`WEIGHT_PARTS`)
+        }
+        identical &= all(_same_part(part, fmt, t, mine[part]) for part, t in parts.items())
+        return mine
+
+    stats = encode_and_measure(tp, fmt, compare)
+    shard = infos[next(iter(infos))].file.name
+    where = f"{rel}/{shard} -> {tp.name}"
+    results: list[Result] = [
+        (
+            "parity",
+            "requantize",
+            identical,
+            "" if identical else f"{where}: requantizing the source does not reproduce the stored bytes",
+        )
+    ]
+    checks, sqnr, cosine = recipe.checks, stats.sqnr_db, stats.cosine
+    finite = math.isfinite(stats.max_abs) and math.isfinite(cosine)
+    results.append(("parity", "weight finite", finite, "" if finite else f"{where}: decodes to NaN or Inf"))
+    if checks.min_sqnr_db is not None:
+        ok = sqnr is None or sqnr >= checks.min_sqnr_db
+        results.append(
+            (
+                "parity",
+                "weight SQNR",
+                ok,
+                ""
+                if ok
+                else f"{where}: SQNR {_db(sqnr)} below the recipe's min_sqnr_db {checks.min_sqnr_db}",
+            )
+        )
+    if checks.min_cosine is not None:
+        ok = cosine >= checks.min_cosine
+        results.append(
+            (
+                "parity",
+                "weight cosine",
+                ok,
+                ""
+                if ok
+                else f"{where}: cosine {cosine:.6f} below the recipe's min_cosine {checks.min_cosine}",
+            )
+        )
+    ok = entry is not None and _close_figures(entry, sqnr, cosine, stats.max_abs)
+    results.append(
+        (
+            "parity",
+            "recorded error",
+            ok,
+            "" if ok else f"{where}: differs from the error figures the manifest records",
+        )
+    )
+    return results
+
+
+def _close_figures(entry: TensorEntry, sqnr: float | None, cosine: float, max_abs: float) -> bool:
+    """The manifest's figures, as measured now: equal on this machine, within float32-summation noise elsewhere."""
+    if (entry.sqnr_db is None) != (sqnr is None):
+        return False
+    if sqnr is not None and not abs(entry.sqnr_db - sqnr) <= 0.01:
+        return False
+    return abs(entry.cosine - cosine) <= 1e-6 and abs(entry.max_abs_error - max_abs) <= 1e-5 * max(
+        1.0, abs(max_abs)
+    )
+
+
+def _check_kept(rel: str, tp: TensorPlan, stored: Component) -> Result:
+    spec = tp.output()
+    info = stored.tensors[spec.name]
+    where = f"{rel}/{info.file.name} -> {spec.name}"
+    if info.dtype != spec.dtype or info.shape != tp.info.shape:
+        return (
+            "parity",
+            "kept tensors",
+            False,
+            f"{where}: is {info.dtype}{list(info.shape)}, expected {spec.dtype}{list(tp.info.shape)}",
+        )
+    ok = all(_same(rows, read_rows(info, r0, r1)) for r0, r1, rows in kept_rows(tp))
+    what = "bit-exact copy" if spec.dtype == tp.info.dtype else f"exact cast to {spec.dtype}"
+    return ("parity", "kept tensors", ok, "" if ok else f"{where}: is not a {what} of the source")

@@ -1,0 +1,253 @@
+"""GGUF v3 files: the layout computed up front, tensor data written streaming at known offsets, and read back.
+
+A GGUF file is a header (magic ``GGUF``, version 3, tensor count, key-value count), the key-values, the
+tensor infos (name, dims innermost first, GGML type id, offset from the data start), padding to the
+alignment (32 unless ``general.alignment`` says otherwise), then each tensor's bytes, each padded to the
+alignment. Everything but the data follows from names, shapes and types alone, so, as for safetensors
+(`writer.ShardWriter`), the header is written first and each tensor's rows land at their place with
+``os.pwrite``, from any thread, in any order; nothing is held in memory. For the same key-values and
+tensors in the same order, the bytes are those gguf-py's `GGUFWriter` writes (tested), which holds every
+tensor in RAM until it writes.
+
+Type facts (block size, bytes a block, GGML type id) come from the one dtype table, `quantize.dtypes`, whose
+GGML rows are those of the one GGML table, `quantize.ggml_types`.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .. import dtypes
+from ..errors import InputError
+from ..read.checkpoint import TensorInfo, tensor_bytes
+from .writer import PlacedWrites
+
+__all__ = ["GGUF_MAGIC", "GGUF_VERSION", "ALIGNMENT", "GGUFTensor", "header_bytes", "GGUFWriter", "read_gguf"]
+
+GGUF_MAGIC = b"GGUF"
+GGUF_VERSION = 3
+ALIGNMENT = 32  # GGUF's default `general.alignment`
+
+# GGUF's value types (gguf.constants.GGUFValueType)
+_UINT32, _INT32, _STRING = 4, 5, 8
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_ARRAY = 9
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    """A tensor to be written: name, dtype name from `dtypes` (F32, BF16, Q8_0, Q4_K...), logical shape."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return dtypes.nbytes(self.dtype, self.shape)
+
+    @property
+    def ggml_type(self) -> int:
+        row = dtypes.by_name(self.dtype)
+        if row.ggml is None:
+            raise InputError(
+                f"tensor {self.name!r}: {self.dtype} has no GGML type: a GGUF file cannot hold it"
+            )
+        return row.ggml
+
+
+def _pad(n: int, align: int = ALIGNMENT) -> int:
+    return (n + align - 1) // align * align
+
+
+def _string(text: str) -> bytes:
+    data = text.encode()
+    return struct.pack("<Q", len(data)) + data
+
+
+def _value(value: str | int) -> bytes:
+    """A key-value's type and value: strings as STRING, ints as UINT32 (GGUF's file type and versions)."""
+    if isinstance(value, str):
+        return struct.pack("<I", _STRING) + _string(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"GGUF metadata value {value!r}: only str and int are written here")
+    return struct.pack("<II", _UINT32, value)
+
+
+def header_bytes(metadata: dict[str, str | int], tensors: list[GGUFTensor]) -> tuple[bytes, list[int]]:
+    """Everything before the tensor data (padded to the alignment), and each tensor's offset from the data start."""
+    out = bytearray(GGUF_MAGIC + struct.pack("<IQQ", GGUF_VERSION, len(tensors), len(metadata)))
+    for key, value in metadata.items():
+        out += _string(key) + _value(value)
+    offsets, offset = [], 0
+    for t in tensors:
+        out += _string(t.name) + struct.pack("<I", len(t.shape))
+        out += b"".join(struct.pack("<Q", d) for d in reversed(t.shape))  # GGML's ne: innermost first
+        out += struct.pack("<IQ", t.ggml_type, offset)
+        offsets.append(offset)
+        offset += _pad(t.nbytes)
+    out += b"\0" * (_pad(len(out)) - len(out))
+    return bytes(out), offsets
+
+
+def written_size(metadata: dict[str, str | int], tensors: list[GGUFTensor]) -> int:
+    """The size of the file `GGUFWriter` writes for these key-values and tensors."""
+    header, offsets = header_bytes(metadata, tensors)
+    return len(header) + (offsets[-1] + _pad(tensors[-1].nbytes) if tensors else 0)
+
+
+class GGUFWriter(PlacedWrites):
+    """One GGUF file being written; tensors (or row ranges of them) may arrive in any order, from any thread.
+
+    Created exclusively (never overwriting), sized up front, and checked at `close` for every planned byte.
+    The same calls as `writer.ShardWriter` (write, write_bytes, close, abort), so a container can hand it out.
+    """
+
+    def __init__(self, path: Path, tensors: Iterable[GGUFTensor], metadata: dict[str, str | int]):
+        self.path = Path(path)
+        self.tensors = list(tensors)
+        header, offsets = header_bytes(metadata, self.tensors)
+        self._offsets = {t.name: (len(header) + off, t) for t, off in zip(self.tensors, offsets, strict=True)}
+        if len(self._offsets) != len(self.tensors):
+            raise ValueError(f"{self.path.name}: a tensor name is given twice")
+        self._end = written_size(metadata, self.tensors)
+        self._written = dict.fromkeys(self._offsets, 0)
+        self._lock = threading.Lock()
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            self._pwrite(memoryview(header), 0)
+            os.ftruncate(self._fd, self._end)  # the padding between tensors stays zero
+        except OSError as e:
+            os.close(self._fd)
+            raise OSError(e.errno, e.strerror, str(self.path)) from None
+
+    def write(self, name: str, tensor: torch.Tensor, row_start: int = 0) -> None:
+        """Rows ``[row_start, row_start + len(tensor))`` of `name`: values of its dtype, or for a block type the
+        rows' bytes (uint8 [rows, row bytes], what its format encodes)."""
+        _, spec = self._offsets[name]
+        row = dtypes.by_name(spec.dtype)
+        rows = spec.shape[0] if spec.shape else 1
+        row_bytes = spec.nbytes // rows if rows else 0
+        ok_dtype = tensor.dtype == (torch.uint8 if row.block > 1 else row.torch)
+        if not ok_dtype or tensor.numel() * tensor.element_size() % max(1, row_bytes):
+            raise ValueError(
+                f"{self.path.name}: rows of {name!r} are {tensor.dtype}{list(tensor.shape)}, planned "
+                f"{spec.dtype}{list(spec.shape)}"
+            )
+        contiguous = tensor.contiguous()
+        self.write_bytes(name, tensor_bytes(contiguous), row_start * row_bytes)
+        del contiguous
+
+    def close(self, sync: bool = True) -> int:
+        """Check every tensor was written whole and, with `sync`, flush; returns the tensor data bytes."""
+        try:
+            self._check_written_whole()
+            if sync:
+                os.fsync(self._fd)
+            return sum(t.nbytes for t in self.tensors)
+        finally:
+            os.close(self._fd)
+
+
+# --- reading ---------------------------------------------------------------------------------------
+
+
+class _Cursor:
+    def __init__(self, data: bytes, path: Path):
+        self.data, self.pos, self.path = data, 0, path
+
+    def take(self, fmt: str):
+        size = struct.calcsize(fmt)
+        if self.pos + size > len(self.data):
+            raise InputError(f"{self.path}: GGUF header runs past the end of the file: truncated or not GGUF")
+        values = struct.unpack_from(fmt, self.data, self.pos)
+        self.pos += size
+        return values[0] if len(values) == 1 else values
+
+    def string(self) -> str:
+        n = self.take("<Q")
+        if self.pos + n > len(self.data):
+            raise InputError(f"{self.path}: GGUF string runs past the end of the file")
+        raw = self.data[self.pos : self.pos + n]
+        self.pos += n
+        try:
+            return raw.decode()
+        except UnicodeDecodeError:
+            raise InputError(f"{self.path}: a GGUF string is not UTF-8") from None
+
+    def value(self, vtype: int, depth: int = 0):
+        if vtype == _STRING:
+            return self.string()
+        if vtype in _SCALARS:
+            return self.take("<" + _SCALARS[vtype])
+        if vtype == _ARRAY and depth < 4:
+            item_type, n = self.take("<IQ")
+            return [self.value(item_type, depth + 1) for _ in range(n)]
+        raise InputError(f"{self.path}: unknown GGUF value type {vtype}")
+
+
+_MAX_HEADER = 256 << 20
+
+
+def read_gguf(path: Path) -> tuple[dict[str, object], dict[str, TensorInfo]]:
+    """The key-values and the tensors (absolute byte ranges, logical shapes, dtype names) of a GGUF v3 file,
+    validated: offsets aligned, in bounds, not overlapping; every byte range the size its type and shape need."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            data = f.read(min(size, _MAX_HEADER))
+    except OSError as e:
+        raise InputError(f"{path}: cannot read: {e.strerror or e}") from None
+    c = _Cursor(data, path)
+    if c.take("<4s") != GGUF_MAGIC:
+        raise InputError(f"{path}: not a GGUF file (no GGUF magic)")
+    version, n_tensors, n_kv = c.take("<IQQ")
+    if version != GGUF_VERSION:
+        raise InputError(f"{path}: GGUF version {version}; only version {GGUF_VERSION} is read")
+    metadata = {}
+    for _ in range(n_kv):
+        key = c.string()
+        metadata[key] = c.value(c.take("<I"))
+    align = metadata.get("general.alignment", ALIGNMENT)
+    if type(align) is not int or align <= 0 or align % 8:
+        raise InputError(f"{path}: general.alignment is {align!r}, not a positive multiple of 8")
+    raw = []
+    for _ in range(n_tensors):
+        name = c.string()
+        n_dims = c.take("<I")
+        if n_dims > 8:
+            raise InputError(f"{path}: tensor {name!r} has {n_dims} dims")
+        ne = [c.take("<Q") for _ in range(n_dims)]
+        type_id, offset = c.take("<IQ")
+        raw.append((name, tuple(reversed(ne)), type_id, offset))
+    data_start = _pad(c.pos, align)
+    tensors: dict[str, TensorInfo] = {}
+    spans = []
+    for name, shape, type_id, offset in raw:
+        try:
+            dt = dtypes.by_ggml(type_id)
+            n = dtypes.nbytes(dt.name, shape)
+        except InputError as e:
+            raise InputError(f"{path}: tensor {name!r}: {e}") from None
+        start = data_start + offset
+        if offset % align or start + n > size:
+            raise InputError(
+                f"{path}: tensor {name!r} at offset {offset} ({n} bytes) is misaligned or past the end"
+            )
+        if name in tensors:
+            raise InputError(f"{path}: tensor {name!r} is listed twice")
+        tensors[name] = TensorInfo(name, dt.name, shape, path, start, start + n)
+        spans.append((start, start + n, name))
+    spans.sort()
+    for (_, end, a), (start, _, b) in zip(spans, spans[1:], strict=False):
+        if start < end:
+            raise InputError(f"{path}: tensors {a!r} and {b!r} overlap")
+    return metadata, tensors

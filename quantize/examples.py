@@ -1,0 +1,121 @@
+"""Random-weight checkpoints with the real key names of a model family, for demos, tests and benchmarks.
+
+No model can be downloaded here, and none is needed to exercise the toolchain: the converter only
+cares about names, shapes and dtypes. Each family gives its example models (`models.Family.example`:
+names, shapes and config.json as its releases write them, with the dimensions the runtimes fix), and they
+are written shard by shard with the same streaming writer as the converter, so even a 14B-shaped one
+needs little RAM.
+
+>>> from quantize.models import get_family
+>>> get_family("wan").example("tiny", "t2v")[0].tensors[0]
+('patch_embedding.weight', (128, 16, 1, 2, 2))
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from . import dtypes
+from .containers.writer import ShardWriter, TensorSpec
+from .models import get_family
+from .read.files import SHARD_METADATA, group_by_size, index_json, index_name, shard_names
+
+__all__ = ["write_random_checkpoint", "write_example", "write_example_lora"]
+
+
+def _random(name: str, shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    g = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+    fan_in = shape[-1] if len(shape) >= 2 else 1
+    std = 1.0 if len(shape) < 2 else fan_in**-0.5
+    return (torch.randn(shape, generator=g) * std).to(dtype)
+
+
+def write_random_checkpoint(
+    out_dir: Path,
+    tensors: list[tuple[str, tuple[int, ...]]],
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    max_shard_size: int = 10**9,
+    stem: str = "diffusion_pytorch_model",
+    config: dict | None = None,
+    seed: int = 0,
+) -> list[Path]:
+    """Write random tensors as safetensors shards (+ index when more than one, + config.json)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dt = dtypes.by_torch(dtype).name
+    specs = [TensorSpec(name, dt, shape) for name, shape in tensors]
+    groups = group_by_size(specs, lambda s: s.nbytes, max_shard_size)
+    names = shard_names(stem, len(groups), with_index=False)
+    weight_map = {}
+    for group, name in zip(groups, names, strict=True):
+        with ShardWriter(out_dir / name, group, SHARD_METADATA) as w:
+            for spec in group:
+                w.write(spec.name, _random(spec.name, spec.shape, dtype, seed))
+        weight_map.update(dict.fromkeys((s.name for s in group), name))
+    if len(groups) > 1:
+        (out_dir / index_name(stem)).write_text(index_json(weight_map, sum(s.nbytes for s in specs)))
+    if config is not None:
+        (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return [out_dir / n for n in names]
+
+
+def write_example(
+    out_dir: Path,
+    preset: str = "tiny",
+    layout: str = "t2v",
+    *,
+    family: str = "wan",
+    dtype: torch.dtype = torch.bfloat16,
+    max_shard_size: int = 10**9,
+    seed: int = 0,
+) -> Path:
+    """An example checkpoint of `family` (its `preset` shape, in its folder `layout`), with a stand-in
+    tokenizer file beside it (copied when a recipe asks)."""
+    out_dir = Path(out_dir)
+    models = get_family(family).example(preset, layout)
+    for i, model in enumerate(models):
+        write_random_checkpoint(
+            out_dir / model.component,
+            model.tensors,
+            dtype=dtype,
+            max_shard_size=max_shard_size,
+            config=model.config,
+            seed=seed + i,
+        )
+    tokenizer = out_dir / "google" / "umt5-xxl"
+    tokenizer.mkdir(parents=True, exist_ok=True)
+    (tokenizer / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 512}) + "\n")
+    (out_dir / "example.json").write_text(
+        json.dumps({"family": family, "preset": preset, "layout": layout}, indent=2) + "\n"
+    )
+    return out_dir
+
+
+def write_example_lora(
+    path: Path,
+    preset: str = "small",
+    layout: str = "t2v",
+    *,
+    family: str = "wan",
+    rank: int = 16,
+    seed: int = 0,
+) -> Path:
+    """A random-weight LoRA for a `write_example` model, as the family's LoRAs in the wild are written
+    (`models.Family.example_lora`; alpha = rank/2), streamed to `path` one tensor at a time."""
+    tensors = get_family(family).example_lora(preset, layout, rank)
+    specs = [TensorSpec(name, dt, dims) for name, dims, dt in tensors]
+    with ShardWriter(Path(path), specs, SHARD_METADATA) as w:
+        for name, dims, _ in tensors:
+            if name.endswith(".alpha"):
+                w.write(name, torch.tensor(rank / 2, dtype=torch.float32))
+            else:  # small enough that the merged weights stay close to the model's
+                w.write(
+                    name, _random(name, dims, torch.bfloat16, seed) * (0.3 if "lora_down" in name else 0.03)
+                )
+    return Path(path)

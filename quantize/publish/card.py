@@ -1,0 +1,288 @@
+"""The model card (`README.md`) every conversion writes: Hub metadata, what was done, how well, how to load it.
+
+It is generated from the manifest (counts, sizes, error figures, recipe) and a few facts about the
+source (model class, pipeline, the license of the source's own card), with no timestamp, so two
+conversions of the same source with the same recipe write the same card. The front matter is
+rendered by huggingface_hub's `ModelCardData`, so the Hub reads it as it writes it.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from ..formats import format_info
+from ..models import Family, diffusers_classes, family_of_class
+from ..steps import card_lines as step_card_lines
+from .manifest import Manifest
+
+__all__ = ["CARD_NAME", "CardFacts", "source_card_metadata", "pipeline_tag", "render_card"]
+
+CARD_NAME = "README.md"
+_FRONT_MATTER = re.compile(r"\A---\s*\n(.*?)\n---\s*(\n|\Z)", re.S)
+
+
+@dataclass
+class CardFacts:
+    """What the card says beyond the manifest."""
+
+    classes: dict[str, str | None] = field(default_factory=dict)  # component -> config.json _class_name
+    pipeline_tag: str | None = None
+    base_model: str | None = None  # a Hub repo id
+    source_metadata: dict = field(default_factory=dict)  # the front matter of the source's README.md
+    model_files: list[str] = field(
+        default_factory=list
+    )  # the files holding the models, relative to the output
+    family: Family | None = None  # the model family of the components (what ComfyUI and GGUF notes say)
+
+
+def source_card_metadata(source: Path) -> dict:
+    """The YAML front matter of the source's README.md (a Hub model card), or {} when there is none or it is unreadable."""
+    try:
+        text = (Path(source) / CARD_NAME).read_text()
+    except (OSError, UnicodeDecodeError):
+        return {}
+    match = _FRONT_MATTER.match(text)
+    if not match:
+        return {}
+    try:
+        data = yaml.safe_load(match.group(1))
+    except (yaml.YAMLError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def pipeline_tag(configs: list[dict | None]) -> str | None:
+    """text-to-video or image-to-video where each config's family says which (Wan's model_type, an image
+    embedder), else None."""
+    tags = set()
+    for config in configs:
+        family = family_of_class((config or {}).get("_class_name"))
+        tag = None if family is None else family.pipeline_tag(config)
+        if tag is not None:
+            tags.add(tag)
+    return tags.pop() if len(tags) == 1 else None
+
+
+def _metadata(manifest: Manifest, facts: CardFacts) -> str:
+    from huggingface_hub import ModelCardData
+
+    info = format_info(manifest.format)
+    source = facts.source_metadata
+    extra = {k: source[k] for k in ("license_name", "license_link") if isinstance(source.get(k), str)}
+    data = ModelCardData(
+        base_model=facts.base_model,
+        base_model_relation="quantized" if facts.base_model else None,
+        library_name="diffusers" if _diffusers_layout(manifest, facts) else None,
+        license=source.get("license") if isinstance(source.get("license"), str) else None,
+        pipeline_tag=facts.pipeline_tag,
+        tags=["quantized", info.tag, manifest.format.replace("_", "-"), info.layout_library, "dit-quantize"],
+        **extra,
+    )
+    return data.to_yaml()
+
+
+def _diffusers_layout(manifest: Manifest, facts: CardFacts) -> bool:
+    """Whether the output is laid out as diffusers models (a ComfyUI file is not, whatever its source)."""
+    return (
+        format_info(manifest.format).diffusers_layout
+        and bool(facts.classes)
+        and all(c in diffusers_classes() for c in facts.classes.values())
+    )
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 10**8 else f"{n / 1e6:.2f} MB"
+
+
+def render_card(manifest: Manifest, facts: CardFacts) -> str:
+    """The README.md text for a checkpoint described by `manifest`."""
+    words = format_info(manifest.format).words
+    title = f"{manifest.source['name']} ({manifest.format})"
+    lines = ["---", _metadata(manifest, facts).rstrip(), "---", "", f"# {title}", ""]
+    lines += [
+        f"`{manifest.source['name']}` with its transformer weights quantized offline to {words} by "
+        f"dit-quantize {manifest.tool['version']}, recipe "
+        f"`{manifest.recipe.name or manifest.recipe.origin}`. Embeddings, modulation, heads and the layers the "
+        "recipe keeps stay in their original precision.",
+        "",
+        "| component | model class | quantized Linears | other tensors | size before | size after |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for c in manifest.components:
+        cls = facts.classes.get(c.path) or "-"
+        lines.append(
+            f"| `{c.path}` | {cls} | {c.quantized} | {c.kept} | {_gb(c.source_bytes)} | {_gb(c.output_bytes)} |"
+        )
+    lines += step_card_lines(manifest.steps)
+    lines += [
+        "",
+        *_quantized_section(manifest),
+        "",
+        *_parity_section(manifest),
+        "",
+        *_loading_section(manifest, facts),
+    ]
+    lines += [
+        "",
+        "## Provenance",
+        "",
+        f"`quantize_manifest.json` records the tool and library versions ({_versions(manifest)}), the recipe "
+        "(also in `recipe.yaml`) with its SHA-256, every source file and every file here with size and "
+        "SHA-256, and each quantized tensor's error figures. `quantize verify .` checks all of it; with "
+        "`--source` it also re-quantizes the source and compares bit for bit.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _quantized_section(manifest: Manifest) -> list[str]:
+    recipe = yaml.safe_load(manifest.recipe.text) or {}
+    out = [
+        "## What was quantized, and what was kept",
+        "",
+        "Linear weights matching the recipe's targets:",
+        "",
+    ]
+    out += [f"- `{p}`" for p in recipe.get("targets", [])]
+    if recipe.get("ignore"):
+        out += ["", "except those matching:", "", *[f"- `{p}`" for p in recipe["ignore"]]]
+    kept = sorted({k for c in manifest.components for k in c.kept_linears})
+    out += [
+        "",
+        f"{len(kept)} Linear layers are kept in high precision (listed in each config.json's `quantization_config`), "
+        "as is every bias, norm, modulation table, embedding and the patch-embedding convolution.",
+    ]
+    return out
+
+
+def _parity_section(manifest: Manifest) -> list[str]:
+    sqnr = [t.sqnr_db for t in manifest.tensors.values() if t.sqnr_db is not None]
+    cosine = [t.cosine for t in manifest.tensors.values()]
+    out = ["## Parity", ""]
+    if not manifest.tensors:
+        return [*out, "No tensor was quantized."]
+    out += [
+        "Each quantized weight, dequantized, against the source weight:",
+        "",
+        "| | min | median | max |",
+        "|---|---:|---:|---:|",
+    ]
+    if sqnr:
+        out.append(f"| SQNR (dB) | {min(sqnr):.2f} | {statistics.median(sqnr):.2f} | {max(sqnr):.2f} |")
+    out.append(
+        f"| cosine similarity | {min(cosine):.6f} | {statistics.median(cosine):.6f} | {max(cosine):.6f} |"
+    )
+    checks = (yaml.safe_load(manifest.recipe.text) or {}).get("checks") or {}
+    if checks:
+        set_checks = [f"`{k}: {v}`" for k, v in checks.items() if v is not None]
+        if set_checks:
+            out += ["", "Recipe checks (verify enforces them): " + ", ".join(set_checks) + "."]
+    return out
+
+
+def _loading_section(manifest: Manifest, facts: CardFacts) -> list[str]:
+    comp = manifest.components[0].path if manifest.components else "."
+    cls = facts.classes.get(comp) or "the model class"
+    name = (
+        "path/to/this-checkpoint"  # the card does not depend on where the output goes: same input, same bytes
+    )
+    folder = name if comp == "." else f"{name}/{comp}"
+    out = ["## How to load", "", f"`{name}` below is this folder, or the Hub repo it was uploaded to.", ""]
+    info = format_info(manifest.format)
+    if info.diffusers_needs is not None and _diffusers_layout(manifest, facts):
+        needs = info.diffusers_needs
+        sub = "" if comp == "." else f', subfolder="{comp}"'
+        out += [
+            f"With diffusers and {needs}:",
+            "",
+            "```python",
+            "import torch",
+            f"from diffusers import {cls}",
+            f'model = {cls}.from_pretrained("{name}"{sub}, torch_dtype=torch.bfloat16)',
+            "```",
+            "",
+        ]
+    if info.card_note is not None:
+        out += [info.card_note, ""]
+    if "comfyui" in info.runs_in:
+        out += _comfyui_section(facts.model_files, facts.family)
+    if "comfyui-gguf" in info.runs_in:
+        out += _gguf_section(facts.model_files, manifest, facts.family)
+    if "loaders" not in info.runs_in:
+        return out
+    if _diffusers_layout(manifest, facts):
+        build = [f"from diffusers import {cls}", ""]
+        target = cls
+    else:  # not a diffusers class: the caller builds the model whose parameter names match
+        build = [f"model = ...  # an instance of the model class the checkpoint came from ({cls})"]
+        target = "model"
+    out += [
+        "With dit-quantize's loader (any of its formats, CPU or GPU, no bf16 copy of a quantized layer; blocks "
+        "streamed to the GPU one at a time):",
+        "",
+        "```python",
+        "import torch",
+        "from loaders import enable_block_offload, load_quantized",
+        *build,
+        f'model = load_quantized({target}, "{folder}", host="mmap", dtype=torch.bfloat16)',
+        'enable_block_offload(model, device="cuda", host="pinned")',
+        "```",
+    ]
+    return out
+
+
+def _comfyui_section(files: list[str], family: Family | None) -> list[str]:
+    """Where each model file goes in ComfyUI, and the node that loads it."""
+    title = family.title if family is not None else "the model"
+    out = [
+        "In ComfyUI: put the model file in `ComfyUI/models/diffusion_models/` and load it with the stock "
+        "**Load Diffusion Model** node (weight_dtype `default`); the per-layer `comfy_quant` markers tell "
+        f"ComfyUI the layout. Keys are {title}'s native names, one file per model:",
+        "",
+    ]
+    out += [f"- `{f}`" for f in files]
+    if len(files) > 1 and family is not None and family.experts_note:
+        out += ["", family.experts_note]
+    return [*out, ""]
+
+
+def _gguf_section(files: list[str], manifest: Manifest, family: Family | None) -> list[str]:
+    """Where each GGUF file goes in ComfyUI-GGUF, and how diffusers loads it."""
+    types = sorted({t.type for t in manifest.tensors.values() if t.type})
+    title = family.title if family is not None else "the model"
+    cls = family.diffusers_class if family is not None else "the model class"
+    arch = family.gguf_architecture if family is not None else None
+    out = [
+        f"One GGUF file per model (GGML types {', '.join(types)}; {title}'s native names; `general.architecture` {arch}):",
+        "",
+        *[f"- `{f}`" for f in files],
+        "",
+        "In ComfyUI with ComfyUI-GGUF: put the file in `ComfyUI/models/unet/` (or `diffusion_models/`) and load it "
+        "with the **Unet Loader (GGUF)** node.",
+        "",
+        "In diffusers (`config`: a folder, local or a Hub repo, holding the diffusers config.json of the same "
+        "model size and kind in `transformer/`; one call per file for two experts):",
+        "",
+        "```python",
+        "import torch",
+        f"from diffusers import GGUFQuantizationConfig, {cls}",
+        f"model = {cls}.from_single_file(",
+        f'    "path/to/this-checkpoint/{files[0] if files else "diffusion_model.gguf"}",',
+        f'    config="path/to/the-diffusers-{title}-of-this-size",  # its transformer/config.json fits this file',
+        '    subfolder="transformer",',
+        "    quantization_config=GGUFQuantizationConfig(compute_dtype=torch.bfloat16),",
+        "    torch_dtype=torch.bfloat16,",
+        ")",
+        "```",
+        "",
+    ]
+    return out
+
+
+def _versions(manifest: Manifest) -> str:
+    return ", ".join(f"{k} {v}" for k, v in manifest.libraries.items())

@@ -1,0 +1,154 @@
+"""`quantize_manifest.json`: what a checkpoint was made from, how, and what it holds.
+
+Written last, at the output's root; it lists every other output file with its size and SHA-256,
+so the manifest itself is the one file it does not list. It holds no timestamps and no absolute
+paths: two conversions of the same source with the same recipe produce the same manifest.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ..errors import InputError
+from ..names import split_manifest_key
+from ..read.files import relative_path_problem
+
+__all__ = [
+    "MANIFEST_NAME",
+    "RECIPE_NAME",
+    "FileEntry",
+    "TensorEntry",
+    "RecipeEntry",
+    "Manifest",
+    "read_manifest",
+]
+
+MANIFEST_NAME = "quantize_manifest.json"
+RECIPE_NAME = "recipe.yaml"
+SCHEMA_VERSION = 1
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _inside_checkpoint(path: str) -> str:
+    problem = relative_path_problem(path)
+    if problem is not None:
+        raise ValueError(f"path {path!r} {problem}")
+    return path
+
+
+class FileEntry(_Strict):
+    path: str  # relative to the checkpoint (or source) root, POSIX separators
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+    _confined = field_validator("path")(_inside_checkpoint)
+
+
+class TensorEntry(_Strict):
+    """One quantized tensor: where it came from and how far its dequantized value is from the source."""
+
+    format: str
+    shape: list[int]
+    source_dtype: str
+    pattern: str
+    sqnr_db: float | None  # None when the error is exactly zero
+    cosine: float
+    max_abs_error: float
+    type: str | None = (
+        None  # the format's type for it (gguf's Q4_K, say); absent for formats with one encoding
+    )
+
+
+class RecipeEntry(_Strict):
+    name: str | None
+    origin: str
+    sha256: str  # of recipe.yaml
+    text: str
+
+
+class ComponentEntry(_Strict):
+    path: str  # "." for the root
+    quantized: int
+    kept: int
+    kept_linears: list[str]
+    source_bytes: int
+    output_bytes: int
+
+    _confined = field_validator("path")(_inside_checkpoint)
+
+
+class Manifest(_Strict):
+    schema_version: int = SCHEMA_VERSION
+    tool: dict[str, str]
+    libraries: dict[str, str]
+    format: str
+    recipe: RecipeEntry
+    source: dict[str, str]  # {"name": basename or repo id}
+    source_files: list[FileEntry]
+    components: list[ComponentEntry]
+    tensors: dict[str, TensorEntry] = Field(description="keyed by '<component>/<tensor name>'")
+    output_files: list[FileEntry]
+    #: the recorded per-tensor steps, in the order applied (`steps`: each a JSON object naming its kind)
+    steps: list[dict[str, Any]] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_loras(cls, data: Any) -> Any:
+        """A manifest written before steps recorded themselves keeps its LoRAs in a top-level ``loras`` list."""
+        if isinstance(data, dict) and "loras" in data and "steps" not in data:
+            from ..steps.lora_record import from_legacy
+
+            loras = data["loras"]
+            data = {k: v for k, v in data.items() if k != "loras"}
+            data["steps"] = [from_legacy(loras)] if loras else []
+        return data
+
+    @model_validator(mode="after")
+    def _steps_known(self) -> Manifest:
+        from ..steps import check_records
+
+        check_records(self.steps)
+        return self
+
+    @model_validator(mode="after")
+    def _tensor_keys(self) -> Manifest:
+        components = [c.path for c in self.components]
+        for key in self.tensors:
+            try:
+                split_manifest_key(key, components)
+            except InputError as e:
+                raise ValueError(str(e)) from None
+        return self
+
+    def to_json(self) -> str:
+        data = self.model_dump(mode="json")
+        for entry in data["tensors"].values():
+            if entry["type"] is None:  # formats with one encoding: the manifest as it always was
+                del entry["type"]
+        if not data["steps"]:  # a conversion without recorded steps: the manifest as it always was
+            del data["steps"]
+        return json.dumps(data, indent=2, sort_keys=False) + "\n"
+
+
+def read_manifest(checkpoint: Path) -> Manifest:
+    path = Path(checkpoint) / MANIFEST_NAME
+    try:
+        return Manifest.model_validate_json(path.read_text())
+    except FileNotFoundError:
+        raise InputError(
+            f"{path}: not found: is {checkpoint} a checkpoint written by `quantize convert`?"
+        ) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: cannot read: {e}") from None
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise InputError(
+            f"{path}: invalid manifest at {'.'.join(map(str, err['loc']))}: {err['msg']}"
+        ) from None

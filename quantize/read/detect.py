@@ -1,0 +1,93 @@
+"""What a source folder holds, and the bundled recipe each format defaults to for it (`convert --format`).
+
+A *layout* is a model family in one folder arrangement and naming, told from config.json and safetensors
+headers alone: each family says which of its layouts a folder matches (`models.Family.layouts`), and names
+one bundled recipe per layout and format (`Family.default_recipes`); variants (``wan-fp8-all``, the other
+GGUF types) are chosen by name with ``--recipe``. `recipe_for_format` picks it, or explains in one line
+why there is none (listing what there is).
+
+>>> DEFAULT_RECIPES["wan2.2-a14b"]["fp8_channel"]
+'wan2.2-a14b-fp8'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..errors import InputError
+from ..formats import FORMAT_INFO
+from ..models import FAMILIES, SourceLayout, default_recipes
+from .checkpoint import Component, open_component
+
+__all__ = ["SourceLayout", "DEFAULT_RECIPES", "detect_layouts", "recipe_for_format"]
+
+#: layout -> format -> the bundled recipe `--format` takes (every family's `default_recipes`)
+DEFAULT_RECIPES: dict[str, dict[str, str]] = default_recipes()
+
+
+def _open(folder: Path, rel: str) -> Component | None:
+    """The component, or None where `rel` holds no readable one (no folder, no safetensors, loose files that
+    form no model: detection looks, and the conversion reports what is wrong with the folder it converts)."""
+    where = folder if rel == "." else folder / rel
+    if not where.is_dir():
+        return None
+    try:
+        return open_component(folder, rel)
+    except InputError:
+        return None
+
+
+def detect_layouts(folder: Path) -> list[SourceLayout]:
+    """Every layout `folder` matches, asking each family (usually one; none for a folder of another kind; more
+    than one for a folder that holds two kinds of model)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise InputError(f"{folder}: source directory not found")
+    opened: dict[str, Component | None] = {}
+
+    def open_(rel: str) -> Component | None:
+        if rel not in opened:
+            opened[rel] = _open(folder, rel)
+        return opened[rel]
+
+    return [layout for family in FAMILIES for layout in family.layouts(folder, open_)]
+
+
+def _layout_words(layouts: Sequence[SourceLayout]) -> str:
+    return "; ".join(f"{lay.name} ({lay.why})" for lay in layouts)
+
+
+def recipe_for_format(folder: Path, fmt: str) -> tuple[str, SourceLayout]:
+    """The bundled recipe `--format fmt` takes for `folder`, and the layout that decided it.
+
+    Raises `InputError` in one line: an unknown format, a folder of no known layout or of several, or no
+    bundled recipe of that format for the layout (listing the recipes there are for it)."""
+    if fmt not in FORMAT_INFO:
+        raise InputError(
+            f"`fmt` {fmt!r} is not a format (formats: {', '.join(sorted(FORMAT_INFO))})", parameters=("fmt",)
+        )
+    layouts = detect_layouts(folder)
+    if not layouts:
+        known = ", ".join(f.title for f in FAMILIES)
+        raise InputError(
+            f"{folder}: no known layout (of {known}: original names at the root or in expert folders, a diffusers "
+            "transformer/, or such a folder itself): pick a recipe with `recipe` (quantize recipes lists them)",
+            parameters=("recipe",),
+        )
+    candidates = [(DEFAULT_RECIPES[lay.name].get(fmt), lay) for lay in layouts]
+    chosen = [(r, lay) for r, lay in candidates if r is not None]
+    if len(chosen) == 1:
+        return chosen[0]
+    if len(chosen) > 1:
+        names = ", ".join(f"{r} ({lay.name})" for r, lay in chosen)
+        raise InputError(
+            f"{folder}: holds more than one kind of model ({_layout_words(layouts)}): candidates {names}; "
+            "pick one with `recipe`",
+            parameters=("recipe",),
+        )
+    there = sorted({f"{r} ({f})" for lay in layouts for f, r in DEFAULT_RECIPES[lay.name].items()})
+    raise InputError(
+        f"{folder}: no bundled {fmt} recipe for {_layout_words(layouts)}; for this layout there are: "
+        f"{', '.join(there)} (or write a recipe: quantize recipes NAME prints one to start from)"
+    )

@@ -1,0 +1,144 @@
+"""SOURCE resolved once: a folder, a bare component folder or a Hub repo id becomes one `SourceFolder`.
+
+`open_source(SOURCE, recipe)` is the one place a source is resolved: a Hub repo id is fetched (only the files
+the recipe needs), a recipe naming one component given that component's folder itself (a bare diffusers
+``transformer/``) is fitted to convert it as the root, and each component is opened (headers only) and its
+model family found, once. The plan, the LoRA step, the output and the forward pass are handed this object;
+none of them looks at the folder again.
+
+>>> # src = open_source("Wan2.1-T2V-1.3B", load_recipe("wan-fp8").recipe); src.components, src.family(".").name
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import InputError
+from ..models import Family, family_of
+from .files import bare_model_class, files_of_components
+
+if TYPE_CHECKING:
+    from ..recipes import Recipe
+    from .checkpoint import Component
+
+__all__ = ["SourceFolder", "open_source", "local_source", "fitted_components"]
+
+
+@dataclass
+class SourceFolder:
+    """A source as the conversion sees it: its local folder, how the manifest names it, its Hub repo id (None:
+    a local folder), the recipe fitted to it (its components as they lie here), and each component opened once."""
+
+    folder: Path
+    name: str
+    repo_id: str | None
+    recipe: Recipe
+    #: the recipe's components as it names them (`recipe.components` is as they lie here: ``["."]`` for a bare one)
+    named: tuple[str, ...]
+    _opened: dict[str, Component] = field(default_factory=dict, repr=False)
+
+    @property
+    def components(self) -> list[str]:
+        return list(self.recipe.components)
+
+    @property
+    def bare(self) -> bool:
+        """Whether SOURCE is itself the one component folder the recipe names (converted as the root)."""
+        return list(self.named) != self.components
+
+    def fit(self, recipe: Recipe) -> Recipe:
+        """`recipe` (naming the same components as the one this source was resolved under) as it applies here:
+        a bare folder's one component is the root."""
+        if list(recipe.components) == self.components:
+            return recipe
+        if list(recipe.components) == list(self.named):
+            return recipe.model_copy(update={"components": self.components})
+        raise InputError(
+            f"{self.folder}: resolved for components {', '.join(self.named)}, not {', '.join(recipe.components)}"
+        )
+
+    def where(self, named: str) -> str:
+        """Where the component the recipe names `named` lies here (``.`` for a bare folder)."""
+        return "." if self.bare and named in self.named else named
+
+    def component(self, rel: str) -> Component:
+        """Component `rel` (as it lies here), opened on first use (headers, index, config.json) and kept."""
+        if rel not in self._opened:
+            from .checkpoint import open_component
+
+            comp_dir = self.folder if rel == "." else self.folder / rel
+            if rel != "." and not comp_dir.is_dir():
+                hint = (
+                    " (SOURCE itself holds safetensors: point at its parent folder)"
+                    if any(self.folder.glob("*.safetensors"))
+                    else ""
+                )
+                raise InputError(
+                    f"{self.folder}: component folder {rel!r} named by the recipe is missing{hint}"
+                )
+            self._opened[rel] = open_component(self.folder, rel)
+        return self._opened[rel]
+
+    def family(self, rel: str) -> Family | None:
+        """The model family of component `rel` (by its config class, else its tensor names), or None."""
+        comp = self.component(rel)
+        return family_of((comp.config or {}).get("_class_name"), comp.tensors)
+
+    def files(self) -> list[Path]:
+        """The shards and indexes of the components (those that can be read), e.g. to start hashing them."""
+        return files_of_components(self.folder, self.components)
+
+
+def fitted_components(folder: Path, components: list[str]) -> list[str]:
+    """The components of a recipe as they lie in `folder`: as named, or ``["."]`` when `folder` is itself the
+    one model folder the recipe names (a bare diffusers ``transformer/``: `layout.bare_model_class`), so that it
+    is converted as that component, at the output's root.
+
+    A recipe naming two components given one of them is refused, saying which folder to point at."""
+    folder = Path(folder)
+    if all(rel == "." or (folder / rel).is_dir() for rel in components):
+        return components
+    cls = bare_model_class(folder)
+    if cls is None:
+        return components  # the plan says which component folder is missing
+    if len(components) > 1:
+        where = (
+            f"point at {folder.parent}"
+            if folder.name in components
+            else "point at the folder that holds them all"
+        )
+        raise InputError(
+            f"{folder}: is one model's folder ({cls}), and the recipe converts {len(components)} "
+            f"({', '.join(components)}): {where}, not at one of them"
+        )
+    return ["."]
+
+
+def open_source(source: str | Path | SourceFolder, recipe: Recipe, choose=None) -> SourceFolder:
+    """`source` (a folder, or a Hub repo id: then the files `choose(files)` returns are fetched, by default
+    those `recipe` needs) resolved under `recipe`; a `SourceFolder` is returned as it is."""
+    if isinstance(source, SourceFolder):
+        return source
+    from ..publish.hub import recipe_files, resolve_source
+
+    folder, name, repo_id = resolve_source(source, choose or recipe_files(recipe))
+    return local_source(folder, recipe, name, repo_id)
+
+
+def local_source(
+    folder: Path, recipe: Recipe, name: str | None = None, repo_id: str | None = None
+) -> SourceFolder:
+    """The local folder `folder` resolved under `recipe` (no Hub lookup: a missing folder is an error)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise InputError(f"{folder}: source directory not found")
+    components = fitted_components(folder, list(recipe.components))
+    fitted = (
+        recipe if components == recipe.components else recipe.model_copy(update={"components": components})
+    )
+    name = name or folder.absolute().name
+    if repo_id is None and components != list(recipe.components):  # a bare transformer/: name its model
+        name = f"{folder.absolute().parent.name}/{folder.absolute().name}"
+    return SourceFolder(folder, name, repo_id, fitted, tuple(recipe.components))

@@ -1,0 +1,399 @@
+"""One forward pass of a model whose weights are read layer by layer: `verify --forward` and `sensitivity`.
+
+A component is run as its model family's diffusers class (`models.Family.diffusers_class`), found by the class
+its config names; a model of the family's original release (Wan's ``WanModel``) is run as that class too, its
+config derived from the original one and the tensor shapes (`Family.diffusers_config`), its tensors renamed
+through the family's one name table (`Family.runnable_names`).
+
+The model is built with every parameter on the meta device (`models.meta.parameters_on_meta`). A forward
+pass (`StreamedModel.forward`) is given where each parameter's float32 values come from (`Weights`): the
+source as the plan reads it (every step applied), a stored checkpoint decoded by its format, or the
+source encoded and decoded at other types (`sensitivity`). Each unit (every module with parameters of its
+own: a Linear, a norm, a block's modulation table) gets its values just before it runs and gives them back
+right after, so a pass holds one layer in float32 plus the activations: far less than one block (the 14B
+shape's largest Linear, its time projection, is 0.63 GB in float32), on the CPU.
+
+The inputs are fixed random tensors shaped from the config (the family's `ModelInputs.random`, seed 0), or real ones
+from a safetensors file (`load_inputs`: latents, timestep and text embeddings captured from a pipeline).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .. import dtypes
+from ..encode import row_chunks
+from ..errors import InputError
+from ..formats import Format
+from ..models import FAMILIES, Family, ModelInputs, family_of_class
+from ..plan import ComponentPlan, TensorPlan
+from ..process import release_free_memory
+from ..read.checkpoint import CONFIG_NAME, Component, read_rows, read_tensor
+from ..read.source import SourceFolder
+from ..recipes import Recipe
+
+__all__ = [
+    "Runnable",
+    "StreamedModel",
+    "Weights",
+    "runnable",
+    "load_inputs",
+    "check_forward",
+    "forward_sqnr_db",
+    "named_failure",
+    "require_known_models",
+    "source_weights",
+    "stored_weights",
+    "DEFAULT_MIN_FORWARD_SQNR_DB",
+]
+
+DEFAULT_MIN_FORWARD_SQNR_DB = 20.0
+
+
+# --- inputs ----------------------------------------------------------------------------------------
+
+
+def _check_input_names(path: Path, family: Family) -> None:
+    """The tensor names of the inputs file `path` (its header only) are all inputs of `family`'s class."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(path, "pt") as f:
+            names = list(f.keys())
+    except (OSError, SafetensorError) as e:
+        raise InputError(f"{path}: cannot read the inputs as safetensors: {e}") from None
+    accepts = family.inputs.accepts
+    for key in names:
+        if key not in accepts:
+            raise InputError(
+                f"{path}: tensor {key!r} is not an input of this model (a {family.diffusers_class} forward takes "
+                f"{', '.join(accepts)})"
+            )
+
+
+def load_inputs(path: Path | None, family: Family, config: dict) -> dict[str, torch.Tensor]:
+    """The tensors of one forward pass of `family`'s diffusers class built from `config`: from the safetensors
+    file `path` (floating ones as float32), or the fixed random ones (seed 0) when `path` is None. A missing or
+    unknown key, or a tensor of the wrong rank or shape, is an `InputError` naming it."""
+    spec = family.inputs
+    keys = spec.keys(config)
+    if path is None:
+        return spec.random(config, torch.Generator().manual_seed(0))
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(path)
+    except (OSError, SafetensorError) as e:
+        raise InputError(f"{path}: cannot read the inputs as safetensors: {e}") from None
+    expected = f"a {family.diffusers_class} forward takes {', '.join(keys)}"
+    for key in tensors:
+        if key not in keys:
+            raise InputError(f"{path}: tensor {key!r} is not an input of this model ({expected})")
+    for key in keys:
+        if key not in tensors:
+            raise InputError(f"{path}: no tensor {key!r} ({expected})")
+    for key, want in spec.shapes(config).items():
+        _check_input_shape(path, key, tuple(tensors[key].shape), want, family)
+    return {k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}
+
+
+def _check_input_shape(
+    path: Path, key: str, shape: tuple[int, ...], want: tuple[int | None, ...], family: Family
+) -> None:
+    if len(shape) == len(want) and all(w is None or w == d for d, w in zip(shape, want, strict=True)):
+        return
+    wanted = "[" + ", ".join("*" if w is None else str(w) for w in want) + "]"
+    raise InputError(
+        f"{path}: tensor {key!r} has shape {list(shape)}; this {family.diffusers_class} takes {key} of shape "
+        f"{wanted} (* any size)"
+    )
+
+
+# --- which model runs a component ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Runnable:
+    """A component as a model we can run: its family, the diffusers class's config, and the plan of each
+    parameter (by the class's parameter names)."""
+
+    family: Family
+    config: dict
+    plans: dict[str, TensorPlan]  # model parameter name -> the planned source tensor
+
+    @property
+    def class_name(self) -> str:
+        return self.family.diffusers_class
+
+    @property
+    def inputs(self) -> ModelInputs:
+        return self.family.inputs
+
+
+def _runnable_family(config: dict | None, where: Path) -> Family:
+    """The family whose diffusers class (or original release) `config` names; `InputError` otherwise."""
+    name = (config or {}).get("_class_name")
+    family = family_of_class(name)
+    if family is None:
+        runs = ", ".join(
+            f"{f.diffusers_class}{''.join(f' / {n}' for n in f.native_classes)}" for f in FAMILIES
+        )
+        raise InputError(f"{where / CONFIG_NAME}: a forward pass runs {runs}; this config names {name!r}")
+    return family
+
+
+def require_known_models(source: SourceFolder, inputs: Path | None = None) -> None:
+    """Refuse a forward pass up front (headers only) when a component is not a model we can run, or when the
+    `inputs` file holds a tensor no pass of it takes (what each pass needs is checked by `load_inputs`)."""
+    families = {}
+    for rel in source.components:
+        component = source.component(rel)
+        family = _runnable_family(component.config, component.dir)
+        if component.config.get("_class_name") in family.native_classes:
+            family.runnable_names(list(component.tensors), component.dir)
+        families[family.name] = family
+    if inputs is not None:
+        for name in sorted(families):
+            _check_input_names(inputs, families[name])
+    try:
+        import diffusers  # noqa: F401
+    except ImportError:
+        raise InputError("a forward pass needs diffusers: pip install 'dit-quantize[diffusers]'") from None
+
+
+def runnable(cp: ComponentPlan) -> Runnable:
+    """How to run the component `cp` plans; `InputError` naming the config or tensor when we cannot."""
+    config = {k: v for k, v in cp.component.config.items() if k != "quantization_config"}
+    where = cp.component.dir
+    family = _runnable_family(config, where)
+    if config.get("_class_name") == family.diffusers_class:
+        return Runnable(family, config, {tp.name: tp for tp in cp.tensors})
+    renamed = family.runnable_names([tp.name for tp in cp.tensors], where)
+    plans = {renamed[tp.name]: tp for tp in cp.tensors}
+    return Runnable(family, family.diffusers_config(config, cp.component.tensors, where), plans)
+
+
+# --- where the values come from --------------------------------------------------------------------
+
+#: model parameter name -> its float32 values for this pass
+Weights = Callable[[str], torch.Tensor]
+
+
+def float32_in_rows(shape: tuple[int, ...], read: Callable[[int, int], torch.Tensor]) -> torch.Tensor:
+    """A whole tensor in float32, `read(r0, r1)` giving its rows r0..r1 in float32, filled in row chunks: no
+    other copy of it is made, in any dtype (the 14B shape's time projection is 0.63 GB in float32)."""
+    if not shape:
+        return read(0, 1)
+    out = torch.empty(shape, dtype=torch.float32)
+    rows = shape[0]
+    for r0, r1 in row_chunks(rows, out.numel() // max(1, rows)):
+        out[r0:r1] = read(r0, r1)
+    return out
+
+
+def source_weights(run: Runnable) -> Weights:
+    """The source as the plan reads it (every step applied): the reference."""
+
+    def weight(name: str) -> torch.Tensor:
+        source = run.plans[name].source
+        return float32_in_rows(source.info.shape, lambda r0, r1: source.read_rows(r0, r1, torch.float32))
+
+    return weight
+
+
+def stored_weights(run: Runnable, stored: Component, fmt: Format) -> Weights:
+    """A converted checkpoint's tensors decoded by its format (kept ones as stored), under the model's names."""
+
+    def weight(name: str) -> torch.Tensor:
+        tp = run.plans[name]
+        if not tp.quantize:
+            info = stored.tensors[tp.output().name]
+            return float32_in_rows(info.shape, lambda r0, r1: read_rows(info, r0, r1, torch.float32))
+        parts = {
+            part: read_tensor(stored.tensors[spec.name])
+            for part, spec in zip(tp.parts, tp.outputs, strict=True)
+        }
+        return fmt.decode(parts, torch.float32, options=tp.options)
+
+    return weight
+
+
+def as_stored(tp: TensorPlan) -> torch.Tensor:
+    """A kept tensor's values as the output holds them (cast to its output dtype), in float32: read straight
+    into float32 when the output keeps the stored dtype (exact), else through the output dtype's rounding."""
+    dtype = dtypes.by_name(tp.output().dtype).torch
+    exact = dtype == dtypes.by_name(tp.info.dtype).torch or dtype == torch.float32
+    return float32_in_rows(
+        tp.info.shape,
+        lambda r0, r1: tp.source.read_rows(r0, r1, torch.float32 if exact else dtype).float(),
+    )
+
+
+# --- the streamed model ----------------------------------------------------------------------------
+
+
+class StreamedModel:
+    """A model whose parameters live on the meta device and are filled unit by unit during a pass."""
+
+    def __init__(self, run: Runnable):
+        import diffusers
+        from torch import nn
+
+        from ..models.meta import parameters_on_meta
+
+        self.run = run
+        try:
+            with parameters_on_meta():
+                self.model = getattr(diffusers, run.class_name).from_config(run.config).eval()
+        except (TypeError, ValueError, KeyError) as e:
+            raise InputError(f"cannot build {run.class_name} from the component's config: {e}") from None
+        names = {n for n, _ in self.model.named_parameters()}
+        missing, unexpected = sorted(names - set(run.plans)), sorted(set(run.plans) - names)
+        if missing or unexpected:
+            what = (
+                f"no tensor for parameter {missing[0]!r}"
+                if missing
+                else f"tensor {unexpected[0]!r} is no parameter"
+            )
+            raise InputError(f"{run.class_name} built from the config does not match the checkpoint: {what}")
+        #: each unit: (prefix, module), every module with parameters of its own (a Linear, a norm, a block's
+        #: modulation table); a pass fills a unit's own parameters just before it runs, empties them right after
+        self.units: list[tuple[str, nn.Module]] = [
+            (name, m)
+            for name, m in self.model.named_modules()
+            if name and any(True for _ in m.parameters(recurse=False))
+        ]
+        #: the root's own parameters (a top-level modulation table, say), held for the whole pass
+        self.root_params = [n for n, _ in self.model.named_parameters(recurse=False)]
+
+    def forward(
+        self,
+        inputs: dict[str, torch.Tensor],
+        weights: Weights,
+        linear_hooks: Mapping[str, Callable[[torch.nn.Module, torch.Tensor], None]] = {},
+    ) -> torch.Tensor:
+        """One pass on `inputs` with the values `weights` gives; `linear_hooks[name](module, x)` sees each
+        named Linear's input while its weight is filled. Returns the output in float32."""
+        handles = []
+        filler = _Filler(weights)
+        try:
+            for prefix, unit in self.units:
+                handles.append(unit.register_forward_pre_hook(filler.pre_hook(prefix, unit)))
+                handles.append(unit.register_forward_hook(filler.post_hook))
+            modules = dict(self.model.named_modules())
+            for name, hook in linear_hooks.items():
+                handles.append(modules[name].register_forward_pre_hook(lambda m, args, h=hook: h(m, args[0])))
+            for name in self.root_params:
+                _set(self.model, name, weights(name))
+            with torch.no_grad():
+                out = self.model(**self.run.inputs.call(self.run.config, inputs))
+            return (out[0] if isinstance(out, (tuple, list)) else out).float()
+        finally:
+            for h in handles:
+                h.remove()
+            _empty(self.model)
+
+
+#: float32 bytes filled between two returns of the allocator's free pages to the kernel
+TRIM_EVERY = 256 << 20
+
+
+class _Filler:
+    """Fills a unit's own parameters before it runs and empties them after; every `TRIM_EVERY` bytes given
+    out, the memory they and the layers' temporaries took goes back to the kernel
+    (`process.release_free_memory`: else the allocator's heaps grow layer after layer)."""
+
+    def __init__(self, weights: Weights):
+        self.weights = weights
+        self.since_trim = 0
+
+    def pre_hook(self, prefix: str, unit):
+        def hook(module, args):
+            for name, _ in list(unit.named_parameters(recurse=False)):
+                value = self.weights(f"{prefix}.{name}")
+                self.since_trim += value.nbytes
+                _set(unit, name, value)
+
+        return hook
+
+    def post_hook(self, module, args, out) -> None:
+        _empty(module, recurse=False)
+        if self.since_trim >= TRIM_EVERY:
+            release_free_memory()
+            self.since_trim = 0
+
+
+def _set(module, name: str, value: torch.Tensor) -> None:
+    owner, _, attr = name.rpartition(".")
+    target = module.get_submodule(owner) if owner else module
+    target._parameters[attr] = torch.nn.Parameter(value, requires_grad=False)
+
+
+def _empty(module, recurse: bool = True) -> None:
+    """Give every parameter of `module` (its own only, unless `recurse`) back: meta again, its memory freed."""
+    for sub in module.modules() if recurse else (module,):
+        for attr, p in sub._parameters.items():
+            if p is not None and not p.is_meta:
+                sub._parameters[attr] = torch.nn.Parameter(p.to("meta"), requires_grad=False)
+
+
+def forward_sqnr_db(want: torch.Tensor, got: torch.Tensor) -> float:
+    """10·log10(|want|² / |want - got|²) in float64; inf when they are equal."""
+    want, got = want.double(), got.double()
+    noise = float((want - got).pow(2).sum())
+    return math.inf if noise == 0 else 10 * math.log10(float(want.pow(2).sum()) / noise)
+
+
+# --- verify --forward ------------------------------------------------------------------------------
+
+
+def check_forward(
+    plan, checkpoint: Path, recipe: Recipe, fmt: Format, report, inputs: Path | None = None
+) -> None:
+    """Record one `forward/output SQNR` check per component of `plan` (the source's plan under `recipe`): one
+    streamed pass of the source and one of the stored checkpoint, on the same inputs."""
+    from ..containers import get_container
+    from ..formats import format_info
+
+    threshold = recipe.checks.min_forward_sqnr_db
+    threshold = DEFAULT_MIN_FORWARD_SQNR_DB if threshold is None else threshold
+    container = get_container(format_info(fmt.NAME).container)
+    for cp in plan.components:
+        run = runnable(cp)
+        x = load_inputs(inputs, run.family, run.config)  # a bad inputs file is unusable input, not a check
+        try:
+            with named_failure(inputs):
+                model = StreamedModel(run)
+                want = model.forward(x, source_weights(run))
+                got = model.forward(x, stored_weights(run, container.open_stored(checkpoint, cp.rel), fmt))
+            sqnr = forward_sqnr_db(want, got)
+        except InputError as e:
+            report.fail("forward", "output SQNR", f"{cp.rel}: {e}")
+            continue
+        ok = sqnr >= threshold
+        message = f"{cp.rel}: {run.class_name} forward output SQNR {sqnr:.2f} dB below min_forward_sqnr_db {threshold}"
+        report.record("forward", "output SQNR", ok, "" if ok else message)
+        report.forward[cp.rel] = {
+            "model": run.class_name,
+            "output_sqnr_db": None if math.isinf(sqnr) else round(sqnr, 3),  # None: identical outputs
+            "min_forward_sqnr_db": threshold,
+        }
+
+
+@contextmanager
+def named_failure(inputs: Path | None = None) -> Iterator[None]:
+    """A model that will not run on the inputs: one `InputError` with the reason (and the inputs file)."""
+    try:
+        yield
+    except InputError:
+        raise
+    except Exception as e:  # the model's own code: shapes that do not fit, a class it does not know
+        on = f" on the inputs {inputs}" if inputs is not None else ""
+        raise InputError(f"the forward pass{on} failed: {type(e).__name__}: {e}") from None

@@ -1,0 +1,452 @@
+"""`quantize convert` end to end: real files in, real files out, checked as a user would check them."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from quantize.formats.fp8_channel import FORMAT as fp8
+from quantize.recipes import load_recipe
+from tests.conftest import load_all, read_json, run_cli, wan_fp8_modules
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _tree(root: Path) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): _sha(p) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def check_component(
+    src_dir: Path, out_dir: Path, quantized: set[str], keep_cast: torch.dtype | None = None
+) -> None:
+    """Every source tensor is in the output: quantized ones bit-exact to fp8_channel, kept ones bit-exact."""
+    src, got = load_all(src_dir), load_all(out_dir)
+    expected_keys = set()
+    for name, w in src.items():
+        module = name.removesuffix(".weight")
+        if name.endswith(".weight") and module in quantized:
+            ref = fp8.encode(w)
+            q, s = got[f"{module}.weight"], got[f"{module}.weight_scale"]
+            assert q.dtype == torch.float8_e4m3fn and q.shape == w.shape, name
+            assert s.dtype == torch.float32 and s.shape == (w.shape[0], 1), name
+            assert torch.equal(q.view(torch.uint8), ref["weight"].view(torch.uint8)), name
+            assert torch.equal(s, ref["weight_scale"]), name
+            expected_keys |= {f"{module}.weight", f"{module}.weight_scale"}
+        else:
+            want = w.to(keep_cast) if keep_cast is not None and w.is_floating_point() else w
+            assert got[name].dtype == want.dtype and torch.equal(got[name], want), name
+            expected_keys.add(name)
+    assert set(got) == expected_keys
+
+    index_files = list(out_dir.glob("*.safetensors.index.json"))
+    if index_files:
+        weight_map = read_json(index_files[0])["weight_map"]
+        assert set(weight_map) == expected_keys
+        for key, shard in weight_map.items():
+            with safe_open(out_dir / shard, framework="pt") as f:
+                assert key in f.keys()
+    config = read_json(out_dir / "config.json")
+    source_config = read_json(src_dir / "config.json")
+    assert {k: v for k, v in config.items() if k != "quantization_config"} == source_config
+    qc = config["quantization_config"]
+    assert qc["quant_method"] == "compressed-tensors"
+    kept_linears = {
+        n.removesuffix(".weight") for n, w in src.items() if n.endswith(".weight") and w.dim() == 2
+    } - quantized
+    assert set(qc["ignore"]) == kept_linears
+
+
+def check_manifest(source: Path, out: Path) -> dict:
+    m = read_json(out / "quantize_manifest.json")
+    listed = {f["path"]: f for f in m["output_files"]}
+    on_disk = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()} - {
+        "quantize_manifest.json"
+    }
+    assert set(listed) == on_disk
+    for rel, entry in listed.items():
+        assert entry["size"] == (out / rel).stat().st_size and entry["sha256"] == _sha(out / rel), rel
+    for entry in m["source_files"]:
+        assert entry["sha256"] == _sha(source / entry["path"]), entry["path"]
+    assert m["recipe"]["sha256"] == _sha(out / "recipe.yaml")
+    assert (out / "recipe.yaml").read_text() == m["recipe"]["text"]
+    for key, t in m["tensors"].items():
+        assert t["sqnr_db"] > 25 and 0.99 < t["cosine"] <= 1.0 and t["max_abs_error"] > 0, key
+    assert (
+        "/" not in m["source"]["name"]
+        and str(source.parent) not in (out / "quantize_manifest.json").read_text()
+    )
+    return m
+
+
+def test_cli_convert_end_to_end(wan_tiny, tmp_path):
+    out = tmp_path / "Wan2.1-T2V-tiny-fp8"
+    proc = run_cli("convert", wan_tiny, out, "--recipe", "wan-fp8.yaml")
+    assert proc.returncode == 0, proc.stderr
+    assert "quantized to fp8_channel" in proc.stdout
+    layers = read_json(wan_tiny / "config.json")["num_layers"]
+    quantized = {
+        f"blocks.{i}.{a}.{p}" for i in range(layers) for a in ("self_attn", "cross_attn") for p in "qkvo"
+    }
+    quantized |= {f"blocks.{i}.ffn.0" for i in range(layers)}
+    assert quantized == wan_fp8_modules(wan_tiny)
+    check_component(wan_tiny, out, quantized)
+    m = check_manifest(wan_tiny, out)
+    assert {k.split("/", 1)[1] for k in m["tensors"]} == {q + ".weight" for q in quantized}
+    assert m["format"] == "fp8_channel" and m["recipe"]["origin"] == "bundled:wan-fp8.yaml"
+    # the files beside the DiT were copied, the source is untouched
+    assert (out / "google/umt5-xxl/tokenizer_config.json").read_text() == (
+        wan_tiny / "google/umt5-xxl/tokenizer_config.json"
+    ).read_text()
+    assert not list(tmp_path.glob(".*tmp*"))
+    assert {p.name for p in out.glob("*.safetensors")} == {
+        p.name for p in out.glob("diffusion_pytorch_model-*-of-*.safetensors")
+    }
+
+
+def test_output_is_identical_across_runs_and_worker_counts(wan_tiny, tmp_path):
+    trees = []
+    for workers in (1, 2, 3, 2):
+        out = tmp_path / f"out-{len(trees)}"
+        run_cli("convert", wan_tiny, out, "-r", "wan-fp8", "--workers", str(workers), check=True)
+        trees.append(_tree(out))
+    assert all(t == trees[0] for t in trees[1:])
+
+
+def test_max_shard_size_is_respected(wan_tiny, tmp_path):
+    out = tmp_path / "out"
+    run_cli("convert", wan_tiny, out, "-r", "wan-fp8", "--max-shard-size", "40KB", check=True)
+    shards = sorted(out.glob("*.safetensors"))
+    assert len(shards) > 3
+    assert [s.name for s in shards] == [
+        f"diffusion_pytorch_model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)
+    ]
+    for shard in shards:
+        with safe_open(shard, framework="pt") as f:
+            tensors = [f.get_tensor(k) for k in f.keys()]
+        data_bytes = sum(t.numel() * t.element_size() for t in tensors)
+        assert data_bytes <= 40_000 or len(tensors) == 1, shard.name
+    index = read_json(out / "diffusion_pytorch_model.safetensors.index.json")
+    assert set(index["weight_map"].values()) == {s.name for s in shards}
+    assert index["metadata"]["total_size"] == sum(
+        t.numel() * t.element_size() for t in load_all(out).values()
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fp32_and_fp16_sources(make_wan, tmp_path, dtype):
+    src = make_wan("t2v", dtype)
+    out = tmp_path / "out"
+    run_cli("convert", src, out, "-r", "wan-fp8", check=True)
+    quantized = {
+        k.split("/", 1)[1].removesuffix(".weight")
+        for k in read_json(out / "quantize_manifest.json")["tensors"]
+    }
+    assert quantized == wan_fp8_modules(src)
+    check_component(src, out, quantized)
+    assert {t["source_dtype"] for t in read_json(out / "quantize_manifest.json")["tensors"].values()} == {
+        "F32" if dtype == torch.float32 else "F16"
+    }
+
+
+def test_keep_dtype_casts_kept_tensors(make_wan, tmp_path):
+    src = make_wan("t2v", torch.float32)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("format: fp8_channel\ntargets: ['blocks\\.\\d+\\.ffn\\.0']\nkeep_dtype: bfloat16\n")
+    out = tmp_path / "out"
+    run_cli("convert", src, out, "-r", recipe, check=True)
+    check_component(src, out, {"blocks.0.ffn.0", "blocks.1.ffn.0"}, keep_cast=torch.bfloat16)
+    assert not (out / "google").exists()  # copy_other_files defaults to false
+
+
+def test_two_expert_layout_and_other_files(make_wan, tmp_path):
+    src = make_wan("a14b")
+    out = tmp_path / "out"
+    run_cli("convert", src, out, "-r", "wan2.2-a14b-fp8.yaml", check=True)
+    m = check_manifest(src, out)
+    assert [c["path"] for c in m["components"]] == ["high_noise_model", "low_noise_model"]
+    for comp in ("high_noise_model", "low_noise_model"):
+        quantized = {
+            k.split("/", 1)[1].removesuffix(".weight") for k in m["tensors"] if k.startswith(comp + "/")
+        }
+        assert quantized == wan_fp8_modules(src / comp)
+        check_component(src / comp, out / comp, quantized)
+    assert (out / "example.json").read_bytes() == (src / "example.json").read_bytes()
+    assert (out / "google/umt5-xxl/tokenizer_config.json").is_file()
+    copied = {e["path"] for e in m["source_files"]}
+    assert {"example.json", "google/umt5-xxl/tokenizer_config.json", "high_noise_model/config.json"} <= copied
+
+
+def test_existing_output_is_refused_without_overwrite(wan_tiny, tmp_path):
+    out = tmp_path / "out"
+    run_cli("convert", wan_tiny, out, "-r", "wan-fp8-all", check=True)
+    before = _tree(out)
+    proc = run_cli("convert", wan_tiny, out, "-r", "wan-fp8")
+    assert proc.returncode == 2
+    assert f"{out}: already exists; pass --overwrite" in proc.stderr and "Traceback" not in proc.stderr
+    assert _tree(out) == before
+    run_cli("convert", wan_tiny, out, "-r", "wan-fp8", "--overwrite", check=True)
+    assert _tree(out) != before and read_json(out / "quantize_manifest.json")["recipe"]["name"] == "wan-fp8"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_overwrite_replaces_only_checkpoints_or_empty_directories(wan_tiny, tmp_path):
+    out = tmp_path / "thesis"
+    out.mkdir()
+    (out / "thesis.tex").write_text("years of work")
+    proc = run_cli("convert", wan_tiny, out, "-r", "wan-fp8", "--overwrite")
+    assert proc.returncode == 2 and "is not a checkpoint written by `quantize convert`" in proc.stderr
+    assert (out / "thesis.tex").read_text() == "years of work"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    run_cli("convert", wan_tiny, empty, "-r", "wan-fp8", "--overwrite", check=True)
+    link = tmp_path / "link"
+    link.symlink_to(empty)
+    proc = run_cli("convert", wan_tiny, link, "-r", "wan-fp8", "--overwrite")
+    assert proc.returncode == 2 and "is a symbolic link" in proc.stderr
+
+
+def test_copied_file_never_replaces_a_converted_one(wan_tiny, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(wan_tiny, src)
+    # a stray single-file checkpoint that is not in the index, named like the output's only shard
+    (src / "diffusion_pytorch_model-00001-of-00001.safetensors").write_bytes(b"stale junk")
+    proc = run_cli("convert", src, tmp_path / "out", "-r", "wan-fp8", "--max-shard-size", "1GB")
+    assert proc.returncode == 2, proc.stderr
+    assert "would overwrite the converted diffusion_pytorch_model-00001-of-00001.safetensors" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_failed_conversion_leaves_old_output_intact(wan_tiny, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(wan_tiny, src)
+    out = tmp_path / "out"
+    run_cli("convert", src, out, "-r", "wan-fp8", check=True)
+    before = _tree(out)
+    # poison a weight that is to be quantized, in the last shard that holds one
+    targeted = re.compile(r"blocks\.\d+\.((self|cross)_attn\.[qkvo]|ffn\.0)\.weight")
+    for last in sorted(src.glob("*.safetensors"), reverse=True):
+        with safe_open(last, framework="pt") as f:
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+            metadata = f.metadata()
+        victims = [k for k in tensors if targeted.fullmatch(k)]
+        if victims:
+            break
+    victim = victims[-1]
+    tensors[victim][0, 0] = float("nan")
+    save_file(tensors, last, metadata=metadata)
+    proc = run_cli("convert", src, out, "-r", "wan-fp8", "--overwrite")
+    assert proc.returncode == 2, proc.stderr
+    assert f"tensor '{victim}' holds NaN or Inf values" in proc.stderr and last.name in proc.stderr
+    assert len(proc.stderr.strip().splitlines()[-1]) > 0 and "Traceback" not in proc.stderr
+    assert _tree(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "src"]
+
+
+def test_output_inside_source_is_refused(wan_tiny):
+    proc = run_cli("convert", wan_tiny, wan_tiny / "fp8", "-r", "wan-fp8")
+    assert proc.returncode == 2 and "must not be the source, inside it" in proc.stderr
+    assert not (wan_tiny / "fp8").exists()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["-r", "no-such-recipe.yaml"], "no such file, and no bundled recipe of that name (bundled: "),
+        (["-r", "wan-diffusers-fp8.yaml"], "component folder 'transformer' named by the recipe is missing"),
+        (["-r", "wan-fp8", "--max-shard-size", "lots"], "expected a positive number of bytes"),
+        (["-r", "wan-fp8", "--max-shard-size", "inf"], "expected a positive number of bytes"),
+        (["-r", "wan-fp8", "--max-shard-size", "0.1"], "expected a positive number of bytes"),
+        (["-r", "wan-fp8", "--workers", "0"], "--workers must be at least 1"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(wan_tiny, tmp_path, args, message):
+    proc = run_cli("convert", wan_tiny, tmp_path / "out", *args)
+    assert proc.returncode == 2
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_recipe_file_through_cli(wan_tiny, tmp_path):
+    recipe = tmp_path / "typo.yaml"
+    recipe.write_text("format: fp8_channel\ntarget: ['blocks\\.\\d+\\.ffn\\.0']\n")
+    proc = run_cli("plan", wan_tiny, "-r", recipe)
+    assert proc.returncode == 2
+    assert (
+        proc.stderr.strip()
+        == f"error: {recipe}: unknown key 'target'; did you mean 'targets'? (allowed: format, targets, name, description, components, ignore, keep_dtype, copy_other_files, checks, type, types)"
+    )
+
+
+def test_debug_shows_traceback_and_keeps_the_exit_code(wan_tiny, tmp_path):
+    proc = run_cli("--debug", "convert", wan_tiny, tmp_path / "o", "-r", "nope.yaml")
+    assert proc.returncode == 2 and "Traceback" in proc.stderr and "InputError" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["convert", "a", "b"], "give --recipe RECIPE or --format FORMAT (one of them)"),
+        (["convert", "a", "b", "-r", "wan-fp8", "--workers", "many"], "'many' is not a valid integer"),
+        (["frobnicate"], "No such command 'frobnicate'"),
+    ],
+)
+def test_usage_errors_are_one_line_exit_2(args, message):
+    proc = run_cli(*args)
+    assert proc.returncode == 2
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_plan_cli_shows_groups_patterns_and_totals(wan_tiny):
+    proc = run_cli("plan", wan_tiny, "-r", "wan-fp8", check=True)
+    assert "blocks.*.ffn.0.weight" in proc.stdout and "fp8_channel" in proc.stdout
+    assert "blocks\\.\\d+\\.ffn\\.0" in proc.stdout
+    assert "% of the source" in proc.stdout
+
+
+def test_recipes_cli_lists_every_bundled_recipe():
+    from quantize.recipes import bundled_recipes
+
+    proc = run_cli("recipes", check=True)
+    for name in bundled_recipes():
+        assert name in proc.stdout
+    shown = run_cli("recipes", "wan-fp8.yaml", check=True).stdout
+    assert load_recipe("wan-fp8.yaml").recipe.targets[0] in shown
+
+
+def test_inspect_cli(wan_tiny, tmp_path):
+    out = tmp_path / "out"
+    run_cli("convert", wan_tiny, out, "-r", "wan-fp8", check=True)
+    import json
+
+    summary = json.loads(run_cli("inspect", out, "--json", check=True).stdout)
+    assert summary["format"] == "fp8_channel"
+    assert summary["components"][0]["quantized"] == len(wan_fp8_modules(wan_tiny))
+    assert "blocks.0.ffn.2" in summary["components"][0]["kept_linears"]
+    assert math.isfinite(summary["min_sqnr_db"])
+    assert run_cli("inspect", wan_tiny).returncode == 2
+
+
+def test_python_api_takes_a_recipe_name(wan_tiny, tmp_path):
+    from quantize import convert
+
+    manifest = convert(wan_tiny, tmp_path / "out", "wan-fp8.yaml", workers=1)
+    assert manifest.format == "fp8_channel"
+    assert {k.split("/", 1)[1].removesuffix(".weight") for k in manifest.tensors} == wan_fp8_modules(wan_tiny)
+    assert (tmp_path / "out" / "quantize_manifest.json").read_text() == manifest.to_json()
+
+
+def _chunk_spies(monkeypatch, chunk_bytes: int) -> tuple[list[tuple[int, int, list]], list[int]]:
+    """Set the converter's row-chunk size to `chunk_bytes`; record each `row_chunks(rows, row_elems)` it asks
+    for, with the ranges it got, and the rows of each weight (chunk) that it hands fp8_channel to encode."""
+    import quantize.encode as chunking  # the module that holds CHUNK_BYTES and row_chunks, and reads them
+
+    splits: list[tuple[int, int, list]] = []
+    encoded: list[int] = []
+    row_chunks, encode = chunking.row_chunks, fp8.encode
+
+    def split(rows, row_elems, *args):
+        ranges = row_chunks(rows, row_elems, *args)
+        splits.append((rows, row_elems, ranges))  # list.append: safe from the worker threads
+        return ranges
+
+    def encode_spy(w, *args, **kw):
+        encoded.append(w.shape[0])
+        return encode(w, *args, **kw)
+
+    monkeypatch.setattr(chunking, "CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(chunking, "row_chunks", split)
+    monkeypatch.setattr(fp8, "encode", encode_spy)
+    return splits, encoded
+
+
+def _chunk_rows(rows: int, step: int) -> list[int]:
+    return [min(step, rows - r) for r in range(0, rows, step)]
+
+
+def test_weights_larger_than_a_chunk_are_streamed_in_rows_bit_exactly(wan_tiny, tmp_path, monkeypatch):
+    """Force many row chunks per weight: the output and the error figures must not change."""
+    from quantize import convert
+
+    whole = convert(wan_tiny, tmp_path / "whole", "wan-fp8", workers=1)
+    src = load_all(wan_tiny)
+    shapes = [src[k.split("/", 1)[1]].shape for k in whole.tensors]  # the quantized weights'
+    chunk_bytes = 3 * 64 * 4  # three rows of the tiny model's weights
+    splits, encoded = _chunk_spies(monkeypatch, chunk_bytes)
+    chunked = convert(wan_tiny, tmp_path / "chunked", "wan-fp8", workers=2)
+    # each weight went through fp8_channel in chunks of `step` rows (the last one shorter): many chunks each
+    chunking = [(rows, max(1, chunk_bytes // (4 * cols))) for rows, cols in shapes]  # rows, rows a chunk
+    assert all(rows > step for rows, step in chunking)
+    assert sorted(encoded) == sorted(n for rows, step in chunking for n in _chunk_rows(rows, step))
+    assert all(len(ranges) > 1 for rows, cols, ranges in splits if (rows, cols) in shapes)
+    check_component(
+        wan_tiny, tmp_path / "chunked", {k.split("/", 1)[1].removesuffix(".weight") for k in whole.tensors}
+    )
+    # byte for byte, but for the error figures: float32 sums a chunk, so other chunkings round them otherwise
+    chunked_tree, whole_tree = _tree(tmp_path / "chunked"), _tree(tmp_path / "whole")
+    assert chunked_tree.pop("quantize_manifest.json") and whole_tree.pop("quantize_manifest.json")
+    assert chunked_tree == whole_tree
+
+    def without_figures(manifest):
+        data = manifest.model_dump(mode="json")
+        for entry in data["tensors"].values():
+            del entry["sqnr_db"], entry["cosine"]
+        return data
+
+    assert without_figures(chunked) == without_figures(whole)
+    for key, entry in whole.tensors.items():
+        other = chunked.tensors[key]
+        assert other.max_abs_error == entry.max_abs_error
+        assert other.sqnr_db == pytest.approx(entry.sqnr_db, abs=1e-3) and other.cosine == pytest.approx(
+            entry.cosine, abs=1e-7
+        )
+
+
+def test_keep_dtype_cast_of_chunked_and_scalar_tensors(tmp_path, monkeypatch):
+    from quantize import convert
+
+    src = tmp_path / "src"
+    src.mkdir()
+    tensors = {
+        "proj.weight": torch.randn(40, 16),
+        "table": torch.randn(30, 8),
+        "step": torch.tensor(0.1234567),
+    }
+    save_file(tensors, src / "model.safetensors")
+    (tmp_path / "r.yaml").write_text("format: fp8_channel\ntargets: [proj]\nkeep_dtype: bfloat16\n")
+    convert(src, tmp_path / "whole", tmp_path / "r.yaml")
+    splits, encoded = _chunk_spies(monkeypatch, 4 * 8 * 7)  # seven rows of `table` a chunk
+    convert(src, tmp_path / "out", tmp_path / "r.yaml")
+    assert encoded == _chunk_rows(40, 3)  # proj.weight, 16 float32 a row: 13 chunks of three rows, then one
+    cast = [ranges for rows, cols, ranges in splits if (rows, cols) == (30, 8)]
+    assert cast == [[(0, 7), (7, 14), (14, 21), (21, 28), (28, 30)]]  # table, cast in five chunks
+    got = load_all(tmp_path / "out")
+    assert torch.equal(got["table"], tensors["table"].to(torch.bfloat16))
+    assert got["step"].shape == () and torch.equal(got["step"], tensors["step"].to(torch.bfloat16))
+    assert _tree(tmp_path / "out") == _tree(tmp_path / "whole")  # as the unchunked conversion wrote it
+
+
+def test_copy_other_files_refuses_to_copy_an_unconverted_twin(tmp_path):
+    """A two-expert diffusers repo with the one-expert recipe would ship transformer_2 in bf16: refused."""
+    from quantize.examples import write_random_checkpoint
+    from quantize.models import get_family
+
+    src = tmp_path / "src"
+    (model,) = get_family("wan").example("tiny", "t2v")
+    for comp in ("transformer", "transformer_2"):
+        write_random_checkpoint(src / comp, model.tensors, config=model.config)
+    (tmp_path / "r.yaml").write_text(
+        "format: fp8_channel\ncomponents: [transformer]\ntargets: ['blocks\\.\\d+\\.ffn\\.0']\ncopy_other_files: true\n"
+    )
+    proc = run_cli("plan", src, "-r", tmp_path / "r.yaml")
+    assert proc.returncode == 2
+    assert "transformer_2: holds another WanModel that the recipe does not convert" in proc.stderr

@@ -1,0 +1,337 @@
+"""The Hub, through the real huggingface_hub client in CLI subprocesses, against a stand-in Hub API on 127.0.0.1.
+
+Those runs are processes of their own (`run_process`): huggingface_hub reads HF_ENDPOINT, HF_HOME, HF_HUB_OFFLINE
+and HF_HUB_DISABLE_XET once, when imported. Conversions and verifies of local folders run in this process.
+
+The stand-in speaks the classic LFS upload protocol, so these runs set HF_HUB_DISABLE_XET=1; with hf_xet
+(the default) huggingface_hub's `upload_folder` uses its resumable Xet pipeline instead, same calls.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from huggingface_hub import ModelCard
+from huggingface_hub.utils import validate_repo_id
+
+from quantize.publish.hub import scrub, source_files_wanted
+from tests.conftest import load_all, read_json, run_cli, run_process, wan_fp8_modules
+from tests.hub_server import HubStandIn
+
+SOURCE_CARD = "---\nlicense: apache-2.0\npipeline_tag: text-to-video\ntags: [video]\n---\n# Wan tiny\n"
+
+
+@pytest.fixture
+def hub():
+    with HubStandIn() as server:
+        yield server
+        assert not server.errors
+
+
+@pytest.fixture
+def hub_env(hub, tmp_path) -> dict[str, str]:
+    home = tmp_path / "hf-home"
+    home.mkdir()
+    return {
+        "HF_ENDPOINT": hub.endpoint,
+        "HF_TOKEN": hub.token,
+        "HF_HUB_DISABLE_XET": "1",
+        "HF_HOME": str(home),
+        "HF_HUB_CACHE": str(home / "hub"),
+        "HF_HUB_OFFLINE": "0",
+        "HF_HUB_DISABLE_UPDATE_CHECK": "1",
+        "HF_HUB_ETAG_TIMEOUT": "5",
+    }
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def converted_once(wan_tiny, tmp_path_factory) -> Path:
+    """The tiny Wan with a model card, converted once for the module. Read-only: `converted` copies it."""
+    src = tmp_path_factory.mktemp("hub") / "src"
+    shutil.copytree(wan_tiny, src)
+    (src / "README.md").write_text(SOURCE_CARD)
+    out = src.parent / "Wan-tiny-fp8"
+    run_cli("convert", src, out, "-r", "wan-fp8", check=True)
+    return out
+
+
+@pytest.fixture
+def converted(converted_once, tmp_path) -> Path:
+    """A copy of the converted checkpoint of the test's own (some change it), beside a copy of its source."""
+    shutil.copytree(converted_once.parent / "src", tmp_path / "src")
+    return Path(shutil.copytree(converted_once, tmp_path / "Wan-tiny-fp8"))
+
+
+def _assert_no_token(hub: HubStandIn, *texts: str) -> None:
+    for text in (*texts, repr(hub.requests)):
+        assert hub.token not in text
+
+
+# -- the model card --------------------------------------------------------------------------------
+
+
+def test_every_conversion_writes_a_model_card_the_hub_reads(converted, wan_tiny):
+    card = ModelCard.load(converted / "README.md")
+    data = card.data.to_dict()
+    assert data["license"] == "apache-2.0"  # carried over from the source's card
+    assert data["pipeline_tag"] == "text-to-video"
+    assert {"quantized", "fp8", "fp8-channel", "compressed-tensors"} <= set(data["tags"])
+    assert "base_model" not in data  # a local source names no Hub repo
+    text = card.text
+    manifest = read_json(converted / "quantize_manifest.json")
+    quantized = wan_fp8_modules(wan_tiny)  # the source, less its README
+    others = len(load_all(wan_tiny)) - len(quantized)
+    # what was quantized and kept, per component
+    assert f"| `.` | WanModel | {len(quantized)} | {others} |" in text
+    sqnr = sorted(t["sqnr_db"] for t in manifest["tensors"].values())
+    assert f"| SQNR (dB) | {sqnr[0]:.2f} |" in text
+    assert "load_quantized(" in text and "## Provenance" in text
+    listed = {f["path"] for f in manifest["output_files"]}
+    assert "README.md" in listed  # hashed like every other file
+    assert run_cli("verify", converted).returncode == 0
+
+
+def test_the_card_is_the_same_for_the_same_source_and_recipe(converted, tmp_path):
+    again = tmp_path / "elsewhere" / "other-name"
+    again.parent.mkdir()
+    run_cli("convert", tmp_path / "src", again, "-r", "wan-fp8", check=True)
+    assert (again / "README.md").read_bytes() == (converted / "README.md").read_bytes()
+
+
+# -- upload ----------------------------------------------------------------------------------------
+
+
+def test_upload_sends_every_file_byte_identical_in_one_commit(converted, hub, hub_env):
+    proc = run_process("upload", converted, "someone/Wan-tiny-fp8", "--private", env=hub_env)
+    assert proc.returncode == 0, proc.stderr
+    arrived = hub.files("someone/Wan-tiny-fp8")
+    assert arrived == _files(converted)
+    assert hub.repo("someone/Wan-tiny-fp8")["private"] is True
+    commits = [c for c in hub.repo("someone/Wan-tiny-fp8")["commits"] if c["paths"]]
+    assert len(commits) == 1 and set(commits[0]["paths"]) == set(arrived)  # all or nothing
+    assert f"uploaded {len(arrived)} files" in proc.stdout
+    _assert_no_token(hub, proc.stdout, proc.stderr)
+
+
+def test_an_upload_that_fails_at_the_last_moment_leaves_the_repo_as_it_was(converted, hub, hub_env, tmp_path):
+    """The connection drops as the commit is made: the Hub still shows the previous checkpoint, whole."""
+    run_process("upload", converted, "someone/tiny", env=hub_env, check=True)
+    before = hub.files("someone/tiny")
+    newer = tmp_path / "newer"
+    shutil.copytree(converted, newer)
+    manifest = json.loads((newer / "quantize_manifest.json").read_text())
+    (newer / "recipe.yaml").write_text((newer / "recipe.yaml").read_text() + "# edited\n")
+    manifest["recipe"]["text"] = (newer / "recipe.yaml").read_text()
+    entry = next(f for f in manifest["output_files"] if f["path"] == "recipe.yaml")
+    entry["size"] = (newer / "recipe.yaml").stat().st_size
+    entry["sha256"] = manifest["recipe"]["sha256"] = hashlib.sha256(
+        (newer / "recipe.yaml").read_bytes()
+    ).hexdigest()
+    (newer / "quantize_manifest.json").write_text(json.dumps(manifest, indent=2))
+    hub.fail_commits_touching = "quantize_manifest.json"
+    proc = run_process("upload", newer, "someone/tiny", env=hub_env)
+    hub.fail_commits_touching = None
+    assert proc.returncode == 1 and "upload to someone/tiny failed" in proc.stderr
+    assert hub.files("someone/tiny") == before
+
+
+def test_upload_to_a_new_branch_leaves_main_alone(converted, hub, hub_env):
+    run_process("upload", converted, "someone/tiny", env=hub_env, check=True)
+    main_before = hub.files("someone/tiny")
+    commits = len(hub.repo("someone/tiny")["commits"])
+    run_process("upload", converted, "someone/tiny", "--revision", "v1", env=hub_env, check=True)
+    assert hub.files("someone/tiny", "v1") == main_before == hub.files("someone/tiny")
+    assert hub.repo("someone/tiny")["branches"].keys() == {"main", "v1"}
+    assert len(hub.repo("someone/tiny")["commits"]) >= commits
+
+
+def test_dry_run_lists_files_and_sizes_and_sends_nothing(converted, hub, hub_env):
+    proc = run_process("upload", converted, "someone/tiny", "--dry-run", env=hub_env)
+    assert proc.returncode == 0, proc.stderr
+    assert "dry run: verified, nothing was sent" in proc.stdout
+    shard = next(converted.glob("*.safetensors"))
+    assert shard.name in proc.stdout and f"{shard.stat().st_size / 1e6:.2f} MB" in proc.stdout
+    assert hub.requests == []
+
+
+def test_a_checkpoint_that_fails_verify_is_not_sent(converted, hub, hub_env):
+    shard = next(converted.glob("*.safetensors"))
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1
+    shard.write_bytes(bytes(data))
+    proc = run_process("upload", converted, "someone/tiny", env=hub_env)
+    assert proc.returncode == 2
+    assert "fails verify's integrity checks" in proc.stderr and "nothing was sent" in proc.stderr
+    assert hub.requests == []
+
+
+@pytest.mark.slow
+def test_no_token_or_a_wrong_one_is_a_clean_error_that_never_shows_it(converted, hub, hub_env, tmp_path):
+    proc = run_process("upload", converted, "someone/tiny", env={**hub_env, "HF_TOKEN": ""})
+    assert proc.returncode == 2 and "no Hugging Face token" in proc.stderr and hub.requests == []
+    wrong = "hf_WrongTokenValue0123456789"
+    proc = run_process("upload", converted, "someone/tiny", env={**hub_env, "HF_TOKEN": wrong})
+    assert proc.returncode == 1 and "upload to someone/tiny failed" in proc.stderr
+    assert wrong not in proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith("error: upload to someone/tiny failed: ")
+    debug = run_process("--debug", "upload", converted, "someone/tiny", env={**hub_env, "HF_TOKEN": wrong})
+    assert debug.returncode == 1 and "Traceback" in debug.stderr  # the traceback is scrubbed too
+    assert wrong not in debug.stdout + debug.stderr
+
+
+def test_a_bad_repo_id_is_refused_before_anything(converted, hub, hub_env):
+    proc = run_process("upload", converted, "not a repo id", "--dry-run", env=hub_env)
+    assert proc.returncode == 2 and "'not a repo id': not a Hub repo id (expected org/name)" in proc.stderr
+    assert "verify:" not in proc.stderr and hub.requests == []
+
+
+def test_scrub_removes_tokens():
+    assert (
+        scrub("Authorization: Bearer hf_abcDEF123456 rejected") == "Authorization: Bearer hf_<token> rejected"
+    )
+
+
+# -- SOURCE as a Hub repo id -----------------------------------------------------------------------
+
+
+def _seed_diffusers_repo(hub: HubStandIn, tmp_path: Path) -> dict[str, bytes]:
+    from tests import diffusers_models as models
+
+    folder = tmp_path / "repo"
+    models.wan(folder / "transformer")
+    (folder / "vae").mkdir()
+    (folder / "vae" / "diffusion_pytorch_model.safetensors").write_bytes(b"\0" * 4096)  # never needed
+    (folder / "model_index.json").write_text(json.dumps({"_class_name": "WanPipeline"}))
+    (folder / "README.md").write_text(SOURCE_CARD)
+    files = _files(folder)
+    hub.add_files("Wan-AI/Wan-tiny-Diffusers", files)
+    return files
+
+
+def _transformer_only(tmp_path: Path) -> Path:
+    recipe = tmp_path / "transformer-only.yaml"
+    recipe.write_text(
+        "name: transformer-only\nformat: fp8_channel\ncomponents: [transformer]\n"
+        "targets: ['blocks\\.\\d+\\.(attn1|attn2)\\.(to_q|to_k|to_v|to_out\\.0)', 'blocks\\.\\d+\\.ffn\\.net\\.0\\.proj']\n"
+    )
+    return recipe
+
+
+@pytest.mark.slow
+def test_convert_from_a_repo_id_fetches_only_what_the_recipe_needs(hub, hub_env, tmp_path):
+    files = _seed_diffusers_repo(hub, tmp_path)
+    recipe = _transformer_only(tmp_path)
+    out = tmp_path / "from-hub"
+    proc = run_process("convert", "Wan-AI/Wan-tiny-Diffusers", out, "-r", recipe, env=hub_env)
+    assert proc.returncode == 0, proc.stderr
+    fetched = {
+        r["path"].split("/resolve/", 1)[1].split("/", 1)[1] for r in hub.requests if "/resolve/" in r["path"]
+    }
+    assert fetched == {
+        "transformer/config.json",
+        "transformer/diffusion_pytorch_model.safetensors",
+        "README.md",
+    }
+    manifest = read_json(out / "quantize_manifest.json")
+    assert manifest["source"]["name"] == "Wan-AI/Wan-tiny-Diffusers"
+    card = ModelCard.load(out / "README.md").data.to_dict()
+    assert card["base_model"] == "Wan-AI/Wan-tiny-Diffusers" and card["base_model_relation"] == "quantized"
+    assert card["library_name"] == "diffusers" and card["license"] == "apache-2.0"
+    validate_repo_id(card["base_model"])
+    assert ModelCard(ModelCard.load(out / "README.md").content).data.to_dict() == card  # round-trips
+
+    # the same conversion from a local copy of the repo writes the same tensors
+    local = tmp_path / "local"
+    for rel, data in files.items():
+        (local / rel).parent.mkdir(parents=True, exist_ok=True)
+        (local / rel).write_bytes(data)
+    run_cli("convert", local, tmp_path / "from-local", "-r", recipe, check=True)
+    ours, theirs = load_all(out / "transformer"), load_all(tmp_path / "from-local" / "transformer")
+    assert ours.keys() == theirs.keys() and all(ours[k].equal(theirs[k]) for k in ours)
+
+    # verify and plan take the repo id too; offline, the cache serves it with the Hub gone
+    assert run_process("verify", out, "--source", "Wan-AI/Wan-tiny-Diffusers", env=hub_env).returncode == 0
+    hub.stop()
+    offline = {**hub_env, "HF_HUB_OFFLINE": "1"}
+    proc = run_process("plan", "Wan-AI/Wan-tiny-Diffusers", "-r", recipe, env=offline)
+    assert proc.returncode == 0, proc.stderr
+    proc = run_process("convert", "Wan-AI/Other-model", tmp_path / "x", "-r", recipe, env=offline)
+    assert proc.returncode == 2
+    assert (
+        "Wan-AI/Other-model: not in the Hugging Face cache" in proc.stderr and "HF_HUB_OFFLINE" in proc.stderr
+    )
+    assert not (tmp_path / "x").exists()
+
+
+def test_an_unknown_repo_or_path_is_one_clean_line(hub, hub_env, tmp_path):
+    proc = run_process("convert", "Nobody/no-such-model", tmp_path / "x", "-r", "wan-fp8", env=hub_env)
+    assert proc.returncode == 2 and "Nobody/no-such-model: no such model repo" in proc.stderr
+    proc = run_process("convert", tmp_path / "missing-folder", tmp_path / "x", "-r", "wan-fp8", env=hub_env)
+    assert proc.returncode == 2 and "source not found: neither a folder nor a Hub repo id" in proc.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_files_wanted_for_a_recipe():
+    files = [
+        "README.md",
+        "model_index.json",
+        "transformer/config.json",
+        "transformer/diffusion_pytorch_model-00001-of-00002.safetensors",
+        "transformer/diffusion_pytorch_model-00002-of-00002.safetensors",
+        "transformer/diffusion_pytorch_model.safetensors.index.json",
+        "transformer/notes.txt",
+        "transformer_2/config.json",
+        "vae/diffusion_pytorch_model.safetensors",
+    ]
+    assert source_files_wanted(files, ["transformer"], everything=False) == [
+        "README.md",
+        "transformer/config.json",
+        "transformer/diffusion_pytorch_model-00001-of-00002.safetensors",
+        "transformer/diffusion_pytorch_model-00002-of-00002.safetensors",
+        "transformer/diffusion_pytorch_model.safetensors.index.json",
+    ]
+    assert source_files_wanted(files, ["."], everything=False) == ["README.md"]
+    assert source_files_wanted(files, ["transformer"], everything=True) == sorted(files)
+
+
+def test_the_hub_code_needs_no_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, quantize.publish.hub; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_the_python_api_takes_a_repo_id_and_writes_what_the_cli_writes(hub, hub_env, tmp_path):
+    """`quantize.convert("org/name", ...)`: the API resolves the repo, claims OUT and hashes, as the CLI does."""
+    _seed_diffusers_repo(hub, tmp_path)
+    recipe = _transformer_only(tmp_path)
+    api_out, cli_out = tmp_path / "from-api", tmp_path / "from-cli"
+    code = (
+        "import sys; from quantize import convert; "
+        "m = convert('Wan-AI/Wan-tiny-Diffusers', sys.argv[1], sys.argv[2], workers=1); "
+        "print(m.source['name'], len(m.source_files))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(api_out), str(recipe)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **hub_env},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["Wan-AI/Wan-tiny-Diffusers", "2"]  # the transformer's config and shard
+    run_process("convert", "Wan-AI/Wan-tiny-Diffusers", cli_out, "-r", recipe, env=hub_env, check=True)
+    assert _files(api_out) == _files(cli_out)  # manifest and card included: the same conversion
