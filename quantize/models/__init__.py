@@ -14,7 +14,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from ..errors import InputError
-from .base import IDENTITY, ROLES, BlockNames, ExampleModel, Family, ModelInputs, NameTable, SourceLayout
+from .base import (
+    IDENTITY,
+    ROLES,
+    BlockNames,
+    Blocks,
+    ExampleModel,
+    Family,
+    ModelInputs,
+    NameTable,
+    SourceLayout,
+)
 from .kandinsky5 import KANDINSKY5
 from .wan import WAN
 
@@ -25,6 +35,7 @@ __all__ = [
     "Family",
     "NameTable",
     "BlockNames",
+    "Blocks",
     "SourceLayout",
     "ModelInputs",
     "ExampleModel",

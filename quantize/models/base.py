@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +34,7 @@ __all__ = [
     "Renamer",
     "NameTable",
     "IDENTITY",
+    "Blocks",
     "BlockNames",
     "SourceLayout",
     "ModelInputs",
@@ -71,46 +72,70 @@ _LEAVES = (".weight", ".bias")
 
 
 @dataclass(frozen=True)
+class Blocks:
+    """One list of repeated blocks in a name table: its prefix in each naming (``blocks`` in both for Wan;
+    a family may call them otherwise natively), and inside block N each diffusers module or other tensor ->
+    its native one."""
+
+    diffusers: str
+    native: str
+    modules: Mapping[str, str]
+    tensors: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class BlockNames:
     """A family's diffusers <-> native name table as data: modules and other tensors outside the repeated
-    blocks, and inside block N (``blocks.N.<module>``), each diffusers name -> its native name. Read both ways."""
+    blocks, and each list of blocks (`Blocks`), each diffusers name -> its native name. Read both ways."""
 
     root_modules: Mapping[str, str]
     root_tensors: Mapping[str, str]
-    block_modules: Mapping[str, str]
-    block_tensors: Mapping[str, str]
-    block: str = "blocks"  # the repeated blocks' prefix, the same in both namings
+    blocks: tuple[Blocks, ...]
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_pattern", re.compile(rf"{re.escape(self.block)}\.(\d+)\.(.+)"))
-        inverse = {k: {v: d for d, v in getattr(self, k).items()} for k in _TABLES}
-        object.__setattr__(self, "_inverse", inverse)
+        def inverse(table: Mapping[str, str]) -> dict[str, str]:
+            return {v: k for k, v in table.items()}
+
+        # (prefix pattern, prefix to write, modules, tensors), for each direction
+        forward = [(_prefix(b.diffusers), b.native, b.modules, b.tensors) for b in self.blocks]
+        backward = [
+            (_prefix(b.native), b.diffusers, inverse(b.modules), inverse(b.tensors)) for b in self.blocks
+        ]
+        object.__setattr__(self, "_to_native", (forward, self.root_modules, self.root_tensors))
+        object.__setattr__(
+            self, "_to_diffusers", (backward, inverse(self.root_modules), inverse(self.root_tensors))
+        )
 
     def native(self, diffusers_name: str) -> str | None:
         """The native name of a diffusers tensor name, or None when it has none."""
-        return self._rename(diffusers_name, {k: getattr(self, k) for k in _TABLES})
+        return _rename(diffusers_name, *self._to_native)
 
     def diffusers(self, native_name: str) -> str | None:
         """The diffusers name of a native tensor name, or None: `native` read the other way."""
-        return self._rename(native_name, self._inverse)
+        return _rename(native_name, *self._to_diffusers)
 
-    def _rename(self, name: str, tables: Mapping[str, Mapping[str, str]]) -> str | None:
-        block = self._pattern.fullmatch(name)
+
+def _prefix(block: str) -> re.Pattern:
+    return re.compile(rf"{re.escape(block)}\.(\d+)\.(.+)")
+
+
+def _rename(
+    name: str, blocks, root_modules: Mapping[str, str], root_tensors: Mapping[str, str]
+) -> str | None:
+    for pattern, prefix, modules, tensors in blocks:
+        block = pattern.fullmatch(name)
         if block:
-            prefix, rest = f"{self.block}.{block[1]}.", block[2]
-            modules, tensors = tables["block_modules"], tables["block_tensors"]
-        else:
-            prefix, rest = "", name
-            modules, tensors = tables["root_modules"], tables["root_tensors"]
-        if rest in tensors:
-            return prefix + tensors[rest]
-        for leaf in _LEAVES:
-            if rest.endswith(leaf) and rest[: -len(leaf)] in modules:
-                return prefix + modules[rest[: -len(leaf)]] + leaf
-        return None
+            return _leaf(block[2], f"{prefix}.{block[1]}.", modules, tensors)
+    return _leaf(name, "", root_modules, root_tensors)
 
 
-_TABLES = ("root_modules", "root_tensors", "block_modules", "block_tensors")
+def _leaf(rest: str, prefix: str, modules: Mapping[str, str], tensors: Mapping[str, str]) -> str | None:
+    if rest in tensors:
+        return prefix + tensors[rest]
+    for leaf in _LEAVES:
+        if rest.endswith(leaf) and rest[: -len(leaf)] in modules:
+            return prefix + modules[rest[: -len(leaf)]] + leaf
+    return None
 
 
 @dataclass(frozen=True)

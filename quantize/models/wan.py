@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InputError
-from .base import BlockNames, ExampleModel, Family, ModelInputs, SourceLayout
+from .base import BlockNames, Blocks, ExampleModel, Family, ModelInputs, SourceLayout
 
 if TYPE_CHECKING:
     import torch
@@ -47,25 +47,31 @@ NAMES = BlockNames(
         "proj_out": "head.head",
     },
     root_tensors={"scale_shift_table": "head.modulation"},
-    block_modules={
-        **{f"attn1.{d}": f"self_attn.{n}" for d, n in (("to_q", "q"), ("to_k", "k"), ("to_v", "v"))},
-        "attn1.to_out.0": "self_attn.o",
-        "attn1.norm_q": "self_attn.norm_q",
-        "attn1.norm_k": "self_attn.norm_k",
-        **{f"attn2.{d}": f"cross_attn.{n}" for d, n in (("to_q", "q"), ("to_k", "k"), ("to_v", "v"))},
-        "attn2.to_out.0": "cross_attn.o",
-        "attn2.norm_q": "cross_attn.norm_q",
-        "attn2.norm_k": "cross_attn.norm_k",
-        "attn2.add_k_proj": "cross_attn.k_img",
-        "attn2.add_v_proj": "cross_attn.v_img",
-        "attn2.norm_added_k": "cross_attn.norm_k_img",
-        "norm1": "norm1",
-        "norm2": "norm3",
-        "norm3": "norm2",
-        "ffn.net.0.proj": "ffn.0",
-        "ffn.net.2": "ffn.2",
-    },
-    block_tensors={"scale_shift_table": "modulation"},
+    blocks=(
+        Blocks(
+            "blocks",
+            "blocks",
+            modules={
+                **{f"attn1.{d}": f"self_attn.{n}" for d, n in (("to_q", "q"), ("to_k", "k"), ("to_v", "v"))},
+                "attn1.to_out.0": "self_attn.o",
+                "attn1.norm_q": "self_attn.norm_q",
+                "attn1.norm_k": "self_attn.norm_k",
+                **{f"attn2.{d}": f"cross_attn.{n}" for d, n in (("to_q", "q"), ("to_k", "k"), ("to_v", "v"))},
+                "attn2.to_out.0": "cross_attn.o",
+                "attn2.norm_q": "cross_attn.norm_q",
+                "attn2.norm_k": "cross_attn.norm_k",
+                "attn2.add_k_proj": "cross_attn.k_img",
+                "attn2.add_v_proj": "cross_attn.v_img",
+                "attn2.norm_added_k": "cross_attn.norm_k_img",
+                "norm1": "norm1",
+                "norm2": "norm3",
+                "norm3": "norm2",
+                "ffn.net.0.proj": "ffn.0",
+                "ffn.net.2": "ffn.2",
+            },
+            tensors={"scale_shift_table": "modulation"},
+        ),
+    ),
 )
 
 _EXPERTS = ("high_noise_model", "low_noise_model")

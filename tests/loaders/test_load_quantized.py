@@ -305,7 +305,16 @@ def test_a_checkpoint_with_several_models_asks_which(converted, tmp_path):
 def test_loaders_import_no_converter_or_cli():
     # the formats, the families' name tables and the checkpoint reader, and what they are made of (names: the
     # part-key rule; ggml_types: the GGML type table the formats read; read.files: which files form a component)
-    allowed = ("formats", "models", "read.checkpoint", "read.files", "dtypes", "errors", "names", "ggml_types")
+    allowed = (
+        "formats",
+        "models",
+        "read.checkpoint",
+        "read.files",
+        "dtypes",
+        "errors",
+        "names",
+        "ggml_types",
+    )
     code = (
         "import sys, loaders; "
         f"allowed = {allowed!r}; "

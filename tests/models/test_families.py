@@ -151,3 +151,29 @@ def test_the_kandinsky5_example_is_diffusers_own_class():
     assert family_of(model.config["_class_name"], dict(model.tensors)) is KANDINSKY5
     with pytest.raises(InputError, match="Kandinsky 5 examples: preset 'small'"):
         KANDINSKY5.example("small", "t2v")
+
+
+def test_a_name_table_with_block_lists_named_otherwise_in_each_naming():
+    """Families to come call their blocks otherwise natively (HunyuanVideo's double_blocks are diffusers'
+    transformer_blocks): each list of blocks has its prefix in each naming, and the table reads both ways."""
+    from quantize.models import BlockNames, Blocks
+
+    table = BlockNames(
+        root_modules={"x_embedder": "img_in"},
+        root_tensors={"scale_shift_table": "final.modulation"},
+        blocks=(
+            Blocks("transformer_blocks", "double_blocks", {"attn.to_q": "img_attn_q"}, {"shift": "mod"}),
+            Blocks("single_transformer_blocks", "single_blocks", {"proj_out": "linear2"}),
+        ),
+    )
+    pairs = {
+        "x_embedder.weight": "img_in.weight",
+        "scale_shift_table": "final.modulation",
+        "transformer_blocks.3.attn.to_q.bias": "double_blocks.3.img_attn_q.bias",
+        "transformer_blocks.0.shift": "double_blocks.0.mod",
+        "single_transformer_blocks.12.proj_out.weight": "single_blocks.12.linear2.weight",
+    }
+    for diffusers_name, native in pairs.items():
+        assert table.native(diffusers_name) == native and table.diffusers(native) == diffusers_name
+    assert table.native("transformer_blocks.0.proj_out.weight") is None  # a module of the other list
+    assert table.native("single_transformer_blocks.x.proj_out.weight") is None  # no block number
