@@ -235,8 +235,12 @@ class Family:
         return SourceLayout(name or self.name, why, self.name)
 
     def _is_diffusers(self, comp: Component) -> bool:
+        """A diffusers model of this family: its config names the class, or names no class a family is
+        registered by and its tensors have this family's diffusers names."""
+        from . import family_of_class
+
         cls = (comp.config or {}).get("_class_name")
-        if isinstance(cls, str):
+        if isinstance(cls, str) and family_of_class(cls) is not None:
             return cls == self.diffusers_class
         return self.naming(comp.tensors) == "diffusers"
 
