@@ -4,7 +4,7 @@ The format table (`formats.FORMAT_INFO`) says which container a format's output 
 provides:
 
 - ``NAME``;
-- ``layout(cp, fmt, max_bytes) -> list[PlannedFile]``: the files of a component and the tensors each holds,
+- ``planned_files(cp, fmt, max_bytes) -> list[PlannedFile]``: the files of a component and the tensors each holds,
   from the plan alone (sizes are known before anything is encoded);
 - ``planned_size(file, cp, fmt) -> int``: the bytes that file will take on disk, from the plan alone;
 - ``open_file(path, file, cp, fmt) -> TensorWriter``: a writer for one of them (see `TensorWriter`);
@@ -108,7 +108,7 @@ def planned_files_size(cp: ComponentPlan, fmt: Format, container: str, max_bytes
     """The bytes the tensor files of `cp` will take on disk in `container` (shards of `max_bytes` where it shards):
     headers and padding included, from the plan alone (what a size budget is held to)."""
     c = get_container(container)
-    return sum(c.planned_size(f, cp, fmt) for f in c.layout(cp, fmt, max_bytes))
+    return sum(c.planned_size(f, cp, fmt) for f in c.planned_files(cp, fmt, max_bytes))
 
 
 def config_with_quantization(fmt: Format, config: dict | None, kept_linears: list[str]) -> dict:

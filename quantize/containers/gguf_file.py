@@ -24,7 +24,7 @@ from .gguf_io import GGUFTensor, GGUFWriter, read_gguf, written_size
 __all__ = [
     "NAME",
     "file_name",
-    "layout",
+    "planned_files",
     "planned_size",
     "open_file",
     "finish",
@@ -42,7 +42,7 @@ def file_name(component: str) -> str:
     return f"{component_stem(component)}.gguf"
 
 
-def layout(cp: ComponentPlan, fmt: Format, max_bytes: int) -> list[PlannedFile]:
+def planned_files(cp: ComponentPlan, fmt: Format, max_bytes: int) -> list[PlannedFile]:
     """One file holding every tensor, in source order."""
     return [PlannedFile(file_name(cp.rel), tuple(cp.tensors))]
 

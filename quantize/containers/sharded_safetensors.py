@@ -21,7 +21,7 @@ from .writer import ShardWriter, header_bytes, shard_layout
 
 __all__ = [
     "NAME",
-    "layout",
+    "planned_files",
     "planned_size",
     "open_file",
     "finish",
@@ -33,7 +33,7 @@ __all__ = [
 NAME = "sharded_safetensors"
 
 
-def layout(cp: ComponentPlan, fmt: Format, max_bytes: int) -> list[PlannedFile]:
+def planned_files(cp: ComponentPlan, fmt: Format, max_bytes: int) -> list[PlannedFile]:
     """Tensors in source order, a new shard whenever the next would push one past `max_bytes`; the source's stem."""
     groups = group_by_size(cp.tensors, lambda tp: tp.output_bytes, max_bytes)
     names = shard_names(cp.component.stem, len(groups), with_index=cp.component.index_path is not None)

@@ -19,7 +19,7 @@ from .sharded_safetensors import component_config, file_metadata, open_file, ope
 __all__ = [
     "NAME",
     "file_name",
-    "layout",
+    "planned_files",
     "planned_size",
     "open_file",
     "finish",
@@ -36,7 +36,7 @@ def file_name(component: str, fmt_name: str) -> str:
     return f"{component_stem(component)}_{fmt_name}.safetensors"
 
 
-def layout(cp: ComponentPlan, fmt: Format, max_bytes: int) -> list[PlannedFile]:
+def planned_files(cp: ComponentPlan, fmt: Format, max_bytes: int) -> list[PlannedFile]:
     """One file holding every tensor, in source order."""
     return [PlannedFile(file_name(cp.rel, fmt.NAME), tuple(cp.tensors))]
 

@@ -179,7 +179,7 @@ def _write_component(
     out_dir.mkdir(parents=True, exist_ok=True)
     entries: dict[str, TensorEntry] = {}
     written = []
-    for file in container.layout(cp, fmt, max_bytes):
+    for file in container.planned_files(cp, fmt, max_bytes):
         path = out_dir / file.name
         results, data_bytes = _write_file(container.open_file(path, file, cp, fmt), file.tensors, fmt, work)
         written.append(WrittenFile(file, data_bytes))

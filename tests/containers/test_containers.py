@@ -30,7 +30,7 @@ NAME = "one_file"
 FILE = "model.safetensors"
 
 
-def layout(cp, fmt, max_bytes):
+def planned_files(cp, fmt, max_bytes):
     return [PlannedFile(FILE, tuple(cp.tensors))]
 
 
