@@ -66,7 +66,7 @@ def whole_models(src: Path, out: Path) -> None:
     (cp,) = plan.components
     run = runnable(cp)
     stored = get_container(format_info(fmt.NAME).container).open_stored(out, cp.rel)
-    x = load_inputs(None, run.class_name, run.config)
+    x = load_inputs(None, run.family, run.config)
     outputs = []
     models = []  # both held, as a whole-model check holds them
     for weights in (source_weights(run), stored_weights(run, stored, fmt)):

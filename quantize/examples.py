@@ -75,10 +75,11 @@ def write_example(
     max_shard_size: int = 10**9,
     seed: int = 0,
 ) -> Path:
-    """An example checkpoint of `family` (its `preset` shape, in its folder `layout`), with a stand-in
-    tokenizer file beside it (copied when a recipe asks)."""
+    """An example checkpoint of `family` (its `preset` shape, in its folder `layout`), with the other files of
+    its releases beside it (copied when a recipe asks)."""
     out_dir = Path(out_dir)
-    models = get_family(family).example(preset, layout)
+    chosen = get_family(family)
+    models = chosen.example(preset, layout)
     for i, model in enumerate(models):
         write_random_checkpoint(
             out_dir / model.component,
@@ -88,9 +89,9 @@ def write_example(
             config=model.config,
             seed=seed + i,
         )
-    tokenizer = out_dir / "google" / "umt5-xxl"
-    tokenizer.mkdir(parents=True, exist_ok=True)
-    (tokenizer / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 512}) + "\n")
+    for rel, text in chosen.example_files().items():
+        (out_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out_dir / rel).write_text(text)
     (out_dir / "example.json").write_text(
         json.dumps({"family": family, "preset": preset, "layout": layout}, indent=2) + "\n"
     )

@@ -44,7 +44,7 @@ from .read.files import read_json_object
 from .read.source import SourceFolder, local_source
 from .read.tensor_source import TensorSource
 from .recipes import Recipe
-from .steps import TensorStep
+from .steps import TensorStep, check_order
 
 __all__ = [
     "TensorPlan",
@@ -417,12 +417,13 @@ def _check_no_unconverted_twin(source: Path, components: list[Component], files:
 def make_plan(source: Path | SourceFolder, recipe: Recipe, *, steps: Sequence[TensorStep] = ()) -> Plan:
     """Open every component the recipe names and decide each tensor's fate, reading headers only.
 
-    source: a `SourceFolder` (`source_folder.open_source`), or a local folder, resolved here under `recipe`.
+    source: a `SourceFolder` (`read.source.open_source`), or a local folder, resolved here under `recipe`.
     steps: per-tensor steps (`steps.TensorStep`) whose transforms each tensor's source applies.
     """
     src = source if isinstance(source, SourceFolder) else local_source(source, recipe)
     recipe, folder = src.fit(recipe), src.folder
     role = format_info(recipe.format).names
+    check_order(steps)
     for step in steps:
         step.start(src)
     components = []

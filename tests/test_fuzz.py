@@ -239,9 +239,19 @@ def test_index_reader_never_crashes(text):
                 )
             }
         ).map(json.dumps),
+        # the recorded steps, and the LoRAs of the manifests written before them
+        st.fixed_dictionaries(
+            {"steps": st.lists(json_values | st.fixed_dictionaries({"step": json_values}))}
+        ).map(json.dumps),
+        st.fixed_dictionaries({"loras": json_values}).map(json.dumps),
     )
 )
 @example(DEEP)
+@example(json.dumps({"steps": [{"step": []}]}))
+@example(json.dumps({"steps": [{"step": "lora", "loras": 5}]}))
+@example(json.dumps({"loras": 5}))
+@example(json.dumps({"loras": [{"file": "../x"}]}))
+@example(json.dumps({"schema_version": 99}))
 def test_manifest_reader_never_crashes(text):
     with tempfile.TemporaryDirectory() as d:
         (Path(d) / MANIFEST_NAME).write_text(text)

@@ -181,6 +181,8 @@ def inspect_summary(checkpoint: Path, m) -> dict:
     }
     if m.steps:
         summary["steps"] = m.steps  # as recorded: each names its kind (the LoRAs merged, say)
+        # the LoRAs merged, as `inspect --json` has always listed them
+        summary["loras"] = [lora for step in m.steps if step["step"] == "lora" for lora in step["loras"]]
     return summary
 
 

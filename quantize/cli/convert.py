@@ -65,7 +65,7 @@ def convert_cmd(
     loaded = load_recipe(chosen_recipe(source, recipe, fmt))
     # every LoRA file read and checked (headers) before OUT is claimed: a bad one is refused before any work
     steps = []
-    if loras:  # (imports torch: a refused output is refused before)
+    if loras:
         from ..steps.lora import open_loras
 
         steps = [open_loras(loras, lora_unmatched, loaded.recipe.components)]

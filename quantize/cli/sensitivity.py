@@ -34,7 +34,7 @@ __all__ = ["sensitivity_cmd"]
     "--max-size",
     default=None,
     metavar="SIZE",
-    help="Propose the best measured forward SQNR whose tensors fit SIZE (e.g. 11GB for a 12 GB GPU).",
+    help="Propose the best measured forward SQNR whose files fit SIZE on disk (e.g. 11GB for a 12 GB GPU).",
 )
 @click.option(
     "--write-recipe",

@@ -75,6 +75,19 @@ def _has_ggml() -> bool:
     return True
 
 
+def _zero_blocks_as_gguf_py(w: np.ndarray, q: np.ndarray, t) -> None:
+    """Blocks whose values are all zero (of either sign) in gguf-py's bytes, the reference: for them ggml writes
+    the other sign of zero in the scale (and the min) of the _0/_1 types. The same values; now the same bytes.
+    Reference: ``gguf.quants.quantize(block, type)`` on each such block (a block's bytes depend on it alone)."""
+    rows, cols = w.shape
+    blocks = w.reshape(rows, cols // t.block, t.block)
+    zero = ~np.any(blocks != 0, axis=-1)
+    if zero.any():
+        g = _gguf()
+        fixed = g.quants.quantize(np.ascontiguousarray(blocks[zero]), g.GGMLQuantizationType[t.name])
+        q.reshape(rows, cols // t.block, t.type_size)[zero] = fixed.reshape(-1, t.type_size)
+
+
 class Gguf(Format):
     NAME = "gguf"
     ROW_SEPARABLE = True
@@ -113,6 +126,8 @@ class Gguf(Format):
             written = ggml.ggml_quantize_chunk(t.id, src, q.ctypes.data, 0, rows, cols, None)
             if written != rows * row_bytes:
                 raise RuntimeError(f"ggml_quantize_chunk wrote {written} bytes for {rows} rows of {t.name}")
+            if not t.k_quant:
+                _zero_blocks_as_gguf_py(w, q, t)
         return {WEIGHT: torch.from_numpy(np.ascontiguousarray(q)).view(rows, row_bytes)}
 
     def decode(

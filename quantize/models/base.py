@@ -150,12 +150,12 @@ class SourceLayout:
 @dataclass(frozen=True)
 class ModelInputs:
     """What one forward pass of a family's diffusers class takes: the tensors a calibration file gives (`keys`,
-    by the forward's argument names, from the config), the shape each must have (`shapes`: a name -> shape
-    pattern, ``None`` for a free dimension), random ones shaped from the config, and the call's keyword
-    arguments."""
+    by the forward's argument names, from the config), the shapes each may have (`shapes`: a name -> the shape
+    patterns it may take, ``None`` for a free dimension), random ones shaped from the config, and the call's
+    keyword arguments."""
 
     keys: Callable[[dict], tuple[str, ...]]
-    shapes: Callable[[dict], dict[str, tuple[int | None, ...]]]
+    shapes: Callable[[dict], dict[str, tuple[tuple[int | None, ...], ...]]]
     random: Callable[[dict, torch.Generator], dict[str, torch.Tensor]]
     call: Callable[[dict, dict[str, torch.Tensor]], dict]  # (config, tensors) -> the forward's kwargs
     accepts: tuple[str, ...]  # every tensor a pass of this class may take, whatever the config
@@ -332,6 +332,11 @@ class Family:
     def example(self, preset: str, layout: str) -> list[ExampleModel]:
         """The models of an example checkpoint (`quantize example`), with the dimensions the runtimes fix."""
         raise InputError(f"{self.title} has no example checkpoints")
+
+    def example_files(self) -> dict[str, str]:
+        """Other files of an example release (relative path -> text): what sits beside the DiT (a tokenizer's
+        config, say), which a recipe's `copy_other_files` copies."""
+        return {}
 
     def example_lora(self, preset: str, layout: str, rank: int) -> list[tuple[str, tuple[int, ...], str]]:
         """(key, shape, dtype) of a LoRA for `example(preset, layout)`, as this family's LoRAs are written."""

@@ -19,12 +19,12 @@ __all__ = ["KANDINSKY5", "Kandinsky5"]
 _KEYS = ("hidden_states", "encoder_hidden_states", "timestep", "pooled_projections")
 
 
-def _shapes(config: dict) -> dict[str, tuple[int | None, ...]]:
+def _shapes(config: dict) -> dict[str, tuple[tuple[int | None, ...], ...]]:
     return {
-        "hidden_states": (None, None, None, None, config["in_visual_dim"]),
-        "encoder_hidden_states": (None, None, config["in_text_dim"]),
-        "timestep": (None,),
-        "pooled_projections": (None, config["in_text_dim2"]),
+        "hidden_states": ((None, None, None, None, config["in_visual_dim"]),),
+        "encoder_hidden_states": ((None, None, config["in_text_dim"]),),
+        "timestep": ((None,),),
+        "pooled_projections": ((None, config["in_text_dim2"]),),
     }
 
 
@@ -98,8 +98,14 @@ class Kandinsky5(Family):
                 f"Kandinsky 5 examples: preset {preset!r}, layout {layout!r}: presets {', '.join(_PRESETS)}, "
                 f"layouts {', '.join(self.example_layouts)}"
             )
-        import diffusers
         import torch
+
+        try:
+            import diffusers
+        except ImportError:
+            raise InputError(
+                "Kandinsky 5 examples are built from diffusers' own class: pip install 'dit-quantize[diffusers]'"
+            ) from None
 
         kwargs = _PRESETS[preset]
         with torch.device("meta"):

@@ -17,6 +17,7 @@ native ``norm2``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -86,14 +87,15 @@ def _keys(config: dict) -> tuple[str, ...]:
     return ("hidden_states", "timestep", "encoder_hidden_states", *image)
 
 
-def _shapes(config: dict) -> dict[str, tuple[int | None, ...]]:
+def _shapes(config: dict) -> dict[str, tuple[tuple[int | None, ...], ...]]:
     shapes = {
-        "hidden_states": (None, config["in_channels"], None, None, None),
-        "timestep": (None,),
-        "encoder_hidden_states": (None, None, config["text_dim"]),
+        "hidden_states": ((None, config["in_channels"], None, None, None),),
+        # one per sample, or (Wan2.2 TI2V's expanded timesteps) one per latent token
+        "timestep": ((None,), (None, None)),
+        "encoder_hidden_states": ((None, None, config["text_dim"]),),
     }
     if config.get("image_dim"):
-        shapes["encoder_hidden_states_image"] = (None, None, config["image_dim"])
+        shapes["encoder_hidden_states_image"] = ((None, None, config["image_dim"]),)
     return shapes
 
 
@@ -353,6 +355,10 @@ class Wan(Family):
     def example(self, preset: str, layout: str) -> list[ExampleModel]:
         shape, spec = self._shape(preset, layout)
         return [ExampleModel(rel, wan_tensors(shape), wan_config(shape)) for rel in spec["components"]]
+
+    def example_files(self) -> dict[str, str]:
+        """umT5-XXL's tokenizer config, as it sits beside the DiT in a Wan release."""
+        return {"google/umt5-xxl/tokenizer_config.json": json.dumps({"model_max_length": 512}) + "\n"}
 
     def example_lora(self, preset: str, layout: str, rank: int) -> list[tuple[str, tuple[int, ...], str]]:
         """Every block Linear, as the Wan LoRAs in the wild are written: ``diffusion_model.<module>.lora_down /

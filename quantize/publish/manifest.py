@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ..errors import InputError
 from ..names import split_manifest_key
 from ..read.files import relative_path_problem
+from ..steps import RecordError
 
 __all__ = [
     "MANIFEST_NAME",
@@ -29,7 +30,10 @@ __all__ = [
 
 MANIFEST_NAME = "quantize_manifest.json"
 RECIPE_NAME = "recipe.yaml"
-SCHEMA_VERSION = 1
+#: 1: the manifest as it always was; 2: with the recorded steps (`steps`). A reader takes every version up to
+#: `SCHEMA_VERSION`; a manifest without steps is written as version 1, byte for byte as before.
+SCHEMA_VERSION = 2
+STEPS_SCHEMA_VERSION = 2
 
 
 class _Strict(BaseModel):
@@ -85,7 +89,7 @@ class ComponentEntry(_Strict):
 
 
 class Manifest(_Strict):
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int = 1
     tool: dict[str, str]
     libraries: dict[str, str]
     format: str
@@ -101,20 +105,44 @@ class Manifest(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _legacy_loras(cls, data: Any) -> Any:
-        """A manifest written before steps recorded themselves keeps its LoRAs in a top-level ``loras`` list."""
-        if isinstance(data, dict) and "loras" in data and "steps" not in data:
+        """A manifest written before steps recorded themselves keeps its LoRAs in a top-level ``loras`` list: read
+        as the LoRA step's record (its errors located in ``loras`` as the file has it)."""
+        if isinstance(data, dict) and isinstance(data.get("loras"), list) and "steps" not in data:
+            from ..steps import RecordError, check_records
             from ..steps.lora_record import from_legacy
 
             loras = data["loras"]
+            steps = [from_legacy(loras)] if loras else []
+            try:
+                check_records(steps)
+            except RecordError as e:
+                raise RecordError(e.loc[1:], e.msg) from None  # (0, "loras", i, ...) -> ("loras", i, ...)
             data = {k: v for k, v in data.items() if k != "loras"}
-            data["steps"] = [from_legacy(loras)] if loras else []
+            data["steps"] = steps
         return data
 
-    @model_validator(mode="after")
-    def _steps_known(self) -> Manifest:
+    @field_validator("schema_version")
+    @classmethod
+    def _known_version(cls, version: int) -> int:
+        if version > SCHEMA_VERSION:
+            raise ValueError(
+                f"schema version {version} is newer than this dit-quantize reads ({SCHEMA_VERSION}): upgrade it"
+            )
+        return version
+
+    @field_validator("steps")
+    @classmethod
+    def _steps_known(cls, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
         from ..steps import check_records
 
-        check_records(self.steps)
+        check_records(steps)
+        return steps
+
+    @model_validator(mode="after")
+    def _steps_schema(self) -> Manifest:
+        """A manifest with recorded steps is of the version that has them."""
+        if self.steps and self.schema_version < STEPS_SCHEMA_VERSION:
+            self.schema_version = STEPS_SCHEMA_VERSION
         return self
 
     @model_validator(mode="after")
@@ -149,6 +177,8 @@ def read_manifest(checkpoint: Path) -> Manifest:
         raise InputError(f"{path}: cannot read: {e}") from None
     except ValidationError as e:
         err = e.errors()[0]
-        raise InputError(
-            f"{path}: invalid manifest at {'.'.join(map(str, err['loc']))}: {err['msg']}"
-        ) from None
+        loc, msg = tuple(err["loc"]), err["msg"]
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, RecordError):  # a step's record: where inside it, and what
+            loc, msg = (*loc, *cause.loc), cause.msg
+        raise InputError(f"{path}: invalid manifest at {'.'.join(map(str, loc))}: {msg}") from None

@@ -93,7 +93,7 @@ class SourceFolder:
 
 def fitted_components(folder: Path, components: list[str]) -> list[str]:
     """The components of a recipe as they lie in `folder`: as named, or ``["."]`` when `folder` is itself the
-    one model folder the recipe names (a bare diffusers ``transformer/``: `layout.bare_model_class`), so that it
+    one model folder the recipe names (a bare diffusers ``transformer/``: `read.files.bare_model_class`), so that it
     is converted as that component, at the output's root.
 
     A recipe naming two components given one of them is refused, saying which folder to point at."""

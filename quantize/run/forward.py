@@ -105,11 +105,14 @@ def load_inputs(path: Path | None, family: Family, config: dict) -> dict[str, to
 
 
 def _check_input_shape(
-    path: Path, key: str, shape: tuple[int, ...], want: tuple[int | None, ...], family: Family
+    path: Path, key: str, shape: tuple[int, ...], wants: tuple[tuple[int | None, ...], ...], family: Family
 ) -> None:
-    if len(shape) == len(want) and all(w is None or w == d for d, w in zip(shape, want, strict=True)):
+    def fits(want: tuple[int | None, ...]) -> bool:
+        return len(shape) == len(want) and all(w is None or w == d for d, w in zip(shape, want, strict=True))
+
+    if any(fits(want) for want in wants):
         return
-    wanted = "[" + ", ".join("*" if w is None else str(w) for w in want) + "]"
+    wanted = " or ".join("[" + ", ".join("*" if w is None else str(w) for w in want) + "]" for want in wants)
     raise InputError(
         f"{path}: tensor {key!r} has shape {list(shape)}; this {family.diffusers_class} takes {key} of shape "
         f"{wanted} (* any size)"

@@ -26,8 +26,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TensorStep",
+    "BaseStep",
+    "check_order",
     "StepRecord",
     "Rebuilt",
+    "RecordError",
     "RECORDS",
     "step_record",
     "check_records",
@@ -38,10 +41,13 @@ __all__ = [
 
 
 class TensorStep(Protocol):
-    """A per-tensor step given to the plan (a set of LoRAs, say)."""
+    """A per-tensor step given to the plan (a set of LoRAs, say); `BaseStep` gives the hooks a step may leave."""
 
     #: files the step reads (never copied into the output as the source's other files)
     inputs: Sequence[Path]
+    #: whether it records itself in the manifest (verify rebuilds it and applies it before the steps it is
+    #: given, so a conversion gives such steps first: the plan refuses another order)
+    RECORDED: bool
 
     def start(self, source: SourceFolder) -> None:
         """Called once before any component is planned, with the source as resolved (its components as they
@@ -63,13 +69,46 @@ class TensorStep(Protocol):
         ...
 
 
+class BaseStep:
+    """The defaults of a `TensorStep`: no input files, nothing to place or refuse, nothing recorded. A step
+    subclasses it and gives `transforms_for`."""
+
+    inputs: Sequence[Path] = ()
+    RECORDED: bool = False
+
+    def start(self, source: SourceFolder) -> None:
+        return None
+
+    def transforms_for(self, component: str, tensors: Mapping[str, TensorInfo]) -> Mapping[str, Transform]:
+        raise NotImplementedError(f"{type(self).__name__}: a step gives transforms_for")
+
+    def finish(self) -> None:
+        return None
+
+    def record(self, sha256: Callable[[Path], str]) -> dict[str, Any] | None:
+        return None
+
+
+def check_order(steps: Sequence[TensorStep]) -> None:
+    """Steps that record themselves come first: verify rebuilds them from the manifest and applies them before
+    the steps it is given, and float32 sums in another order are another model."""
+    for before, after in zip(steps, steps[1:], strict=False):
+        if after.RECORDED and not before.RECORDED:
+            raise InputError(
+                f"`steps`: {type(after).__name__} records itself in the manifest and comes after "
+                f"{type(before).__name__}, which does not: give the recorded steps first (verify applies them "
+                "first)",
+                parameters=("steps",),
+            )
+
+
 class StepRecord(Protocol):
     """What is known of one kind of record without torch (the kind's record module provides it)."""
 
     KIND: str
 
     def validate(self, record: dict[str, Any]) -> None:
-        """Raise `ValueError` naming what is wrong with `record` (paths that leave the checkpoint, say)."""
+        """Raise `RecordError` saying where and what is wrong with `record` (a path that leaves the checkpoint)."""
         ...
 
     def card_lines(self, record: dict[str, Any]) -> list[str]:
@@ -99,9 +138,17 @@ class Rebuilt(Protocol):
 RECORDS: dict[str, tuple[str, str]] = {"lora": (f"{__name__}.lora_record", f"{__name__}.lora")}
 
 
+class RecordError(ValueError):
+    """A step record that is not valid: where in the record (`loc`, as pydantic spells locations) and what."""
+
+    def __init__(self, loc: tuple, msg: str):
+        super().__init__(f"{'.'.join(map(str, loc))}: {msg}")
+        self.loc, self.msg = loc, msg
+
+
 def _kind(record: dict[str, Any]) -> str:
     kind = record.get("step") if isinstance(record, dict) else None
-    if kind not in RECORDS:
+    if not isinstance(kind, str) or kind not in RECORDS:
         raise InputError(f"manifest step {kind!r} is not a recorded step (known: {', '.join(RECORDS)})")
     return kind
 
@@ -112,14 +159,17 @@ def step_record(record: dict[str, Any]) -> StepRecord:
 
 
 def check_records(records: Sequence[dict[str, Any]]) -> None:
-    """Every record is of a known kind and valid; `ValueError` naming the first that is not."""
+    """Every record is of a known kind and valid; `RecordError` naming the first that is not, where (its index,
+    then the place inside it) and what."""
     for i, record in enumerate(records):
         try:
-            step_record(record).validate(record)
+            kind = step_record(record)
         except InputError as e:
-            raise ValueError(str(e)) from None
-        except ValueError as e:
-            raise ValueError(f"steps.{i}: {e}") from None
+            raise RecordError((i, "step"), str(e)) from None
+        try:
+            kind.validate(record)
+        except RecordError as e:
+            raise RecordError((i, *e.loc), e.msg) from None
 
 
 def rebuild(

@@ -42,6 +42,7 @@ from ..errors import InputError
 from ..models import lora_prefixes, lora_renamings, modulation_names
 from ..read.checkpoint import TensorInfo, read_header, read_rows, read_tensor
 from ..read.files import relative_path_problem
+from . import BaseStep
 from .lora_record import LoraEntry, LoraRecord
 
 if TYPE_CHECKING:
@@ -458,12 +459,14 @@ def _terms(lora: LoraFile, target: _Target, info: TensorInfo, where: str) -> lis
 
 
 @dataclass
-class LoraMerge:
-    """The LoRAs of one conversion, merged in order: a `source.TensorStep`.
+class LoraMerge(BaseStep):
+    """The LoRAs of one conversion, merged in order: a `steps.TensorStep` that records itself.
 
     After planning, `touched[i]` holds, per component, how many source tensors LoRA i changes, and
     `ignored[i]` the keys it skipped per component (with `unmatched="ignore"`).
     """
+
+    RECORDED = True
 
     loras: list[LoraFile]
     unmatched: str = "error"

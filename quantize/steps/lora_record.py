@@ -70,8 +70,10 @@ class _Record:
         try:
             return LoraRecord.model_validate(record)
         except ValidationError as e:
+            from . import RecordError
+
             err = e.errors()[0]
-            raise ValueError(f"{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+            raise RecordError(tuple(err["loc"]), err["msg"]) from None
 
     def validate(self, record: dict[str, Any]) -> None:
         self.parse(record)

@@ -19,6 +19,7 @@ from quantize.errors import InputError
 from quantize.publish.converter import convert
 from quantize.read.checkpoint import TensorInfo, open_component
 from quantize.read.tensor_source import TensorSource
+from quantize.steps import BaseStep
 
 WEIGHT = "blocks.0.self_attn.q.weight"  # quantized by wan-fp8
 BIAS = "blocks.0.self_attn.q.bias"  # kept, copied as bytes when unchanged
@@ -41,21 +42,15 @@ class _AddDelta:
 
 
 @dataclass
-class _Step:
+class _Step(BaseStep):
     names: tuple[str, ...]
     used: set[str] = field(default_factory=set)
     inputs: tuple[Path, ...] = ()
-
-    def start(self, source) -> None:
-        """Nothing to place: the test step names tensors, not components."""
 
     def transforms_for(self, component: str, tensors: dict[str, TensorInfo]):
         touched = {n: tensors[n] for n in self.names if n in tensors}
         self.used |= set(touched)
         return {n: _AddDelta(_delta(info.shape, seed=len(n))) for n, info in touched.items()}
-
-    def record(self, sha256) -> None:
-        """Nothing to record: verify is given the step again."""
 
     def finish(self) -> None:
         missing = sorted(set(self.names) - self.used)
@@ -117,3 +112,24 @@ def test_a_changed_tensor_refuses_the_byte_copy(wan_tiny):
         source.copy_bytes(lambda data, offset: None)
     assert not torch.equal(source.read(), TensorSource(info).read())
     assert torch.equal(source.read_rows(2, 5), source.read()[2:5])
+
+
+class _Recorded(BaseStep):
+    """A step that says it records itself (verify would rebuild it and apply it first)."""
+
+    RECORDED = True
+
+    def transforms_for(self, component, tensors):
+        return {}
+
+
+def test_steps_that_record_themselves_come_first(wan_tiny):
+    from quantize.plan import make_plan
+    from quantize.recipes import load_recipe
+
+    recipe = load_recipe("wan-fp8").recipe
+    make_plan(wan_tiny, recipe, steps=[_Recorded(), _Step(())])
+    with pytest.raises(
+        InputError, match=r"^`steps`: _Recorded records itself .* comes after _Step, which does not"
+    ):
+        make_plan(wan_tiny, recipe, steps=[_Step(()), _Recorded()])
