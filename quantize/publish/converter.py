@@ -68,8 +68,7 @@ def convert(
         from ..read.hashing import FileHasher
         from ..read.source import open_source
 
-        src = open_source(source, loaded.recipe)
-        src.folder = src.folder.absolute()
+        src = open_source(source, loaded.recipe, absolute=True)
         check_output_location(src.folder, out, overwrite)  # a Hub source resolves to its cached folder
         with FileHasher(min(2, workers)) as hasher:
             for f in src.files():

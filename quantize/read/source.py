@@ -116,15 +116,18 @@ def fitted_components(folder: Path, components: list[str]) -> list[str]:
     return ["."]
 
 
-def open_source(source: str | Path | SourceFolder, recipe: Recipe, choose=None) -> SourceFolder:
+def open_source(
+    source: str | Path | SourceFolder, recipe: Recipe, choose=None, *, absolute: bool = False
+) -> SourceFolder:
     """`source` (a folder, or a Hub repo id: then the files `choose(files)` returns are fetched, by default
-    those `recipe` needs) resolved under `recipe`; a `SourceFolder` is returned as it is."""
+    those `recipe` needs) resolved under `recipe`, its folder made absolute if asked; a `SourceFolder` is
+    returned as it is."""
     if isinstance(source, SourceFolder):
         return source
     from ..publish.hub import recipe_files, resolve_source
 
     folder, name, repo_id = resolve_source(source, choose or recipe_files(recipe))
-    return local_source(folder, recipe, name, repo_id)
+    return local_source(folder.absolute() if absolute else folder, recipe, name, repo_id)
 
 
 def local_source(
