@@ -6,8 +6,8 @@ names, shapes and config.json as its releases write them, with the dimensions th
 are written shard by shard with the same streaming writer as the converter, so even a 14B-shaped one
 needs little RAM.
 
->>> from quantize.models import get_family
->>> get_family("wan").example("tiny", "t2v")[0].tensors[0]
+>>> from quantize.models import DEFAULT_FAMILY, get_family
+>>> get_family(DEFAULT_FAMILY).example("tiny", "t2v")[0].tensors[0]
 ('patch_embedding.weight', (128, 16, 1, 2, 2))
 """
 
@@ -21,7 +21,7 @@ import torch
 
 from . import dtypes
 from .containers.writer import ShardWriter, TensorSpec
-from .models import get_family
+from .models import DEFAULT_FAMILY, get_family
 from .read.files import SHARD_METADATA, group_by_size, index_json, index_name, shard_names
 
 __all__ = ["write_random_checkpoint", "write_example", "write_example_lora"]
@@ -70,7 +70,7 @@ def write_example(
     preset: str = "tiny",
     layout: str = "t2v",
     *,
-    family: str = "wan",
+    family: str = DEFAULT_FAMILY,
     dtype: torch.dtype = torch.bfloat16,
     max_shard_size: int = 10**9,
     seed: int = 0,
@@ -103,7 +103,7 @@ def write_example_lora(
     preset: str = "small",
     layout: str = "t2v",
     *,
-    family: str = "wan",
+    family: str = DEFAULT_FAMILY,
     rank: int = 16,
     seed: int = 0,
 ) -> Path:

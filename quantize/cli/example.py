@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ._console import out
+from ._console import out, quiet_model_imports
 
 __all__ = ["example_cmd"]
 
@@ -18,6 +18,12 @@ def _all(attribute: str) -> list[str]:
     return list(dict.fromkeys(v for f in FAMILIES for v in getattr(f, attribute)))
 
 
+def _default_family() -> str:
+    from ..models import DEFAULT_FAMILY
+
+    return DEFAULT_FAMILY
+
+
 def _families() -> list[str]:
     from ..models import FAMILIES
 
@@ -27,13 +33,17 @@ def _families() -> list[str]:
 @click.command("example")
 @click.argument("output", type=click.Path(path_type=Path))
 @click.option(
-    "--family", type=click.Choice(_families()), default="wan", show_default=True, help="Model family."
+    "--family",
+    type=click.Choice(_families()),
+    default=_default_family(),
+    show_default=True,
+    help="Model family.",
 )
 @click.option(
     "--preset",
     type=click.Choice(_all("presets")),
     default=None,
-    help="Model size [default: the family's (small for wan)].",
+    help="Model size [default: the family's own].",
 )
 @click.option(
     "--layout",
@@ -70,6 +80,7 @@ def example_cmd(
     from ..models import get_family
     from ..read.files import parse_size
 
+    quiet_model_imports()  # a family built from diffusers' own class: what importing it pulls in stays quiet
     chosen = get_family(family)
     preset = preset or chosen.default_preset
     for path in (output, lora):

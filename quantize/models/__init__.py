@@ -30,6 +30,7 @@ from .wan import WAN
 
 __all__ = [
     "FAMILIES",
+    "DEFAULT_FAMILY",
     "ROLES",
     "IDENTITY",
     "Family",
@@ -52,6 +53,8 @@ __all__ = [
 
 #: every family the tool knows, in the order detection asks them
 FAMILIES: tuple[Family, ...] = (WAN, KANDINSKY5)
+#: the family `quantize example` (and `examples.write_example`) makes when none is named
+DEFAULT_FAMILY: str = WAN.name
 
 
 def get_family(name: str) -> Family:

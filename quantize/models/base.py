@@ -279,17 +279,11 @@ class Family:
                 f"{where}: the tensor names are neither {self.title}'s native names nor diffusers' "
                 f"{self.diffusers_class} names: this format writes native {self.title} names"
             )
-        renamed = {}
-        for name in names:
-            native = self.native_name(name)
-            if native is None:
-                raise InputError(
-                    f"{where}: tensor {name!r} has no native {self.title} name (not a {self.diffusers_class} "
-                    f"tensor diffusers maps from the original {self.title} names): this format writes native "
-                    f"{self.title} names"
-                )
-            renamed[name] = native
-        return renamed.__getitem__
+        lacking = (
+            f"has no native {self.title} name (not a {self.diffusers_class} tensor diffusers maps from the "
+            f"original {self.title} names): this format writes native {self.title} names"
+        )
+        return _renamed(names, self.native_name, where, lacking).__getitem__
 
     def runnable_names(self, names: Sequence[str], where: Path) -> dict[str, str]:
         """Native tensor name -> the diffusers class's parameter name, or `InputError` naming one it lacks."""
@@ -298,16 +292,11 @@ class Family:
                 f"{where}: config.json names {'/'.join(self.native_classes)} but the tensors do not have "
                 f"{self.title}'s original names: a forward pass cannot run it"
             )
-        renamed = {}
-        for name in names:
-            diffusers_name = self.diffusers_name(name)
-            if diffusers_name is None:
-                raise InputError(
-                    f"{where}: tensor {name!r} has no counterpart in diffusers' {self.diffusers_class} "
-                    f"(a {self.title} variant it does not implement): this model cannot be run for a forward pass"
-                )
-            renamed[name] = diffusers_name
-        return renamed
+        lacking = (
+            f"has no counterpart in diffusers' {self.diffusers_class} (a {self.title} variant it does not "
+            "implement): this model cannot be run for a forward pass"
+        )
+        return _renamed(names, self.diffusers_name, where, lacking)
 
     # --- running it ------------------------------------------------------------------------------
 
@@ -341,3 +330,16 @@ class Family:
     def example_lora(self, preset: str, layout: str, rank: int) -> list[tuple[str, tuple[int, ...], str]]:
         """(key, shape, dtype) of a LoRA for `example(preset, layout)`, as this family's LoRAs are written."""
         raise InputError(f"{self.title} has no example LoRA")
+
+
+def _renamed(
+    names: Sequence[str], rename: Callable[[str], str | None], where, lacking: str
+) -> dict[str, str]:
+    """Each of `names` -> its name under `rename`; `InputError` for the first it has none for (`lacking` says why)."""
+    renamed = {}
+    for name in names:
+        new = rename(name)
+        if new is None:
+            raise InputError(f"{where}: tensor {name!r} {lacking}")
+        renamed[name] = new
+    return renamed

@@ -57,7 +57,7 @@ def source_card_metadata(source: Path) -> dict:
 
 
 def pipeline_tag(configs: list[dict | None]) -> str | None:
-    """text-to-video or image-to-video where each config's family says which (Wan's model_type, an image
+    """text-to-video or image-to-video where each config's family says which (`Family.pipeline_tag`: a model_type, an image
     embedder), else None."""
     tags = set()
     for config in configs:

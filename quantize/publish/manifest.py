@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..errors import InputError
 from ..names import split_manifest_key
-from ..read.files import relative_path_problem
+from ..read.files import inside_checkpoint
 from ..steps import RecordError
 
 __all__ = [
@@ -40,19 +40,12 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-def _inside_checkpoint(path: str) -> str:
-    problem = relative_path_problem(path)
-    if problem is not None:
-        raise ValueError(f"path {path!r} {problem}")
-    return path
-
-
 class FileEntry(_Strict):
     path: str  # relative to the checkpoint (or source) root, POSIX separators
     size: int = Field(ge=0)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 
-    _confined = field_validator("path")(_inside_checkpoint)
+    _confined = field_validator("path")(inside_checkpoint)
 
 
 class TensorEntry(_Strict):
@@ -85,7 +78,7 @@ class ComponentEntry(_Strict):
     source_bytes: int
     output_bytes: int
 
-    _confined = field_validator("path")(_inside_checkpoint)
+    _confined = field_validator("path")(inside_checkpoint)
 
 
 class Manifest(_Strict):

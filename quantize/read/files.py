@@ -29,6 +29,7 @@ __all__ = [
     "bare_model_class",
     "confined_path",
     "relative_path_problem",
+    "inside_checkpoint",
     "no_duplicate_keys",
     "read_json_object",
 ]
@@ -233,6 +234,14 @@ def relative_path_problem(relative: object) -> str | None:
     if path.is_absolute() or ".." in path.parts:
         return "leaves the checkpoint directory"
     return None
+
+
+def inside_checkpoint(path: str) -> str:
+    """`path` if it is a path inside a checkpoint, else `ValueError` saying why (a manifest field's validator)."""
+    problem = relative_path_problem(path)
+    if problem is not None:
+        raise ValueError(f"path {path!r} {problem}")
+    return path
 
 
 def confined_path(root: Path, relative: str, what: str) -> Path:

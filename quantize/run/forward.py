@@ -1,7 +1,7 @@
 """One forward pass of a model whose weights are read layer by layer: `verify --forward` and `sensitivity`.
 
 A component is run as its model family's diffusers class (`models.Family.diffusers_class`), found by the class
-its config names; a model of the family's original release (Wan's ``WanModel``) is run as that class too, its
+its config names; a model of the family's original release (`Family.native_classes`) is run as that class too, its
 config derived from the original one and the tensor shapes (`Family.diffusers_config`), its tensors renamed
 through the family's one name table (`Family.runnable_names`).
 

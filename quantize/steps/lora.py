@@ -7,7 +7,7 @@ For each source tensor the LoRAs touch, the value the recipe converts is
 summed in float32 in the order the LoRAs were given (within one LoRA: its up·down term, then its diff) and
 cast once, so converting with `--lora` gives byte for byte what converting the merged model (merged in
 float32, saved in the source dtype) gives. ``diff_b`` adds to the module's bias, ``diff_m`` to the block's
-modulation table (`models.modulation_names`: Wan's ``modulation``, diffusers' ``scale_shift_table``).
+modulation table (whatever the family calls it in either naming: `models.modulation_names`).
 
 Conventions read (`parse_key`): the prefixes `PREFIXES` or none; ``lora_down``/``lora_up``, ``lora_A``/
 ``lora_B`` (also with ``.default``); kohya / musubi-tuner module names (``lora_unet_blocks_0_self_attn_q``,
@@ -341,7 +341,7 @@ class _Merge:
 
 Rename = Callable[[str], "str | None"]
 #: how a LoRA's names may relate to the source's: the same naming, or a family's diffusers names on its native
-#: names and the reverse (Wan's: a diffusers LoRA on the original names)
+#: names and the reverse
 _NAMINGS: tuple[tuple[str, Rename], ...] = (("the source's names", lambda name: name), *lora_renamings())
 #: the names a block's modulation table has (``diff_m`` adds to it), over every family and naming
 _MODULATION_ALIASES = modulation_names()

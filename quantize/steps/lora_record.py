@@ -11,18 +11,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..read.files import relative_path_problem
+from ..read.files import inside_checkpoint
 
 __all__ = ["KIND", "LoraEntry", "LoraRecord", "RECORD", "from_legacy"]
 
 KIND = "lora"
-
-
-def _inside_checkpoint(path: str) -> str:
-    problem = relative_path_problem(path)
-    if problem is not None:
-        raise ValueError(f"path {path!r} {problem}")
-    return path
 
 
 class LoraEntry(BaseModel):
@@ -41,7 +34,7 @@ class LoraEntry(BaseModel):
         description="component -> its keys that matched no tensor (--lora-unmatched ignore)",
     )
 
-    _confined = field_validator("file")(_inside_checkpoint)
+    _confined = field_validator("file")(inside_checkpoint)
 
 
 class LoraRecord(BaseModel):
