@@ -1,12 +1,19 @@
 """`load_quantized`: a converted checkpoint straight into a model, without a bf16 copy on the way.
 
-1. The skeleton: a class is built from the checkpoint's config.json with its parameters on the meta
-   device (buffers it computes itself, such as rotary tables, are built for real); a module passed
-   in is filled in place.
+Every format `quantize convert` writes loads: the diffusers-layout formats (sharded safetensors), ComfyUI's
+(one safetensors file) and GGUF (one ``.gguf``), in either naming. A checkpoint in the family's native names
+(ComfyUI's and GGUF's files, or a converted original release) goes into the family's diffusers class through
+the family's one name table, read the other way (`models.Family.names`); a checkpoint whose names are the
+model's loads as it is. A checkpoint of several models (Wan2.2 A14B's two experts) loads each.
+
+1. The skeleton: a class is built from the checkpoint's config.json (an original release's config is made the
+   diffusers class's by its family) with its parameters on the meta device (buffers it computes itself, such
+   as rotary tables, are built for real); a module passed in is filled in place.
 2. The match, before any data is read: every Linear whose checkpoint entry is in the format's parts
-   is swapped for that format's module (`loaders.modules`); every checkpoint key must land on a
-   parameter, buffer or part of the model with the same shape, and every parameter must be given.
-   Any mismatch is one `CheckpointMismatchError` naming the key.
+   is swapped for that format's module (`loaders.modules`), with the options its stored parts say (gguf's
+   GGML type of that layer); every checkpoint key must land on a parameter, buffer or part of the model with
+   the same shape, and every parameter must be given. Any mismatch is one `CheckpointMismatchError` naming
+   the key.
 3. The data, module group by module group (the layers outside the blocks, then block by block):
    each tensor is taken from the safetensors file as the `host` mode says (a memory-map view, a
    pageable read, a pinned read) and assigned, or copied straight to `device`. Nothing else holds it,
@@ -23,39 +30,71 @@ import torch
 from torch import nn
 
 from quantize.errors import InputError
-from quantize.formats import Format, format_of_config, quantized_parts
+from quantize.formats import Format, FormatOptions, format_of_config, quantized_parts
+from quantize.models import FAMILIES, Family, family_of
 from quantize.models.meta import parameters_on_meta
 from quantize.read.checkpoint import CONFIG_NAME, Component, TensorInfo, open_component
+from quantize.read.gguf import open_gguf_component
 
 from .blocks import find_blocks
 from .host import TensorReader, remember_source
-from .modules import QuantizedLinear, module_for
+from .modules import COMPUTE, QuantizedLinear, module_for
 
-__all__ = ["load_quantized", "CheckpointMismatchError", "find_component", "parameters_on_meta"]
+__all__ = [
+    "load_quantized",
+    "CheckpointMismatchError",
+    "find_component",
+    "find_components",
+    "parameters_on_meta",
+]
+
+_MODEL_FILES = ("*.safetensors", "*.gguf")
 
 
 class CheckpointMismatchError(InputError):
     """The checkpoint does not fit the model: a key, shape or dtype names where."""
 
 
-def find_component(checkpoint: Path) -> Path:
-    """The component directory: `checkpoint` itself when it holds safetensors, else its one model subfolder."""
+def _holds_model(folder: Path) -> bool:
+    return any(any(folder.glob(pattern)) for pattern in _MODEL_FILES)
+
+
+def find_components(checkpoint: Path) -> list[Path]:
+    """The model folders of a checkpoint: `checkpoint` itself when it holds a model's files (safetensors or
+    GGUF), else each subfolder holding them and a config.json (two for Wan2.2 A14B's experts)."""
     checkpoint = Path(checkpoint)
     if not checkpoint.is_dir():
-        raise InputError(f"{checkpoint}: checkpoint directory not found")
-    if any(checkpoint.glob("*.safetensors")):
-        return checkpoint
+        what = (
+            "a file: pass the folder holding it and its config.json" if checkpoint.is_file() else "not found"
+        )
+        raise InputError(f"{checkpoint}: {what}")
+    if _holds_model(checkpoint):
+        return [checkpoint]
     found = sorted(
-        d
-        for d in checkpoint.iterdir()
-        if d.is_dir() and any(d.glob("*.safetensors")) and (d / CONFIG_NAME).is_file()
+        d for d in checkpoint.iterdir() if d.is_dir() and _holds_model(d) and (d / CONFIG_NAME).is_file()
     )
-    if len(found) == 1:
-        return found[0]
     if not found:
-        raise InputError(f"{checkpoint}: no *.safetensors here or in a model subfolder")
-    names = ", ".join(d.name for d in found)
-    raise InputError(f"{checkpoint}: holds several models ({names}): pass the one to load, e.g. {found[0]}")
+        raise InputError(f"{checkpoint}: no *.safetensors or *.gguf here or in a model subfolder")
+    return found
+
+
+def find_component(checkpoint: Path) -> Path:
+    """The component directory: `checkpoint` itself when it holds a model's files, else its one model subfolder."""
+    found = find_components(checkpoint)
+    if len(found) > 1:
+        names = ", ".join(d.name for d in found)
+        raise InputError(
+            f"{checkpoint}: holds several models ({names}): pass the one to load, e.g. {found[0]}, "
+            "or a model class to load each"
+        )
+    return found[0]
+
+
+def open_model_files(folder: Path) -> Component:
+    """One model's folder read (headers only): its GGUF file, else its safetensors shards."""
+    if any(folder.glob("*.gguf")):
+        return open_gguf_component(folder)
+    return open_component(folder)
 
 
 def load_quantized(
@@ -64,31 +103,61 @@ def load_quantized(
     host: str = "mmap",
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
-) -> nn.Module:
+    compute: str = "fast",
+) -> nn.Module | dict[str, nn.Module]:
     """Build (or fill) `model` from a checkpoint written by `quantize convert`, ready for inference.
 
     model: a model class (built from the checkpoint's config.json, e.g. `WanTransformer3DModel`) or an
-        `nn.Module` whose parameter names match the checkpoint (filled in place).
-    checkpoint: the component directory (``ckpt/transformer``), or a checkpoint holding one model.
+        `nn.Module` whose parameter names match the checkpoint's, or its family's other naming (filled in place).
+    checkpoint: the component directory (``ckpt/transformer``, ``ckpt/high_noise_model``), or a checkpoint
+        holding one model; with a class, a checkpoint holding several (``ckpt/`` of Wan2.2 A14B) loads each,
+        returned as ``{folder name: model}`` in folder order.
     host: ``"mmap"`` (default: views of the files, paged in on use), ``"pageable"`` or ``"pinned"``.
     device: where the tensors go; None keeps them on the host as `host` says.
     dtype: cast the kept (unquantized) floating tensors to this dtype, except those of the model's
         ``_keep_in_fp32_modules`` (float32), as diffusers does; None keeps the stored dtypes.
         Quantized parts always keep theirs.
+    compute: ``"fast"`` (each scheme's kernel where the device has it) or ``"dequantize"`` (every quantized
+        layer decodes its weight to the input's dtype for the call: the eager reference, what
+        `quantize verify --forward` computes).
     """
+    if compute not in COMPUTE:
+        raise ValueError(f"compute must be one of {COMPUTE}, got {compute!r}")
     device = torch.device(device) if device is not None else None
-    reader = TensorReader(host, device)  # checks `host` before anything is built
-    comp = open_component(find_component(checkpoint))
+    TensorReader(host, device)  # checks `host` before anything is read
+    folders = find_components(Path(checkpoint))
+    if len(folders) > 1:
+        if not isinstance(model, type):
+            find_component(Path(checkpoint))  # the error: one module cannot take several models
+        comps = [open_model_files(f) for f in folders]  # every header checked before any model is built
+        return {
+            f.name: _load_one(model, comp, host, device, dtype, compute)
+            for f, comp in zip(folders, comps, strict=True)
+        }
+    return _load_one(model, open_model_files(folders[0]), host, device, dtype, compute)
+
+
+def _load_one(
+    model: type[nn.Module] | nn.Module,
+    comp: Component,
+    host: str,
+    device: torch.device | None,
+    dtype: torch.dtype | None,
+    compute: str,
+) -> nn.Module:
+    reader = TensorReader(host, device)
     fmt = _checkpoint_format(comp)
     try:
-        module_for(fmt)  # a format no module here runs (ComfyUI's) is named before anything is built
+        module_for(fmt)  # a format no module here runs is named before anything is built
     except InputError as e:
         raise InputError(f"{comp.dir}: {e}") from None
+    family = family_of((comp.config or {}).get("_class_name"), comp.tensors)
     if isinstance(model, type):
-        model = _skeleton(model, comp)
+        model = _skeleton(model, comp, family)
     elif not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module class or instance, got {type(model).__name__}")
-    plan = _match(model, comp, fmt)
+    names = _checkpoint_names(model, comp, family)
+    plan = _match(model, comp, fmt, names, compute)
     keep_fp32 = tuple(getattr(model, "_keep_in_fp32_modules", None) or ())
     for group in _groups(model, plan):
         _materialize(model, group, reader, dtype, keep_fp32)
@@ -111,8 +180,12 @@ def _checkpoint_format(comp: Component) -> Format:
 # -- 1. the skeleton --------------------------------------------------------------------------------
 
 
-def _skeleton(cls: type[nn.Module], comp: Component) -> nn.Module:
+def _skeleton(cls: type[nn.Module], comp: Component, family: Family | None) -> nn.Module:
     config = {k: v for k, v in comp.config.items() if k != "quantization_config"}
+    if family is not None:
+        _check_class(cls, comp, family)
+        if config.get("_class_name") in family.native_classes and _is_class(cls, family.diffusers_class):
+            config = family.diffusers_config(config, comp.tensors, comp.dir)
     try:
         with parameters_on_meta():
             if hasattr(cls, "from_config"):
@@ -123,6 +196,21 @@ def _skeleton(cls: type[nn.Module], comp: Component) -> nn.Module:
             f"{comp.config_path}: cannot build {cls.__name__} from it ({e}): pass the model class the "
             "checkpoint was converted from, or an instance to fill"
         ) from None
+
+
+def _is_class(cls: type, name: str) -> bool:
+    """Whether `cls` is the class called `name`, or a subclass of it."""
+    return any(c.__name__ == name for c in cls.__mro__)
+
+
+def _check_class(cls: type, comp: Component, family: Family) -> None:
+    """Refuse another family's diffusers class for this family's checkpoint, naming both."""
+    for other in FAMILIES:
+        if other is not family and _is_class(cls, other.diffusers_class):
+            raise CheckpointMismatchError(
+                f"{comp.dir}: a {family.title} checkpoint ({comp.config.get('_class_name')}); {cls.__name__} "
+                f"is a {other.title} model: pass {family.diffusers_class}"
+            )
 
 
 # -- 2. the match -----------------------------------------------------------------------------------
@@ -137,36 +225,86 @@ class _Entry:
     parent: nn.Module | None
     tensors: dict[str, TensorInfo] = field(default_factory=dict)  # local name -> source
     quantized: type[QuantizedLinear] | None = None
+    options: FormatOptions | None = None
+    compute: str = "fast"
 
 
-def _match(model: nn.Module, comp: Component, fmt: Format) -> dict[str, _Entry]:
+@dataclass(frozen=True)
+class _Names:
+    """The checkpoint's name of each of the model's tensors: the same, or through the family's name table."""
+
+    rename: object  # model tensor name -> checkpoint name (None: it has none)
+    why: str  # what the renaming is, for messages ("" when the names are the model's)
+
+    def key(self, model_key: str, comp: Component) -> str:
+        key = self.rename(model_key)
+        if key is None:
+            raise CheckpointMismatchError(
+                f"{comp.dir}: the model's {model_key!r} has no name in {self.why}: the model does not fit the checkpoint"
+            )
+        return key
+
+    def module(self, name: str, comp: Component) -> str:
+        """The checkpoint's name of the Linear `name` (its weight's name, less ``.weight``)."""
+        return self.key(f"{name}.weight", comp)[: -len(".weight")]
+
+
+_SAME = _Names(lambda key: key, "")
+
+
+def _checkpoint_names(model: nn.Module, comp: Component, family: Family | None) -> _Names:
+    """How the model's tensor names become the checkpoint's: unchanged when both follow one naming, else through
+    the family's name table (a diffusers model from a native checkpoint: ComfyUI's, GGUF's; or the reverse)."""
+    if family is None or family.names is None:
+        return _SAME
+    stored = family.naming(comp.tensors)
+    own = family.naming(model.state_dict().keys())
+    if stored == own or stored not in ("native", "diffusers") or own not in ("native", "diffusers"):
+        return _SAME
+    if stored == "native":
+        return _Names(family.native_name, f"{family.title}'s native names, which the checkpoint has")
+    return _Names(
+        family.diffusers_name, f"diffusers' {family.diffusers_class} names, which the checkpoint has"
+    )
+
+
+def _match(model: nn.Module, comp: Component, fmt: Format, names: _Names, compute: str) -> dict[str, _Entry]:
     keys = dict(comp.tensors)
     plan: dict[str, _Entry] = {}
     modules = dict(model.named_modules())
     for name, module in modules.items():
-        entry = _Entry(name, module, modules[name.rpartition(".")[0]] if name else None)
+        entry = _Entry(name, module, modules[name.rpartition(".")[0]] if name else None, compute=compute)
         already = isinstance(module, QuantizedLinear)
         if already and module.FORMAT is not fmt:
             raise CheckpointMismatchError(
                 f"{comp.dir}: the model's {name!r} is a {type(module).__name__} ({module.FORMAT.NAME}); "
                 f"the checkpoint is {fmt.NAME}"
             )
-        if already or (isinstance(module, nn.Linear) and _is_quantized(name, module, keys, fmt, comp)):
-            if already and not _is_quantized(name, module, keys, fmt, comp):
-                raise CheckpointMismatchError(
-                    f"{comp.dir}: the model's {fmt.NAME} layer {name!r} is not quantized in it"
-                )
-            entry.quantized = module_for(fmt)
+        options = None
+        if already or isinstance(module, nn.Linear):
+            stored = names.module(name, comp)
+            options = _stored_options(stored, module, keys, fmt, comp)
+        if already and options is None:
+            raise CheckpointMismatchError(
+                f"{comp.dir}: the model's {fmt.NAME} layer {name!r} is not quantized in it"
+            )
+        if already and module.options != options:
+            raise CheckpointMismatchError(
+                f"{comp.dir}: the model's {name!r} holds {module.options.type_name}; the checkpoint's "
+                f"{stored!r} is {options.type_name}: load into a new model"
+            )
+        if options is not None:
+            entry.quantized, entry.options = module_for(fmt), options
             for part, (key, _) in quantized_parts(
-                fmt, name, (module.out_features, module.in_features)
+                fmt, stored, (module.out_features, module.in_features), options
             ).items():
                 entry.tensors[part] = keys.pop(key)
             if module.bias is not None:
-                entry.tensors["bias"] = _take(keys, name, "bias", module.bias, comp)
+                entry.tensors["bias"] = _take(keys, names, name, "bias", module.bias, comp)
         else:
             for local, t in (*module._parameters.items(), *_persistent_buffers(module)):
                 if t is not None:
-                    entry.tensors[local] = _take(keys, name, local, t, comp)
+                    entry.tensors[local] = _take(keys, names, name, local, t, comp)
         if entry.tensors:
             plan[name] = entry
     if keys:
@@ -182,40 +320,51 @@ def _persistent_buffers(module: nn.Module):
     return [(k, b) for k, b in module._buffers.items() if k not in module._non_persistent_buffers_set]
 
 
-def _is_quantized(
-    name: str, linear: nn.Module, keys: dict[str, TensorInfo], fmt: Format, comp: Component
-) -> bool:
-    """Whether the checkpoint holds `linear` in `fmt`'s parts (all of them, as specified), or as a plain weight."""
+def _stored_options(
+    stored: str, linear: nn.Module, keys: dict[str, TensorInfo], fmt: Format, comp: Component
+) -> FormatOptions | None:
+    """The options the checkpoint holds Linear `stored` in (all of `fmt`'s parts, as specified), or None
+    where it holds it as a plain weight."""
+
+    def dtype_of(part: str) -> str | None:
+        info = keys.get(f"{stored}.{part}")
+        return None if info is None else info.dtype
+
+    options = fmt.stored_options(dtype_of)
+    if options is None:
+        return None
     try:
-        specs = quantized_parts(fmt, name, (linear.out_features, linear.in_features))
+        specs = quantized_parts(fmt, stored, (linear.out_features, linear.in_features), options)
     except ValueError:  # the format cannot hold this shape: it must be kept
-        return False
+        return None
     present = {p: keys.get(key) for p, (key, _) in specs.items()}
     if not any(info is not None and info.dtype == specs[p][1][0] for p, info in present.items()):
-        return False
+        return None
     for part, (key, (dtype, shape)) in specs.items():
         info = present[part]
         if info is None:
             raise CheckpointMismatchError(
-                f"{comp.dir}: {key!r} is missing: {fmt.NAME} stores Linear {name!r} in {sorted(specs)}"
+                f"{comp.dir}: {key!r} is missing: {fmt.NAME} stores Linear {stored!r} in {sorted(specs)}"
             )
         if info.dtype != dtype or (shape is not None and info.shape != shape):
             want = f"{dtype}{list(shape) if shape is not None else ''}"
             raise CheckpointMismatchError(
-                f"{comp.dir}: {key!r} is {info.dtype}{list(info.shape)}; Linear {name!r} "
+                f"{comp.dir}: {key!r} is {info.dtype}{list(info.shape)}; Linear {stored!r} "
                 f"[{linear.out_features}, {linear.in_features}] in {fmt.NAME} needs {want}"
             )
-    return True
+    return options
 
 
 def _take(
-    keys: dict[str, TensorInfo], module: str, local: str, like: torch.Tensor, comp: Component
+    keys: dict[str, TensorInfo], names: _Names, module: str, local: str, like: torch.Tensor, comp: Component
 ) -> TensorInfo:
-    key = f"{module}.{local}" if module else local
+    key = names.key(f"{module}.{local}" if module else local, comp)
     info = keys.pop(key, None)
     if info is None:
+        theirs = f" ({key!r} in the checkpoint's names)" if names.why else ""
+        own = f"{module}.{local}" if module else local
         raise CheckpointMismatchError(
-            f"{comp.dir}: the model's {key!r} {list(like.shape)} is not in the checkpoint"
+            f"{comp.dir}: the model's {own!r}{theirs} {list(like.shape)} is not in the checkpoint"
         )
     if info.shape != tuple(like.shape):
         raise CheckpointMismatchError(
@@ -247,7 +396,7 @@ def _materialize(
 ) -> None:
     for entry in group:
         if entry.quantized is not None and not isinstance(entry.module, QuantizedLinear):
-            _replace(entry, entry.quantized.like(entry.module))
+            _replace(entry, entry.quantized.like(entry.module, entry.options, entry.compute))
     jobs = [(entry, local, info) for entry in group for local, info in entry.tensors.items()]
     tensors = reader.read_group([info for _, _, info in jobs], owner=model)
     for (entry, local, info), t in zip(jobs, tensors, strict=True):

@@ -1,4 +1,4 @@
-"""The quantized Linear modules, one per on-disk format.
+"""The quantized Linear modules, one per runtime scheme (one per on-disk format).
 
 Each keeps the format's stored parts as plain tensors (buffers), under the format's own part names
 in its state dict, and builds what the computation needs (a torchao `Float8Tensor`, a bitsandbytes
@@ -7,6 +7,20 @@ moves with `.to()` while weak references to its tensors exist, pins, and can be 
 device buffer by the block offloader, exactly like a plain tensor. The parts keep their stored dtypes
 whatever `.to(dtype)` asks (a float8 weight cast to bf16 would be the very copy this package avoids);
 the bias follows it like any parameter, and the output has the input's dtype.
+
+Each module has its eager reference next to its fast path: with ``compute="dequantize"`` (or wherever the fast
+path does not run: `uses_fast_path`), the weight is decoded by its format to the input's dtype for the call
+and used by `F.linear`, exactly what `verify --forward` computes in float32; ``compute="fast"`` (the default)
+runs the scheme's kernel where the device has it.
+
+| module | format | fast path |
+|---|---|---|
+| `FP8Linear` | fp8_channel | activations to float8 per row, `torch._scaled_mm` with both row-wise scales |
+| `ComfyFP8Linear` | comfy_fp8 | activations to float8 with one dynamic scale, `torch._scaled_mm` with both tensor scales |
+| `Int8Linear` | comfy_int8 | activations to int8 per row, `torch._int_mm` (int32 accumulate), scaled by both scales |
+| `GGUFLinear` | gguf | none: the stored blocks stay as they are, each call decodes the layer (torch decoders) |
+| `Float8Linear` | torchao_fp8 | torchao's `Float8Tensor` dispatch |
+| `NF4Linear` | nf4 | bitsandbytes (`matmul_4bit`; on the CPU its dequantization) |
 """
 
 from __future__ import annotations
@@ -20,13 +34,39 @@ from torch import nn
 
 from quantize import dtypes
 from quantize.errors import InputError
-from quantize.formats import Format, format_info, fp8_channel, nf4, torchao_fp8
+from quantize.formats import (
+    NO_OPTIONS,
+    Format,
+    FormatOptions,
+    comfy_fp8,
+    comfy_int8,
+    format_info,
+    fp8_channel,
+    gguf,
+    nf4,
+    torchao_fp8,
+)
 from quantize.formats._e4m3 import FP8_DTYPE, FP8_MAX, row_absmax
 from quantize.formats._e4m3 import quantize_rows as e4m3_rows
 
 from . import bnb
 
-__all__ = ["QuantizedLinear", "FP8Linear", "Float8Linear", "NF4Linear", "MODULES", "module_for", "set_param"]
+__all__ = [
+    "QuantizedLinear",
+    "FP8Linear",
+    "ComfyFP8Linear",
+    "Int8Linear",
+    "GGUFLinear",
+    "Float8Linear",
+    "NF4Linear",
+    "MODULES",
+    "COMPUTE",
+    "module_for",
+    "set_param",
+]
+
+#: how a module computes: its scheme's kernel where the device has it, or the weight decoded for each call
+COMPUTE = ("fast", "dequantize")
 
 
 def _attr(part: str) -> str:
@@ -39,13 +79,26 @@ class QuantizedLinear(nn.Module):
 
     FORMAT: ClassVar[Format]
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device=None,
+        dtype=None,
+        options: FormatOptions = NO_OPTIONS,
+        compute: str = "fast",
+    ):
         super().__init__()
+        if compute not in COMPUTE:
+            raise ValueError(f"compute must be one of {COMPUTE}, got {compute!r}")
         self.in_features, self.out_features = in_features, out_features
+        self.options, self.compute = options, compute
         self.part_attrs: dict[str, str] = {}
         self._late_parts: set[str] = set()  # parts whose size is only known from the checkpoint
-        for part, (dtype_name, shape) in self.FORMAT.parts((out_features, in_features)).items():
-            empty = torch.empty(shape or (0,), dtype=dtypes.by_name(dtype_name).torch, device=device)
+        for part, (dtype_name, shape) in self._specs().items():
+            held = (0,) if shape is None else dtypes.held_shape(dtype_name, shape)
+            empty = torch.empty(held, dtype=dtypes.by_name(dtype_name).torch, device=device)
             self.register_buffer(_attr(part), empty)
             self.part_attrs[part] = _attr(part)
             if shape is None:
@@ -56,10 +109,42 @@ class QuantizedLinear(nn.Module):
             else None
         )
 
+    def _specs(self) -> dict:
+        return self.FORMAT.parts((self.out_features, self.in_features), self.options)
+
     @classmethod
-    def like(cls, linear: nn.Linear) -> QuantizedLinear:
+    def like(
+        cls, linear: nn.Linear, options: FormatOptions = NO_OPTIONS, compute: str = "fast"
+    ) -> QuantizedLinear:
         """An empty (meta) module to take `linear`'s place."""
-        return cls(linear.in_features, linear.out_features, linear.bias is not None, device="meta")
+        return cls(
+            linear.in_features,
+            linear.out_features,
+            linear.bias is not None,
+            device="meta",
+            options=options,
+            compute=compute,
+        )
+
+    @classmethod
+    def from_weight(
+        cls,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        options: FormatOptions = NO_OPTIONS,
+        compute: str = "fast",
+    ) -> QuantizedLinear:
+        """A module holding the format's encoding of `weight` [out, in] (fp32, fp16 or bf16; encoded on the
+        CPU, as `quantize convert` encodes it) and a copy of `bias`: for tests and benchmarks."""
+        out_features, in_features = weight.shape
+        module = cls(
+            in_features, out_features, bias is not None, device="meta", options=options, compute=compute
+        )
+        for part, t in cls.FORMAT.encode(weight.detach().cpu(), options).items():
+            module.set_part(part, t.contiguous())
+        if bias is not None:
+            module.bias = nn.Parameter(bias.detach().cpu().clone(), requires_grad=False)
+        return module
 
     def stored(self) -> dict[str, torch.Tensor]:
         """The parts, by the format's part names."""
@@ -67,9 +152,9 @@ class QuantizedLinear(nn.Module):
 
     def set_part(self, part: str, tensor: torch.Tensor) -> None:
         """Take `tensor` (not a copy) as the stored part `part`; its dtype and shape must be the format's."""
-        dtype_name, shape = self.FORMAT.parts((self.out_features, self.in_features))[part]
+        dtype_name, shape = self._specs()[part]
         if tensor.dtype != dtypes.by_name(dtype_name).torch or (
-            shape is not None and tuple(tensor.shape) != shape
+            shape is not None and tuple(tensor.shape) != dtypes.held_shape(dtype_name, shape)
         ):
             raise ValueError(
                 f"{self.FORMAT.NAME} part {part!r} of a [{self.out_features}, {self.in_features}] Linear is "
@@ -82,12 +167,34 @@ class QuantizedLinear(nn.Module):
         """Called after parts were replaced; a subclass drops what it derived from them."""
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return self.FORMAT.decode(self.stored(), dtype)
+        """The weight as its format decodes it, in `dtype`."""
+        return self.FORMAT.decode(self.stored(), dtype, options=self.options)
+
+    # -- computing: the fast path where it runs, else the eager reference ------------------------------
+
+    def uses_fast_path(self, x: torch.Tensor) -> bool:
+        """Whether a call on `x` runs the scheme's kernel (else: the weight decoded for the call). Default: never."""
+        return False
+
+    def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} has no fast path")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.compute == "fast" and self.uses_fast_path(x):
+            return self.fast_forward(x)
+        return self.reference_forward(x)
+
+    def reference_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The eager reference: `F.linear` with the weight decoded to the input's dtype (what `verify --forward`
+        computes, in float32)."""
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return F.linear(x, self.dequantize(x.dtype), bias)
 
     def extra_repr(self) -> str:
+        options = "" if self.options == NO_OPTIONS else f", options={self.options.type_name}"
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
-            f"bias={self.bias is not None}, format={self.FORMAT.NAME}"
+            f"bias={self.bias is not None}, format={self.FORMAT.NAME}{options}, compute={self.compute}"
         )
 
     # -- state dict under the format's part names, so that it equals the checkpoint's keys --------
@@ -161,56 +268,64 @@ def set_param(module: nn.Module, name: str, value: torch.Tensor) -> None:
         module._parameters[name] = nn.Parameter(value, requires_grad=False)
 
 
+_FLOATS = (torch.bfloat16, torch.float16, torch.float32)
+
+
 @functools.cache
-def _scaled_mm_rowwise(device: torch.device, out_dtype: torch.dtype) -> bool:
-    """Whether `torch._scaled_mm` takes float8 operands with row-wise float32 scales on this device for this
-    output dtype: tried once on a 16x16 problem (the CPU has it; which GPUs do depends on the build)."""
+def _has_scaled_mm(device: torch.device, out_dtype: torch.dtype, rowwise: bool) -> bool:
+    """Whether `torch._scaled_mm` takes float8 operands with row-wise (else tensor-wise) float32 scales on this
+    device for this output dtype: tried once on a 16x16 problem (the CPU has it; which GPUs do depends on the
+    build: SM89 and later)."""
     if device.type not in ("cpu", "cuda"):
         return False
     try:
         a = torch.zeros(16, 16, device=device).to(FP8_DTYPE)
-        scale = torch.ones(16, 1, device=device)
+        scale = torch.ones(16, 1, device=device) if rowwise else torch.ones((), device=device)
         torch._scaled_mm(a, a.t(), scale_a=scale, scale_b=scale.t(), out_dtype=out_dtype)
     except (RuntimeError, NotImplementedError, TypeError):
         return False
     return True
 
 
+@functools.cache
+def _has_int_mm(device: torch.device) -> bool:
+    """Whether `torch._int_mm` runs on this device (the CPU; CUDA GPUs from Turing on): tried once on 32x32."""
+    if device.type not in ("cpu", "cuda"):
+        return False
+    try:
+        a = torch.zeros(32, 32, dtype=torch.int8, device=device)
+        torch._int_mm(a, a.t())
+    except (RuntimeError, NotImplementedError, TypeError):
+        return False
+    return True
+
+
+def _rows(x: torch.Tensor, in_features: int) -> torch.Tensor:
+    return x.reshape(-1, in_features)
+
+
 class FP8Linear(QuantizedLinear):
     """`fp8_channel`: float8_e4m3fn weight, one float32 scale per output channel.
 
-    With `compute="scaled_mm"` (the default) activations are quantized per row (per token) to float8
-    on each call, as the checkpoint's config says, and multiplied by `torch._scaled_mm` with both
-    row-wise scales where the device has it for the input's dtype (tried once per device: the CPU,
-    SM89+ GPUs in bf16) and both dims are multiples of 16; elsewhere, and with `compute="dequantize"`,
-    the weight is dequantized to the input's dtype for that call and used by `F.linear`.
+    Fast path: activations quantized per row (per token) to float8 on each call, as the checkpoint's config
+    says, and multiplied by `torch._scaled_mm` with both row-wise scales, bias fused, where the device has it for
+    the input's dtype (tried once per device: the CPU, SM89+ GPUs in bf16) and both dims are multiples of 16.
     """
 
     FORMAT = fp8_channel.FORMAT
-    COMPUTE = ("scaled_mm", "dequantize")
 
-    def __init__(self, *args, compute: str = "scaled_mm", **kw):
-        super().__init__(*args, **kw)
-        if compute not in self.COMPUTE:
-            raise ValueError(f"compute must be one of {self.COMPUTE}, got {compute!r}")
-        self.compute = compute
-
-    def uses_scaled_mm(self, x: torch.Tensor) -> bool:
+    def uses_fast_path(self, x: torch.Tensor) -> bool:
         return (
-            self.compute == "scaled_mm"
-            and self.in_features % 16 == 0
+            self.in_features % 16 == 0
             and self.out_features % 16 == 0
-            and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
-            and _scaled_mm_rowwise(x.device, x.dtype)
+            and x.dtype in _FLOATS
+            and _has_scaled_mm(x.device, x.dtype, True)
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, scale = self._buffers[fp8_channel.WEIGHT], self._buffers[fp8_channel.SCALE]
         bias = None if self.bias is None else self.bias.to(x.dtype)
-        if not self.uses_scaled_mm(x):
-            return F.linear(x, self.dequantize(x.dtype), bias)
-        rows = x.reshape(-1, self.in_features)
-        x_scale, x_q = quantize_rows(rows)
+        x_scale, x_q = quantize_rows(_rows(x, self.in_features))
         y = torch._scaled_mm(
             x_q, weight.t(), scale_a=x_scale, scale_b=scale.t(), bias=bias, out_dtype=x.dtype
         )
@@ -222,6 +337,114 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     xf = x.float()
     q, scale = e4m3_rows(xf, row_absmax(xf).div_(FP8_MAX))
     return scale, q
+
+
+class ComfyFP8Linear(QuantizedLinear):
+    """`comfy_fp8`: float8_e4m3fn weight with one float32 scale for the whole tensor (ComfyUI's "fp8 scaled").
+
+    Fast path, as ComfyUI runs the layer (comfy-kitchen's `TensorCoreFP8Layout`, no static input scale): the
+    activations of the call are quantized with one dynamic scale, ``amax|x| / 448`` taken in the input's dtype
+    and held in float32, by ``quantize_per_tensor_fp8`` (times the reciprocal in the input's dtype, clamped,
+    cast), then `torch._scaled_mm` with both tensor scales, bias fused, output in the input's dtype; where the
+    device has a tensor-wise `_scaled_mm` for that dtype and both dims are multiples of 16. An all-zero input
+    gets the scale 1 (comfy-kitchen's would divide by zero).
+    """
+
+    FORMAT = comfy_fp8.FORMAT
+
+    def uses_fast_path(self, x: torch.Tensor) -> bool:
+        return (
+            self.in_features % 16 == 0
+            and self.out_features % 16 == 0
+            and x.dtype in _FLOATS
+            and _has_scaled_mm(x.device, x.dtype, False)
+        )
+
+    def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight, scale = self._buffers[comfy_fp8.WEIGHT], self._buffers[comfy_fp8.SCALE]
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        x_scale, x_q = quantize_tensor(_rows(x, self.in_features))
+        y = torch._scaled_mm(
+            x_q, weight.t(), scale_a=x_scale, scale_b=scale.float(), bias=bias, out_dtype=x.dtype
+        )
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+def quantize_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic per-tensor float8 quantization of activations, comfy-kitchen's arithmetic (reference:
+    ``TensorCoreFP8Layout.quantize(x)`` = ``quantize_per_tensor_fp8(x, amax(|x|) / 448)``): (float32 scale [],
+    float8 values). The scale of an all-zero `x` is 1."""
+    scale = (x.abs().amax() / FP8_MAX).float()
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    q = torch.clamp(x * (1.0 / scale).to(x.dtype), -FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return scale, q
+
+
+class Int8Linear(QuantizedLinear):
+    """`comfy_int8`: int8 weight, one float32 scale per output row; W8A8.
+
+    Fast path, comfy-kitchen's eager ``int8_linear`` (what ComfyUI calls for a `TensorWiseINT8Layout` weight;
+    bit for bit on the CPU, tested): the activations of the call are quantized per row to int8 (`quantize_int8`),
+    multiplied by `torch._int_mm` with int32 accumulation, and scaled back in float32 by the product of both
+    scales, cast to the input's dtype, then the bias added in it. Runs wherever `torch._int_mm` does (the CPU;
+    CUDA GPUs from Turing on, rows padded to what cuBLASLt takes).
+    """
+
+    FORMAT = comfy_int8.FORMAT
+
+    def uses_fast_path(self, x: torch.Tensor) -> bool:
+        return x.dtype in _FLOATS and _has_int_mm(x.device)
+
+    def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight, scale = self._buffers[comfy_int8.WEIGHT], self._buffers[comfy_int8.SCALE]
+        rows = _rows(x, self.in_features).contiguous()
+        x_q, x_scale = quantize_int8(rows)
+        acc = int_mm(x_q, weight.t())
+        y = acc.float().mul_(x_scale * scale.reshape(1, -1)).to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias.to(x.dtype)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic per-row int8 quantization of 2-D activations, comfy-kitchen's arithmetic (reference: eager
+    ``quantize_int8_rowwise(x)``): scale = max(rowmax|x| / 127 in float32, 1e-30); q = round(x / scale) with the
+    scale in the input's dtype (a scale that is 0 there taken as its smallest normal), half to even, clamped.
+    Returns (int8 values, float32 scales [rows, 1])."""
+    scale = (x.abs().amax(dim=-1, keepdim=True).float() / comfy_int8.INT8_MAX).clamp_(
+        min=comfy_int8.MIN_SCALE
+    )
+    divisor = scale.to(x.dtype)
+    divisor = torch.where(divisor == 0, torch.full_like(divisor, torch.finfo(x.dtype).tiny), divisor)
+    return (x / divisor).round_().clamp_(-128.0, 127.0).to(torch.int8), scale
+
+
+def int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """int32 [m, n] = int8 a [m, k] @ int8 b [k, n] by `torch._int_mm`; on CUDA, the rows and the inner dim are
+    padded with zeros to what cuBLASLt takes (m > 16 and a multiple of 8, k and n multiples of 8), which changes
+    no sum."""
+    if a.device.type != "cuda":
+        return torch._int_mm(a, b)
+    m, k = a.shape
+    n = b.shape[1]
+    pm, pk, pn = max(32, -(-m // 8) * 8), -(-k // 8) * 8, -(-n // 8) * 8
+    if (pm, pk) != (m, k):
+        a = F.pad(a, (0, pk - k, 0, pm - m))
+    if (pk, pn) != (k, n):
+        b = F.pad(b, (0, pn - n, 0, pk - k))
+    return torch._int_mm(a, b)[:m, :n]
+
+
+class GGUFLinear(QuantizedLinear):
+    """`gguf`: one GGML block type per layer (its `GgufOptions`), the stored rows of blocks kept as they are
+    (uint8 [out, row bytes]) on the host and on the device.
+
+    Every call decodes the layer's weight to the input's dtype (gguf-py's values: Q8_0, the K-quants and the
+    _0 / _1 types in torch, on the layer's device) and runs `F.linear`: one layer in high precision at a time,
+    never the model. There is no faster path; its reference is itself.
+    """
+
+    FORMAT = gguf.FORMAT
 
 
 class Float8Linear(QuantizedLinear):
@@ -238,7 +461,10 @@ class Float8Linear(QuantizedLinear):
     def weight(self) -> torch.Tensor:
         return torchao_fp8.to_float8_tensor(self.stored())
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def uses_fast_path(self, x: torch.Tensor) -> bool:
+        return True
+
+    def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = None if self.bias is None else self.bias.to(x.dtype)
         return F.linear(x, self.weight, bias)
 
@@ -282,7 +508,10 @@ class NF4Linear(QuantizedLinear):
             self._buffers[nf4.WEIGHT], self._quant_state(), quant_type="nf4"
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def uses_fast_path(self, x: torch.Tensor) -> bool:
+        return True
+
+    def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
         x_dtype = x.dtype
         x = x.to(self.compute_dtype)
         bias = None if self.bias is None else self.bias.to(self.compute_dtype)
@@ -296,7 +525,8 @@ class NF4Linear(QuantizedLinear):
 
 #: format name -> the module that computes with it (each class names its format)
 MODULES: dict[str, type[QuantizedLinear]] = {
-    cls.FORMAT.NAME: cls for cls in (FP8Linear, Float8Linear, NF4Linear)
+    cls.FORMAT.NAME: cls
+    for cls in (FP8Linear, ComfyFP8Linear, Int8Linear, GGUFLinear, Float8Linear, NF4Linear)
 }
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "by_torch",
     "by_ggml",
     "nbytes",
+    "held_shape",
     "FLOAT_SOURCE_DTYPES",
     "FLOAT_DTYPES",
 ]
@@ -98,6 +99,15 @@ def nbytes(name: str, shape: tuple[int, ...]) -> int:
             f"{name} stores rows in blocks of {row.block} values; a row of shape {list(shape)} is not"
         )
     return row.itemsize * math.prod(shape) // row.block
+
+
+def held_shape(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape a tensor of dtype `name` and logical `shape` has in memory: `shape` itself, or for a block type
+    its rows as their bytes (uint8 [rows, row bytes]), what its format encodes and decodes."""
+    row = by_name(name)
+    if row.block == 1:
+        return tuple(shape)
+    return (*shape[:-1], nbytes(name, (shape[-1],)))
 
 
 def by_ggml(type_id: int) -> DType:

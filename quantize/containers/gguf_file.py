@@ -16,10 +16,10 @@ from ..errors import InputError
 from ..formats import Format
 from ..ggml_types import ggml_type
 from ..plan import ComponentPlan
-from ..read.checkpoint import CONFIG_NAME, Component
-from ..read.files import read_json_object
+from ..read.checkpoint import Component
+from ..read.gguf import open_gguf_component
 from . import PlannedFile, WrittenFile, component_stem, config_with_quantization, write_config
-from .gguf_io import GGUFTensor, GGUFWriter, read_gguf, written_size
+from .gguf_io import GGUFTensor, GGUFWriter, written_size
 
 __all__ = [
     "NAME",
@@ -98,10 +98,4 @@ def finish(out_dir: Path, cp: ComponentPlan, fmt: Format, written: list[WrittenF
 
 def open_stored(root: Path, rel: str) -> Component:
     """The component's GGUF file read back: its tensors (types, logical shapes, byte ranges) and config.json."""
-    folder = root if rel == "." else root / rel
-    path = folder / file_name(rel)
-    if not path.is_file():
-        raise InputError(f"{folder}: {path.name} not found")
-    _, tensors = read_gguf(path)
-    config = read_json_object(folder / CONFIG_NAME) if (folder / CONFIG_NAME).is_file() else None
-    return Component(root, rel, [path], tensors, None, path.stem, config, {path: {}})
+    return open_gguf_component(root, rel, file_name(rel))

@@ -26,19 +26,14 @@ import torch
 
 from .. import dtypes
 from ..errors import InputError
-from ..read.checkpoint import TensorInfo, tensor_bytes
+from ..read.checkpoint import tensor_bytes
+from ..read.gguf import ALIGNMENT, GGUF_MAGIC, GGUF_VERSION, pad, read_gguf
 from .writer import PlacedWrites
 
 __all__ = ["GGUF_MAGIC", "GGUF_VERSION", "ALIGNMENT", "GGUFTensor", "header_bytes", "GGUFWriter", "read_gguf"]
 
-GGUF_MAGIC = b"GGUF"
-GGUF_VERSION = 3
-ALIGNMENT = 32  # GGUF's default `general.alignment`
-
 # GGUF's value types (gguf.constants.GGUFValueType)
 _UINT32, _INT32, _STRING = 4, 5, 8
-_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-_ARRAY = 9
 
 
 @dataclass(frozen=True)
@@ -61,10 +56,6 @@ class GGUFTensor:
                 f"tensor {self.name!r}: {self.dtype} has no GGML type: a GGUF file cannot hold it"
             )
         return row.ggml
-
-
-def _pad(n: int, align: int = ALIGNMENT) -> int:
-    return (n + align - 1) // align * align
 
 
 def _string(text: str) -> bytes:
@@ -92,15 +83,15 @@ def header_bytes(metadata: dict[str, str | int], tensors: list[GGUFTensor]) -> t
         out += b"".join(struct.pack("<Q", d) for d in reversed(t.shape))  # GGML's ne: innermost first
         out += struct.pack("<IQ", t.ggml_type, offset)
         offsets.append(offset)
-        offset += _pad(t.nbytes)
-    out += b"\0" * (_pad(len(out)) - len(out))
+        offset += pad(t.nbytes)
+    out += b"\0" * (pad(len(out)) - len(out))
     return bytes(out), offsets
 
 
 def written_size(metadata: dict[str, str | int], tensors: list[GGUFTensor]) -> int:
     """The size of the file `GGUFWriter` writes for these key-values and tensors."""
     header, offsets = header_bytes(metadata, tensors)
-    return len(header) + (offsets[-1] + _pad(tensors[-1].nbytes) if tensors else 0)
+    return len(header) + (offsets[-1] + pad(tensors[-1].nbytes) if tensors else 0)
 
 
 class GGUFWriter(PlacedWrites):
@@ -157,97 +148,3 @@ class GGUFWriter(PlacedWrites):
 
 
 # --- reading ---------------------------------------------------------------------------------------
-
-
-class _Cursor:
-    def __init__(self, data: bytes, path: Path):
-        self.data, self.pos, self.path = data, 0, path
-
-    def take(self, fmt: str):
-        size = struct.calcsize(fmt)
-        if self.pos + size > len(self.data):
-            raise InputError(f"{self.path}: GGUF header runs past the end of the file: truncated or not GGUF")
-        values = struct.unpack_from(fmt, self.data, self.pos)
-        self.pos += size
-        return values[0] if len(values) == 1 else values
-
-    def string(self) -> str:
-        n = self.take("<Q")
-        if self.pos + n > len(self.data):
-            raise InputError(f"{self.path}: GGUF string runs past the end of the file")
-        raw = self.data[self.pos : self.pos + n]
-        self.pos += n
-        try:
-            return raw.decode()
-        except UnicodeDecodeError:
-            raise InputError(f"{self.path}: a GGUF string is not UTF-8") from None
-
-    def value(self, vtype: int, depth: int = 0):
-        if vtype == _STRING:
-            return self.string()
-        if vtype in _SCALARS:
-            return self.take("<" + _SCALARS[vtype])
-        if vtype == _ARRAY and depth < 4:
-            item_type, n = self.take("<IQ")
-            return [self.value(item_type, depth + 1) for _ in range(n)]
-        raise InputError(f"{self.path}: unknown GGUF value type {vtype}")
-
-
-_MAX_HEADER = 256 << 20
-
-
-def read_gguf(path: Path) -> tuple[dict[str, object], dict[str, TensorInfo]]:
-    """The key-values and the tensors (absolute byte ranges, logical shapes, dtype names) of a GGUF v3 file,
-    validated: offsets aligned, in bounds, not overlapping; every byte range the size its type and shape need."""
-    path = Path(path)
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            data = f.read(min(size, _MAX_HEADER))
-    except OSError as e:
-        raise InputError(f"{path}: cannot read: {e.strerror or e}") from None
-    c = _Cursor(data, path)
-    if c.take("<4s") != GGUF_MAGIC:
-        raise InputError(f"{path}: not a GGUF file (no GGUF magic)")
-    version, n_tensors, n_kv = c.take("<IQQ")
-    if version != GGUF_VERSION:
-        raise InputError(f"{path}: GGUF version {version}; only version {GGUF_VERSION} is read")
-    metadata = {}
-    for _ in range(n_kv):
-        key = c.string()
-        metadata[key] = c.value(c.take("<I"))
-    align = metadata.get("general.alignment", ALIGNMENT)
-    if type(align) is not int or align <= 0 or align % 8:
-        raise InputError(f"{path}: general.alignment is {align!r}, not a positive multiple of 8")
-    raw = []
-    for _ in range(n_tensors):
-        name = c.string()
-        n_dims = c.take("<I")
-        if n_dims > 8:
-            raise InputError(f"{path}: tensor {name!r} has {n_dims} dims")
-        ne = [c.take("<Q") for _ in range(n_dims)]
-        type_id, offset = c.take("<IQ")
-        raw.append((name, tuple(reversed(ne)), type_id, offset))
-    data_start = _pad(c.pos, align)
-    tensors: dict[str, TensorInfo] = {}
-    spans = []
-    for name, shape, type_id, offset in raw:
-        try:
-            dt = dtypes.by_ggml(type_id)
-            n = dtypes.nbytes(dt.name, shape)
-        except InputError as e:
-            raise InputError(f"{path}: tensor {name!r}: {e}") from None
-        start = data_start + offset
-        if offset % align or start + n > size:
-            raise InputError(
-                f"{path}: tensor {name!r} at offset {offset} ({n} bytes) is misaligned or past the end"
-            )
-        if name in tensors:
-            raise InputError(f"{path}: tensor {name!r} is listed twice")
-        tensors[name] = TensorInfo(name, dt.name, shape, path, start, start + n)
-        spans.append((start, start + n, name))
-    spans.sort()
-    for (_, end, a), (start, _, b) in zip(spans, spans[1:], strict=False):
-        if start < end:
-            raise InputError(f"{path}: tensors {a!r} and {b!r} overlap")
-    return metadata, tensors

@@ -12,7 +12,7 @@ is read, by recipes for instance, without it); the formats themselves do.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, ClassVar
 
 from .options import NO_OPTIONS, FormatOptions
@@ -88,6 +88,14 @@ class Format(abc.ABC):
         options: FormatOptions = NO_OPTIONS,
     ) -> torch.Tensor:
         """The dequantized weight (float32 when a format's own default is used), or only its rows [r0, r1)."""
+
+    def stored_options(self, dtype_of: Callable[[str], str | None]) -> FormatOptions | None:
+        """The options a stored Linear was encoded with, read off what a checkpoint holds under its module name
+        (`dtype_of(part)`: the dtype name of ``<module>.<part>``, None where there is none): what a loader needs
+        to know of a tensor without the recipe. None: the format did not quantize this Linear (gguf's lossless
+        kept weights). Default: `NO_OPTIONS` (one encoding: whether the Linear is quantized is told by its
+        parts)."""
+        return NO_OPTIONS
 
     def weight_options(
         self, chunks: Iterable[torch.Tensor], options: FormatOptions = NO_OPTIONS

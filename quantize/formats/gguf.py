@@ -12,8 +12,9 @@ Reference numerics, bit for bit:
   (much faster), gguf-py's otherwise;
 - the K-quants: ggml's own reference quantizer, ``ggml_quantize_chunk`` without an importance matrix, called
   through ggml-python (the optional extra ``dit-quantize[gguf]``; its absence is one error naming the extra).
-Decoding: gguf-py's ``gguf.quants.dequantize``; Q8_0's and the K-quants' in torch (`_q8_0`, `_kquants`: the
-same values, tested on arbitrary bytes, several times faster).
+Decoding: every type in torch, Q8_0, the K-quants and the _0 / _1 types (`_q8_0`, `_kquants`,
+`_legacy_quants`: gguf-py's ``gguf.quants.dequantize`` values bit for bit, tested on arbitrary bytes, several
+times faster).
 
 What is known of each type (block size, bytes a block, GGML id, K-quant or not, the next type up) is its row of
 the one GGML table, `quantize.ggml_types`; a tensor's type reaches the hooks as its `GgufOptions`.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -30,7 +32,7 @@ import torch
 from .. import dtypes
 from ..errors import InputError
 from ..ggml_types import GGML_TYPES, GGMLType
-from . import _kquants, _q8_0
+from . import _kquants, _legacy_quants, _q8_0
 from .base import Format, NonFiniteWeightError, PartSpec, UnsupportedShapeError
 from .options import NO_OPTIONS, FormatOptions, GgufOptions
 
@@ -102,6 +104,11 @@ class Gguf(Format):
             )
         return {WEIGHT: (t.name, tuple(shape))}
 
+    def stored_options(self, dtype_of: Callable[[str], str | None]) -> GgufOptions | None:
+        """The GGML type the stored weight is in; None for a weight kept lossless (BF16, F16, F32)."""
+        stored = dtype_of(WEIGHT)
+        return GgufOptions(stored) if stored in GgufOptions.TYPES else None
+
     def check_available(self, options: FormatOptions) -> None:
         """Refuse, naming the extra, a type whose quantizer is not installed (the plan asks, before any writing)."""
         _ggml() if _type(options).k_quant else _gguf()
@@ -137,8 +144,8 @@ class Gguf(Format):
         rows: tuple[int, int] | None = None,
         options: FormatOptions = NO_OPTIONS,
     ) -> torch.Tensor:
-        """The dequantized rows (gguf-py's dequantization; Q8_0's and the K-quants' in torch, the same values),
-        cast to `dtype`."""
+        """The dequantized rows (gguf-py's dequantization's values, decoded in torch for Q8_0, the K-quants
+        and the _0 / _1 types), cast to `dtype`."""
         t = _type(options)
         q = parts[WEIGHT]
         if rows is not None:
@@ -147,6 +154,8 @@ class Gguf(Format):
             return _q8_0.dequantize(q).to(dtype)
         if t.k_quant:
             return _kquants.dequantize(q, t.name).to(dtype)
+        if t.name in _legacy_quants.TYPES:
+            return _legacy_quants.dequantize(q, t.name).to(dtype)
         g = _gguf()
         values = g.quants.dequantize(q.contiguous().numpy(), g.GGMLQuantizationType[t.name])
         return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).to(dtype)

@@ -301,8 +301,11 @@ def read_tensor(info: TensorInfo) -> torch.Tensor:
 
 
 def read_into(info: TensorInfo, out: torch.Tensor) -> torch.Tensor:
-    """Read a tensor's stored bytes into `out`: a contiguous CPU tensor of its dtype and shape (pinned, say)."""
-    if out.dtype != dtypes.by_name(info.dtype).torch or tuple(out.shape) != info.shape:
+    """Read a tensor's stored bytes into `out`: a contiguous CPU tensor of its dtype and shape (pinned, say); a
+    block type's as its rows' bytes (`dtypes.held_shape`)."""
+    if out.dtype != dtypes.by_name(info.dtype).torch or tuple(out.shape) != dtypes.held_shape(
+        info.dtype, info.shape
+    ):
         raise ValueError(
             f"{info.name}: cannot read {info.dtype}{list(info.shape)} into {out.dtype}{list(out.shape)}"
         )

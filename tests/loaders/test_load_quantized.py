@@ -283,17 +283,28 @@ def test_an_unquantized_checkpoint_is_refused(converted):
         load_quantized(diffusers.WanTransformer3DModel, src)
 
 
-def test_a_checkpoint_with_several_models_asks_which(converted, tmp_path):
+def test_a_checkpoint_with_several_models_loads_each_into_a_class_and_asks_an_instance_which(
+    converted, tmp_path
+):
     _, out = converted("wan", "fp8_channel")
     for name in ("transformer", "transformer_2"):
         (tmp_path / "two" / name).mkdir(parents=True)
         for f in out.iterdir():
             (tmp_path / "two" / name / f.name).symlink_to(f)
+    instance = load_quantized(diffusers.WanTransformer3DModel, out)
     with pytest.raises(InputError, match=r"holds several models \(transformer, transformer_2\)"):
-        load_quantized(diffusers.WanTransformer3DModel, tmp_path / "two")
+        load_quantized(instance, tmp_path / "two")
+    both = load_quantized(diffusers.WanTransformer3DModel, tmp_path / "two")
+    assert list(both) == ["transformer", "transformer_2"]
     on_disk = load_all(out)
-    for where in (tmp_path / "two" / "transformer_2", out.parent):  # the model named; the one model, found
-        loaded = load_quantized(diffusers.WanTransformer3DModel, where)
+    # each model of the two; the model named; the one model, found
+    for where, loaded in (
+        *both.items(),
+        *(
+            (w, load_quantized(diffusers.WanTransformer3DModel, w))
+            for w in (tmp_path / "two" / "transformer_2", out.parent)
+        ),
+    ):
         assert type(loaded) is diffusers.WanTransformer3DModel and not loaded.training, where
         state = loaded.state_dict()
         assert set(state) == set(on_disk), where
@@ -303,12 +314,14 @@ def test_a_checkpoint_with_several_models_asks_which(converted, tmp_path):
 
 
 def test_loaders_import_no_converter_or_cli():
-    # the formats, the families' name tables and the checkpoint reader, and what they are made of (names: the
-    # part-key rule; ggml_types: the GGML type table the formats read; read.files: which files form a component)
+    # the formats, the families' name tables and the checkpoint readers (safetensors, GGUF), and what they are made
+    # of (names: the part-key rule; ggml_types: the GGML type table the formats read; read.files: which files form
+    # a component)
     allowed = (
         "formats",
         "models",
         "read.checkpoint",
+        "read.gguf",
         "read.files",
         "dtypes",
         "errors",

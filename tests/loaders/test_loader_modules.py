@@ -48,7 +48,7 @@ def test_fp8_scaled_mm_path_is_per_token_fp8_activations_times_the_stored_weight
     w, b = _weights()
     m = make(FP8Linear, w, b)
     x = _x(dtype=torch.float32)
-    assert m.uses_scaled_mm(x)
+    assert m.uses_fast_path(x)
     got = m(x)
     # the reference, by hand: x quantized per row (scale = rowmax|x| / 448), both dequantized, multiplied in float64
     rows = x.reshape(-1, 128)
@@ -82,7 +82,7 @@ def test_fp8_dequantize_path_equals_linear_with_the_decoded_weight(shape):
     x = _x(inp=shape[1])
     want = F.linear(x, fp8_channel.decode(fp8_channel.encode(w), torch.bfloat16), b)
     assert torch.equal(m(x), want)
-    assert odd.uses_scaled_mm(x) == (shape == (96, 128))  # dims not multiples of 16: dequantize
+    assert odd.uses_fast_path(x) == (shape == (96, 128))  # dims not multiples of 16: dequantize
     if shape != (96, 128):
         assert torch.equal(odd(x), want)
 
