@@ -246,6 +246,7 @@ class Wan(Family):
         "wan2.2-a14b": {
             "fp8_channel": "wan2.2-a14b-fp8",
             "comfy_fp8": "wan2.2-a14b-comfy-fp8",
+            "comfy_int8": "wan2.2-a14b-comfy-int8",
             "gguf": "wan2.2-a14b-gguf-q8_0",
         },
         "lingbot-world": {"fp8_channel": "lingbot-world-fp8", "nf4": "lingbot-world-nf4"},
@@ -254,6 +255,7 @@ class Wan(Family):
             "torchao_fp8": "wan-diffusers-torchao-fp8",
             "nf4": "wan-diffusers-nf4",
             "comfy_fp8": "wan-diffusers-comfy-fp8",
+            "comfy_int8": "wan-diffusers-comfy-int8",
             "gguf": "wan-diffusers-gguf-q8_0",
         },
         "wan2.2-a14b-diffusers": {"fp8_channel": "wan2.2-a14b-diffusers-fp8"},
