@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH_VERSION := 2.13.0
 DEMO := demo-data
 
-.PHONY: setup demo test bench bench-large bench-peers lint clean
+.PHONY: setup demo test bench bench-large bench-peers gpu-check lint clean
 
 setup: $(VENV)/.installed
 
@@ -62,6 +62,11 @@ bench-peers:
 	$(PEER)/bin/pip install --quiet --disable-pip-version-check "torch==2.13.0"
 	echo "torch==2.13.0" > $(PEER)/constraints.txt
 	$(PEER)/bin/pip install --quiet --disable-pip-version-check -c $(PEER)/constraints.txt "llmcompressor==0.14.0.1"
+
+# on a machine with one CUDA GPU, at most 8 minutes: the tests marked gpu, then the GPU figures (H2D GB/s, each
+# quantized Linear vs bf16, block offload vs resident) into docs/BENCHMARKS.md; without one it says so and exits 0
+gpu-check: setup
+	$(BIN)/python benchmarks/gpu_check.py --write docs/BENCHMARKS.md
 
 lint: setup
 	$(BIN)/ruff check quantize loaders tests benchmarks

@@ -905,7 +905,7 @@ def linear_lines(findings: Findings) -> list[str]:
                 "-" if r["scheme"] == BASELINE.label else flag(r.get("fast")),
                 f"{r['ms']:.3f} ({r['lo']:.3f} - {r['hi']:.3f})",
                 f"{r['ms'] / ref:.2f}x" if ref else "-",
-                f"{r['tflops']:.0f}",
+                f"{r['tflops']:.3g}",
                 "-" if r.get("sqnr_db") is None else f"{r['sqnr_db']:.1f}",
                 "-" if r.get("encode_s") is None else f"{r['encode_s']:.2f}",
             ]
@@ -983,7 +983,7 @@ def report(tests: TestRun, findings: Findings, gpu: str, command: str) -> str:
     lines = [
         "## GPU check: the GPU tests, host-to-device copies, quantized Linears, block offload",
         "",
-        f"Measured {when} with (`make gpu-check`):",
+        f"Measured {when} with:",
         "",
         "```",
         command,

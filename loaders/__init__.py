@@ -4,13 +4,25 @@
 >>> # model = load_quantized(WanTransformer3DModel, "Wan2.1-T2V-14B-fp8/transformer", host="mmap")
 >>> # enable_block_offload(model, device="cuda", host="pinned")
 
-It imports the formats and the checkpoint reader of `quantize`, and nothing else of it.
+Every format `quantize convert` writes loads (diffusers-layout safetensors, ComfyUI's files, GGUF), in either
+naming of its family. It imports the formats, the families' name tables and the checkpoint readers of
+`quantize`, and nothing else of it.
 """
 
 from .blocks import find_block_lists, find_blocks
 from .host import HOST_MODES
-from .materialize import CheckpointMismatchError, load_quantized, parameters_on_meta
-from .modules import MODULES, Float8Linear, FP8Linear, NF4Linear, QuantizedLinear
+from .materialize import CheckpointMismatchError, find_components, load_quantized, parameters_on_meta
+from .modules import (
+    COMPUTE,
+    MODULES,
+    ComfyFP8Linear,
+    Float8Linear,
+    FP8Linear,
+    GGUFLinear,
+    Int8Linear,
+    NF4Linear,
+    QuantizedLinear,
+)
 from .offload import BlockOffloader, OffloadStats, enable_block_offload
 
 __all__ = [
@@ -21,9 +33,14 @@ __all__ = [
     "CheckpointMismatchError",
     "QuantizedLinear",
     "FP8Linear",
+    "ComfyFP8Linear",
+    "Int8Linear",
+    "GGUFLinear",
     "Float8Linear",
     "NF4Linear",
     "MODULES",
+    "COMPUTE",
+    "find_components",
     "HOST_MODES",
     "find_block_lists",
     "find_blocks",
