@@ -34,6 +34,7 @@ from quantize.formats import Format, FormatOptions, format_of_config, quantized_
 from quantize.models import FAMILIES, Family, family_of
 from quantize.models.meta import parameters_on_meta
 from quantize.read.checkpoint import CONFIG_NAME, Component, TensorInfo, open_component
+from quantize.read.files import read_json_object
 from quantize.read.gguf import open_gguf_component
 
 from .blocks import find_blocks
@@ -61,7 +62,8 @@ def _holds_model(folder: Path) -> bool:
 
 def find_components(checkpoint: Path) -> list[Path]:
     """The model folders of a checkpoint: `checkpoint` itself when it holds a model's files (safetensors or
-    GGUF), else each subfolder holding them and a config.json (two for Wan2.2 A14B's experts)."""
+    GGUF), else each subfolder holding them and a config.json; of a pipeline's folders, only its quantized models
+    (those whose config.json declares a `quantization_config`: Wan2.2 A14B's two experts, not its VAE)."""
     checkpoint = Path(checkpoint)
     if not checkpoint.is_dir():
         what = (
@@ -75,7 +77,15 @@ def find_components(checkpoint: Path) -> list[Path]:
     )
     if not found:
         raise InputError(f"{checkpoint}: no *.safetensors or *.gguf here or in a model subfolder")
-    return found
+    quantized = [d for d in found if _declares_quantization(d / CONFIG_NAME)]
+    return quantized or found  # none quantized: each is refused by name when it is loaded
+
+
+def _declares_quantization(config: Path) -> bool:
+    try:
+        return "quantization_config" in read_json_object(config)
+    except InputError:
+        return True  # an unreadable config is named when the folder is loaded
 
 
 def find_component(checkpoint: Path) -> Path:

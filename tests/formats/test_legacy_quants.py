@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from quantize.formats import GgufOptions
+from quantize.formats import GgufOptions, _legacy_quants
 from quantize.formats import gguf as gguf_module
 from quantize.formats._legacy_quants import TYPES, dequantize
 from quantize.ggml_types import ggml_type
@@ -70,12 +70,14 @@ def _weight(rows: int, seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("qtype", TYPES)
 def test_random_bytes_decode_bit_for_bit_as_gguf_py(qtype):
-    """Random bytes give every 4- and 5-bit value in every position, the scales (and mins) any finite float16."""
-    q = _random_rows(qtype, 64, seed=11)
+    """Random bytes give every 4- and 5-bit value in every position, the scales (and mins) any finite float16;
+    enough rows for the CPU's chunks of blocks, the last one partial."""
+    rows = 2 * _legacy_quants._CPU_CHUNK // BLOCKS + 3
+    q = _random_rows(qtype, rows, seed=11)
     theirs = _theirs(q, qtype)
     _assert_same_bits(dequantize(q, qtype), theirs)
     _assert_same_bits(fmt.decode({"weight": q}, options=GgufOptions(qtype)), theirs)
-    assert theirs.shape == (64, BLOCKS * 32) and (theirs < 0).any() and (theirs > 0).any()
+    assert theirs.shape == (rows, BLOCKS * 32) and (theirs < 0).any() and (theirs > 0).any()
     if qtype.endswith("_0"):  # a zero value: d times +0, both signs of zero
         zeros = theirs[theirs == 0]
         assert zeros.signbit().any() and not zeros.signbit().all()
@@ -136,6 +138,14 @@ def test_a_row_slice_decodes_as_gguf_py_and_as_the_whole(qtype):
         fmt.decode({"weight": q}, torch.bfloat16, rows=(3, 7), options=GgufOptions(qtype)),
         whole[3:7].bfloat16(),
     )
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_a_meta_tensor_decodes_to_its_shape(qtype):
+    """No host-only step: the path every device but the CPU takes (the whole tensor at once) runs on meta."""
+    q = torch.empty(5, BLOCKS * ggml_type(qtype).type_size, dtype=torch.uint8, device="meta")
+    ours = dequantize(q, qtype)
+    assert ours.device.type == "meta" and ours.dtype == torch.float32 and ours.shape == (5, BLOCKS * 32)
 
 
 def test_other_types_and_ragged_rows_are_refused():
