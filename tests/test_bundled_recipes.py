@@ -224,6 +224,7 @@ def test_torchao_and_nf4_recipes_on_diffusers_names(tmp_path, recipe, expected):
         ("wan-comfy-int8.yaml", "i2v", WAN_ORIGINAL_QUANTIZED),
         ("wan-comfy-fp8-all.yaml", "t2v", WAN_ORIGINAL_ALL_BLOCK_LINEARS),
         ("wan2.2-a14b-comfy-fp8.yaml", "a14b", WAN_ORIGINAL_QUANTIZED),
+        ("wan2.2-a14b-comfy-int8.yaml", "a14b", WAN_ORIGINAL_QUANTIZED),
     ],
 )
 def test_comfy_recipes_on_original_names(make_wan, recipe, layout, expected):
@@ -234,14 +235,17 @@ def test_comfy_recipes_on_original_names(make_wan, recipe, layout, expected):
         assert quantized == {m for m in _linears(src / comp) if expected.fullmatch(m)}
 
 
+@pytest.mark.parametrize("recipe", ["wan-diffusers-comfy-fp8.yaml", "wan-diffusers-comfy-int8.yaml"])
 @pytest.mark.parametrize("image_dim", [None, 64])
-def test_the_diffusers_comfy_recipe_takes_the_diffusers_split_and_writes_native_names(tmp_path, image_dim):
+def test_the_diffusers_comfy_recipes_take_the_diffusers_split_and_write_native_names(
+    tmp_path, image_dim, recipe
+):
     src = tmp_path / "Wan-Diffusers"
     _diffusers_wan(src / "transformer", image_dim=image_dim, width=64)
     linears = _linears(src / "transformer")
     expected = {m for m in linears if WAN_DIFFUSERS_QUANTIZED.fullmatch(m)}
-    assert _split(src, "wan-diffusers-comfy-fp8.yaml") == {"transformer": expected}
-    (cp,) = make_plan(src, load_recipe("wan-diffusers-comfy-fp8.yaml").recipe).components
+    assert _split(src, recipe) == {"transformer": expected}
+    (cp,) = make_plan(src, load_recipe(recipe).recipe).components
     assert {t.output_module for t in cp.quantized()} == {
         m for m in (t.output_module for t in cp.tensors) if WAN_ORIGINAL_QUANTIZED.fullmatch(m)
     }

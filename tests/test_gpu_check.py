@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -107,3 +108,32 @@ def test_the_report_from_its_steps_records(tmp_path, capsys, monkeypatch):
     g.update_section(doc, body, (g.START, g.END))  # replaced, not appended twice
     text = doc.read_text()
     assert text.startswith("# Benchmarks\n\nbefore\n") and text.count(g.START) == 1 and text.count(g.END) == 1
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")  # killed, not yet reaped by whoever inherited it
+
+
+def test_a_step_past_its_time_guard_is_killed_with_what_it_started_and_keeps_what_it_printed(
+    tmp_path, monkeypatch
+):
+    g = _gpu_check(monkeypatch)
+    pid_file = tmp_path / "pid"
+    child = (
+        "import subprocess, sys, time\n"
+        f"p = subprocess.Popen(['sleep', '60']); open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        f'print({g.RECORD!r} + \'{{"kind": "note", "table": "h2d", "text": "partial"}}\', flush=True)\n'
+        "time.sleep(60)\n"
+    )
+    done = g.run_bounded([sys.executable, "-c", child], timeout=3)
+    assert done.rc is None and done.seconds < 30
+    assert g.records_in(done.stdout) == [{"kind": "note", "table": "h2d", "text": "partial"}]
+    grandchild = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while not _gone(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(grandchild)

@@ -89,5 +89,5 @@ def dequantize(q: torch.Tensor, type_name: str) -> torch.Tensor:
     out = torch.empty(n, 2, _QS_BYTES, dtype=torch.float32, device=q.device)
     chunk = _CPU_CHUNK if q.device.type == "cpu" else max(n, 1)  # elsewhere the whole tensor at once
     for start in range(0, n, chunk):
-        _decode_blocks(b[start : start + chunk], type_name, out[start : start + chunk].roll(1, 0))
+        _decode_blocks(b[start : start + chunk], type_name, out[start : start + chunk])
     return out.view(rows, cols)

@@ -143,7 +143,12 @@ def test_recipes_for_lists_what_fits(sources):
     proc = run_cli("recipes", "--for", sources["a14b"], check=True)
     assert proc.stdout.splitlines()[0].endswith("wan2.2-a14b (Wan2.2 A14B layout, original names, 2 experts)")
     listed = [line.split("│")[1].strip() for line in proc.stdout.splitlines() if ".yaml" in line]
-    assert listed == ["wan2.2-a14b-comfy-fp8.yaml", "wan2.2-a14b-fp8.yaml", "wan2.2-a14b-gguf-q8_0.yaml"]
+    assert listed == [
+        "wan2.2-a14b-comfy-fp8.yaml",
+        "wan2.2-a14b-comfy-int8.yaml",
+        "wan2.2-a14b-fp8.yaml",
+        "wan2.2-a14b-gguf-q8_0.yaml",
+    ]
     assert "--format fp8_channel" in proc.stdout
     kandinsky = run_cli("recipes", "--for", sources["bare-kandinsky5"], check=True)
     assert [line.split("│")[1].strip() for line in kandinsky.stdout.splitlines() if ".yaml" in line] == [
