@@ -13,6 +13,8 @@ Super-blocks of 256 values: Q4_K (144 bytes) ``d, dmin`` (float16), 12 bytes of 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..ggml_types import ggml_type
@@ -33,15 +35,22 @@ def _scale_min(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return sc, mn
 
 
-_NIBBLES = torch.tensor([0, 4], dtype=torch.uint8).view(1, 1, 2, 1)
-_CRUMBS = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)
-_BITS = torch.arange(8, dtype=torch.uint8).view(1, 1, 8, 1)
+_NIBBLES = (0, 4)
+_CRUMBS = (0, 2, 4, 6)
+_BITS = tuple(range(8))
 
 
-def _fields(packed: torch.Tensor, n: int, width: int, shifts: torch.Tensor, mask: int) -> torch.Tensor:
+@functools.cache
+def _shifts(shifts: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The shifts as a uint8 tensor [1, 1, k, 1] on `device` (made once per device: the layer's own, when a
+    loader decodes it on the GPU)."""
+    return torch.tensor(shifts, dtype=torch.uint8, device=device).view(1, 1, len(shifts), 1)
+
+
+def _fields(packed: torch.Tensor, n: int, width: int, shifts: tuple[int, ...], mask: int) -> torch.Tensor:
     """Bytes [n, groups · width] -> [n, groups · len(shifts), width]: for each group of `width` bytes, the
     field at each shift in turn (gguf-py's order)."""
-    return ((packed.reshape(n, -1, 1, width) >> shifts) & mask).reshape(n, -1, width)
+    return ((packed.reshape(n, -1, 1, width) >> _shifts(shifts, packed.device)) & mask).reshape(n, -1, width)
 
 
 def dequantize(q: torch.Tensor, qtype: str) -> torch.Tensor:

@@ -160,6 +160,16 @@ def test_k_quants_decode_any_bytes_bit_for_bit_as_gguf_py(options):
     assert np.array_equal(decoded, gguf.quants.dequantize(encoded.numpy(), gguf.GGMLQuantizationType[qtype]))
 
 
+@pytest.mark.parametrize("options", TYPES)
+def test_decoding_runs_on_the_blocks_own_device(options):
+    """A loader decodes a layer where its blocks are (the GPU): nothing the decoders hold may stay on the CPU.
+    The meta device stands in for CUDA here: any CPU tensor mixed in fails there the same way."""
+    row_bytes = dtypes.nbytes(options.type, (256,))
+    q = torch.zeros(3, row_bytes, dtype=torch.uint8, device="meta")
+    out = fmt.decode({"weight": q}, torch.bfloat16, options=options)
+    assert out.device.type == "meta" and out.shape == (3, 256) and out.dtype == torch.bfloat16
+
+
 def test_the_weight_sqnr_of_each_type_is_what_it_is_known_for():
     w = torch.randn(64, 1024, generator=torch.Generator().manual_seed(2))
     sqnr = {}
