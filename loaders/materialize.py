@@ -22,7 +22,7 @@ model's loads as it is. A checkpoint of several models (Wan2.2 A14B's two expert
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -139,7 +139,9 @@ def load_quantized(
     if len(folders) > 1:
         if not isinstance(model, type):
             find_component(Path(checkpoint))  # the error: one module cannot take several models
-        comps = [open_model_files(f) for f in folders]  # every header checked before any model is built
+        comps = [open_model_files(f) for f in folders]
+        for comp in comps:  # every header and format checked before any model is built
+            _runnable_format(comp)
         return {
             f.name: _load_one(model, comp, host, device, dtype, compute)
             for f, comp in zip(folders, comps, strict=True)
@@ -156,11 +158,7 @@ def _load_one(
     compute: str,
 ) -> nn.Module:
     reader = TensorReader(host, device)
-    fmt = _checkpoint_format(comp)
-    try:
-        module_for(fmt)  # a format no module here runs is named before anything is built
-    except InputError as e:
-        raise InputError(f"{comp.dir}: {e}") from None
+    fmt = _runnable_format(comp)
     family = family_of((comp.config or {}).get("_class_name"), comp.tensors)
     if isinstance(model, type):
         model = _skeleton(model, comp, family)
@@ -173,6 +171,16 @@ def _load_one(
         _materialize(model, group, reader, dtype, keep_fp32)
     _finish(model, device)
     return model
+
+
+def _runnable_format(comp: Component) -> Format:
+    """The checkpoint's format, which a module here must run (else one line naming it, before anything is built)."""
+    fmt = _checkpoint_format(comp)
+    try:
+        module_for(fmt)
+    except InputError as e:
+        raise InputError(f"{comp.dir}: {e}") from None
+    return fmt
 
 
 def _checkpoint_format(comp: Component) -> Format:
@@ -243,7 +251,7 @@ class _Entry:
 class _Names:
     """The checkpoint's name of each of the model's tensors: the same, or through the family's name table."""
 
-    rename: object  # model tensor name -> checkpoint name (None: it has none)
+    rename: Callable[[str], str | None]  # model tensor name -> checkpoint name (None: it has none)
     why: str  # what the renaming is, for messages ("" when the names are the model's)
 
     def key(self, model_key: str, comp: Component) -> str:
