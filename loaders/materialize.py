@@ -415,6 +415,8 @@ def _materialize(
     for entry in group:
         if entry.quantized is not None and not isinstance(entry.module, QuantizedLinear):
             _replace(entry, entry.quantized.like(entry.module, entry.options, entry.compute))
+        elif entry.quantized is not None:  # a loaded model filled again: computes as this call says
+            entry.module.compute = entry.compute
     jobs = [(entry, local, info) for entry in group for local, info in entry.tensors.items()]
     tensors = reader.read_group([info for _, _, info in jobs], owner=model)
     for (entry, local, info), t in zip(jobs, tensors, strict=True):
