@@ -12,9 +12,9 @@ Reference numerics, bit for bit:
   (much faster), gguf-py's otherwise;
 - the K-quants: ggml's own reference quantizer, ``ggml_quantize_chunk`` without an importance matrix, called
   through ggml-python (the optional extra ``dit-quantize[gguf]``; its absence is one error naming the extra).
-Decoding: every type in torch, Q8_0, the K-quants and the _0 / _1 types (`_q8_0`, `_kquants`,
-`_legacy_quants`: gguf-py's ``gguf.quants.dequantize`` values bit for bit, tested on arbitrary bytes, several
-times faster).
+Decoding: every type in torch, on the bytes' own device (`_q8_0`, `_kquants`, `_legacy_quants`: gguf-py's
+``gguf.quants.dequantize`` values bit for bit, tested on arbitrary bytes; Q8_0 and the K-quants several times
+faster on the CPU, the _0 / _1 types somewhat, most of their time the fresh float32 result).
 
 What is known of each type (block size, bytes a block, GGML id, K-quant or not, the next type up) is its row of
 the one GGML table, `quantize.ggml_types`; a tensor's type reaches the hooks as its `GgufOptions`.

@@ -14,7 +14,6 @@ from quantize.formats import GgufOptions, _legacy_quants
 from quantize.formats import gguf as gguf_module
 from quantize.formats._legacy_quants import TYPES, dequantize
 from quantize.ggml_types import ggml_type
-from tests.formats.references import gguf_py_quantize
 
 fmt = gguf_module.FORMAT
 BLOCKS = 8  # blocks a row: 256 values
@@ -87,7 +86,7 @@ def test_random_bytes_decode_bit_for_bit_as_gguf_py(qtype):
 def test_real_encodings_decode_bit_for_bit_as_gguf_py(qtype):
     """gguf-py's own encoding of random weights (with an outlier, zero blocks and one-signed blocks)."""
     w = _weight(16, seed=12)
-    q = torch.from_numpy(gguf_py_quantize(w.numpy(), qtype))
+    q = torch.from_numpy(gguf.quants.quantize(w.numpy(), gguf.GGMLQuantizationType[qtype]))
     theirs = _theirs(q, qtype)
     _assert_same_bits(dequantize(q, qtype), theirs)
     encoded = fmt.encode(w, GgufOptions(qtype))["weight"]  # ggml's bytes where installed: the same
