@@ -117,7 +117,7 @@ FORMAT_INFO: dict[str, FormatInfo] = {
             tag="fp8",
             layout_library="comfyui",
             diffusers_needs=None,
-            runs_in=("comfyui",),
+            runs_in=("comfyui", "loaders"),
             diffusers_layout=False,
         ),
         FormatInfo(
@@ -131,7 +131,7 @@ FORMAT_INFO: dict[str, FormatInfo] = {
             tag="int8",
             layout_library="comfyui",
             diffusers_needs=None,
-            runs_in=("comfyui",),
+            runs_in=("comfyui", "loaders"),
             diffusers_layout=False,
         ),
         FormatInfo(
@@ -145,7 +145,7 @@ FORMAT_INFO: dict[str, FormatInfo] = {
             tag="gguf",
             layout_library="gguf",
             diffusers_needs=None,
-            runs_in=("comfyui-gguf", "diffusers-gguf"),
+            runs_in=("comfyui-gguf", "diffusers-gguf", "loaders"),
             diffusers_layout=False,
             options=GgufOptions,
         ),

@@ -215,7 +215,11 @@ def _loading_section(manifest: Manifest, facts: CardFacts) -> list[str]:
         out += _gguf_section(facts.model_files, manifest, facts.family)
     if "loaders" not in info.runs_in:
         return out
-    if _diffusers_layout(manifest, facts):
+    runs_as = facts.family.diffusers_class if facts.family is not None else None
+    if runs_as:  # the family's diffusers class takes either naming (the loader renames through the family)
+        build = [f"from diffusers import {runs_as}", ""]
+        target = runs_as
+    elif _diffusers_layout(manifest, facts):
         build = [f"from diffusers import {cls}", ""]
         target = cls
     else:  # not a diffusers class: the caller builds the model whose parameter names match

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 
 from quantize.formats.comfy_fp8 import FORMAT as comfy_fp8
 from quantize.formats.comfy_int8 import FORMAT as comfy_int8
@@ -120,7 +121,8 @@ def test_original_names_to_one_comfyui_file(make_wan, tmp_path, layout, recipe, 
     assert manifest["format"] == fmt.NAME and path.name in {f["path"] for f in manifest["output_files"]}
     card = (out / "README.md").read_text()
     assert "ComfyUI/models/diffusion_models/" in card and "Load Diffusion Model" in card and path.name in card
-    assert "load_quantized" not in card  # dit-quantize's loader does not run ComfyUI's formats
+    # dit-quantize's loader runs it too, into the family's diffusers class
+    assert 'load_quantized(WanTransformer3DModel, "path/to/this-checkpoint"' in card
     proc = run_cli("verify", out, "--source", src, "--json")
     assert proc.returncode == 0, proc.stdout
     checks = {(c["category"], c["check"]): c for c in json.loads(proc.stdout)["checks"]}
@@ -230,20 +232,31 @@ def test_a_family_without_native_names_is_refused_at_plan_time_naming_both(tmp_p
     assert not (tmp_path / "out").exists()
 
 
-def test_our_loader_names_what_runs_a_comfy_checkpoint(make_wan, tmp_path):
+def test_our_loader_runs_a_comfy_checkpoint_of_original_names(make_wan, tmp_path):
+    """The original release's names and config, converted to ComfyUI's file, into diffusers' class: the config made
+    the class's, every quantized layer an int8 module, the kept tensors as stored."""
     import diffusers
 
-    from loaders import load_quantized
-    from quantize.errors import InputError
+    from loaders import Int8Linear, load_quantized
 
     src = make_wan("t2v")
     run_cli("convert", src, tmp_path / "out", "--recipe", "wan-comfy-int8", check=True)
-    with pytest.raises(InputError) as e:
-        load_quantized(diffusers.WanTransformer3DModel, tmp_path / "out")
-    assert str(e.value) == (
-        f"{tmp_path / 'out'}: a comfy_int8 checkpoint runs in comfyui, not in loaders "
-        "(it loads fp8_channel, nf4, torchao_fp8)"
-    )
+    model = load_quantized(diffusers.WanTransformer3DModel, tmp_path / "out")
+    (path,) = (tmp_path / "out").glob("*.safetensors")
+    stored = load_file(path)
+    wan = get_family("wan")
+    int8 = {name for name, m in model.named_modules() if isinstance(m, Int8Linear)}
+    assert int8 and {wan.native_name(f"{n}.weight") for n in int8} == {
+        k for k in stored if k.endswith(".weight") and stored[k].dtype == torch.int8
+    }
+    for key, value in model.state_dict().items():
+        module, _, part = key.rpartition(".")
+        native = (
+            f"{wan.native_name(module + '.weight')[: -len('.weight')]}.{part}"
+            if module in int8
+            else wan.native_name(key)
+        )
+        assert torch.equal(value, stored[native]), key
 
 
 @pytest.mark.parametrize("recipe, fmt", [("wan-comfy-fp8", comfy_fp8), ("wan-comfy-int8", comfy_int8)])
