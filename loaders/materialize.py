@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from quantize import dtypes
 from quantize.errors import InputError
 from quantize.formats import Format, FormatOptions, format_of_config, quantized_parts
 from quantize.models import FAMILIES, Family, family_of
@@ -101,10 +102,13 @@ def find_component(checkpoint: Path) -> Path:
 
 
 def open_model_files(folder: Path) -> Component:
-    """One model's folder read (headers only): its GGUF file, else its safetensors shards."""
-    if any(folder.glob("*.gguf")):
-        return open_gguf_component(folder)
-    return open_component(folder)
+    """One model's folder read (headers only): its GGUF file, or its safetensors shards; never both."""
+    gguf, safetensors = sorted(folder.glob("*.gguf")), sorted(folder.glob("*.safetensors"))
+    if gguf and safetensors:
+        raise InputError(
+            f"{folder}: holds both {gguf[0].name} and {safetensors[0].name}: one model a folder (move one out)"
+        )
+    return open_gguf_component(folder) if gguf else open_component(folder)
 
 
 def load_quantized(
@@ -125,8 +129,9 @@ def load_quantized(
     host: ``"mmap"`` (default: views of the files, paged in on use), ``"pageable"`` or ``"pinned"``.
     device: where the tensors go; None keeps them on the host as `host` says.
     dtype: cast the kept (unquantized) floating tensors to this dtype, except those of the model's
-        ``_keep_in_fp32_modules`` (float32), as diffusers does; None keeps the stored dtypes.
-        Quantized parts always keep theirs.
+        ``_keep_in_fp32_modules`` (float32), as diffusers does; None keeps the stored dtypes (a GGUF file's
+        F32 norms and biases come back in its kept Linears' dtype, the source's, as diffusers would hold
+        them). Quantized parts always keep theirs.
     compute: ``"fast"`` (each scheme's kernel where the device has it) or ``"dequantize"`` (every quantized
         layer decodes its weight to the input's dtype for the call: the eager reference, what
         `quantize verify --forward` computes).
@@ -164,9 +169,13 @@ def _load_one(
         model = _skeleton(model, comp, family)
     elif not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module class or instance, got {type(model).__name__}")
+    if family is None:
+        _check_names_of_no_family(model, comp)
     names = _checkpoint_names(model, comp, family)
     plan = _match(model, comp, fmt, names, compute)
     keep_fp32 = tuple(getattr(model, "_keep_in_fp32_modules", None) or ())
+    if dtype is None:
+        dtype = _source_dtype(plan, fmt)
     for group in _groups(model, plan):
         _materialize(model, group, reader, dtype, keep_fp32)
     _finish(model, device)
@@ -219,6 +228,19 @@ def _skeleton(cls: type[nn.Module], comp: Component, family: Family | None) -> n
 def _is_class(cls: type, name: str) -> bool:
     """Whether `cls` is the class called `name`, or a subclass of it."""
     return any(c.__name__ == name for c in cls.__mro__)
+
+
+def _check_names_of_no_family(model: nn.Module, comp: Component) -> None:
+    """A checkpoint no family knows (by its config's class or its names) cannot be a known family's model."""
+    own = family_of(None, model.state_dict().keys())
+    if own is not None:
+        cls = (comp.config or {}).get("_class_name")
+        known = ", ".join(f.title for f in FAMILIES)
+        raise CheckpointMismatchError(
+            f"{comp.dir}: its config names {cls!r} and its tensor names (e.g. {next(iter(comp.tensors))!r}) are "
+            f"of no model family this tool knows ({known}); the model is a {own.title} model: is this the "
+            "checkpoint converted from it?"
+        )
 
 
 def _check_class(cls: type, comp: Component, family: Family) -> None:
@@ -441,6 +463,20 @@ def _replace(entry: _Entry, new: nn.Module) -> None:
     """Put `new` in `entry.module`'s place in the model."""
     entry.parent._modules[entry.name.rpartition(".")[2]] = new
     entry.module = new
+
+
+def _source_dtype(plan: dict[str, _Entry], fmt: Format) -> torch.dtype | None:
+    """What `dtype=None` loads the kept floating tensors in: each as stored (None), except for a format that
+    widens them (`Format.WIDENS_KEPT`: a GGUF file keeps norms, biases and convolutions in F32 and its kept 2-D
+    Linear weights as stored, BF16, a mix no input dtype runs): then the kept Linear weights' dtype, the source's."""
+    if not fmt.WIDENS_KEPT:
+        return None
+    linears = {
+        dtypes.by_name(entry.tensors["weight"].dtype).torch
+        for entry in plan.values()
+        if entry.quantized is None and isinstance(entry.module, nn.Linear) and "weight" in entry.tensors
+    }
+    return linears.pop() if len(linears) == 1 else None
 
 
 def _kept_dtype(

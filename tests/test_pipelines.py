@@ -114,18 +114,33 @@ def test_the_converted_pipeline_folder_runs_in_diffusers(source, reference, tmp_
     assert_close_to(reference, frames(pipe))
 
 
-@pytest.mark.parametrize("recipe", ["wan-diffusers-fp8", "wan-diffusers-nf4"])
-def test_the_source_pipeline_with_load_quantized(recipe, source, reference, tmp_path):
-    """The source pipeline, its transformer replaced by `loaders.load_quantized` of the converted one, its
-    blocks streamed by the block offloader (to the CPU here; to "cuda" on a GPU)."""
+#: each format's bundled recipe for a diffusers-layout Wan, and the frames' / latents' SQNR (dB) against the bf16
+#: pipeline measured with it (CPU, block offload to the CPU); `assert_close_to` asks for 35 / 30
+LOAD_QUANTIZED = {
+    "fp8_channel": "wan-diffusers-fp8",  # 48.1 / 45.4
+    "torchao_fp8": "wan-diffusers-torchao-fp8",  # 48.5 / 46.2
+    "nf4": "wan-diffusers-nf4",  # 47.9 / 38.8
+    "comfy_fp8": "wan-diffusers-comfy-fp8",  # 49.0 / 45.0
+    "comfy_int8": "wan-diffusers-comfy-int8",  # 48.3 / 49.7
+    "gguf": "wan-diffusers-gguf-q8_0",  # 48.7 / 51.3
+}
+
+
+@pytest.mark.parametrize("fmt", list(LOAD_QUANTIZED))
+def test_the_source_pipeline_with_load_quantized(fmt, source, reference, tmp_path):
+    """The source pipeline, its transformer replaced by `loaders.load_quantized` of the converted one (every
+    format: ComfyUI's and GGUF's files renamed from Wan's native names), its blocks streamed by the block
+    offloader (to the CPU here; to "cuda" on a GPU)."""
     from diffusers import WanPipeline, WanTransformer3DModel
 
-    from loaders import enable_block_offload, load_quantized
+    from loaders import MODULES, enable_block_offload, load_quantized
 
+    recipe = LOAD_QUANTIZED[fmt]
     out = _convert(source, tmp_path / recipe, recipe)
     transformer = load_quantized(
         WanTransformer3DModel, out / "transformer", host="mmap", dtype=torch.bfloat16
     )
+    assert any(type(m) is MODULES[fmt] for m in transformer.blocks.modules())
     offloader = enable_block_offload(transformer, device="cpu", host="pageable")
     pipe = WanPipeline.from_pretrained(source, transformer=transformer, torch_dtype=torch.bfloat16, **NO_TEXT)
     assert_close_to(reference, frames(pipe))

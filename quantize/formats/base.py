@@ -54,6 +54,9 @@ class Format(abc.ABC):
     #: Parts that are code books, not data: a library builds them with float32 arithmetic whose last bit can
     #: differ between CPU instruction sets, so `verify` compares them to within a float32 rounding.
     CODE_TABLES: ClassVar[tuple[str, ...]] = ()
+    #: True when the kept tensors other than 2-D Linear weights are stored wider than the source (gguf: F32, while
+    #: kept Linear weights stay as stored): a loader given no dtype loads them in the kept Linear weights' dtype.
+    WIDENS_KEPT: ClassVar[bool] = False
 
     def __repr__(self) -> str:
         return f"<format {self.NAME}>"

@@ -93,6 +93,7 @@ def _zero_blocks_as_gguf_py(w: np.ndarray, q: np.ndarray, t) -> None:
 class Gguf(Format):
     NAME = "gguf"
     ROW_SEPARABLE = True
+    WIDENS_KEPT = True  # `kept_dtype`: F32 for all but the 2-D Linear weights
 
     def parts(self, shape: tuple[int, ...], options: FormatOptions = NO_OPTIONS) -> dict[str, PartSpec]:
         t = _type(options)

@@ -1,17 +1,27 @@
-"""Converted checkpoints of tiny diffusers models in every format, made once per session with the CLI."""
+"""Converted checkpoints of tiny diffusers models in every format, made once per session with the CLI, and
+the checkpoint's tensors read back by the formats' own readers (safetensors, gguf-py), under the model's names."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import diffusers  # noqa: F401  (a dev dependency: missing, the loaders' tests must fail, not skip)
+import gguf
+import numpy as np
 import pytest
+import torch
 
+from loaders.modules import QuantizedLinear
+from quantize.models import get_family
 from quantize.recipes import bundled_recipes
 from tests import diffusers_models as models
-from tests.conftest import run_cli
+from tests.conftest import load_all, run_cli
 
-FORMATS = ["fp8_channel", "torchao_fp8", "nf4"]
+#: the formats written in the source's own names (diffusers layout: sharded safetensors)
+SOURCE_NAMED = ["fp8_channel", "torchao_fp8", "nf4"]
+#: the formats written as one file in the family's native names (ComfyUI's safetensors, GGUF)
+NATIVE_NAMED = ["comfy_fp8", "comfy_int8", "gguf"]
+FORMATS = SOURCE_NAMED + NATIVE_NAMED
 MODELS = {
     "wan": ("WanTransformer3DModel", lambda p: models.wan(p, layers=3), models.wan_inputs),
     "kandinsky5": (
@@ -20,10 +30,17 @@ MODELS = {
         models.kandinsky5_inputs,
     ),
 }
+#: the formats each model converts to: Kandinsky 5 has no native names, so none of ComfyUI's or GGUF's
+MODEL_FORMATS = {"wan": FORMATS, "kandinsky5": SOURCE_NAMED}
+#: (model, format) for every checkpoint a model has
+CASES = [(model, fmt) for model, formats in MODEL_FORMATS.items() for fmt in formats]
 _WAN_RECIPES = {
     "fp8_channel": "wan-diffusers-fp8",
     "torchao_fp8": "wan-diffusers-torchao-fp8",
     "nf4": "wan-diffusers-nf4",
+    "comfy_fp8": "wan-diffusers-comfy-fp8",
+    "comfy_int8": "wan-diffusers-comfy-int8",
+    "gguf": "wan-diffusers-gguf-q8_0",
 }
 
 
@@ -33,6 +50,8 @@ def recipe_for(model: str, fmt: str, where: Path) -> Path:
         name = _WAN_RECIPES[fmt]
         text = bundled_recipes()[name + ".yaml"]
     else:
+        if fmt not in SOURCE_NAMED:
+            raise ValueError(f"Kandinsky 5 has no native names: no {fmt} checkpoint of it")
         name = f"kandinsky5-{fmt}"
         text = bundled_recipes()["kandinsky5-torchao-fp8.yaml"]
         text = text.replace("name: kandinsky5-torchao-fp8", f"name: {name}").replace(
@@ -59,3 +78,76 @@ def converted(tmp_path_factory):
         return made[model, fmt]
 
     return get
+
+
+# -- the checkpoint, read back ----------------------------------------------------------------------
+
+#: the GGML types that are plain numbers (a kept tensor), not rows of blocks
+GGUF_PLAIN = ("F32", "F16", "BF16", "F64")
+
+
+def gguf_tensors(path: Path) -> dict[str, tuple[str, torch.Tensor]]:
+    """Every tensor of a GGUF file as gguf-py's reader gives it: name -> (GGML type name, tensor), F32 and F16 as
+    themselves, BF16 viewed as bfloat16, a block type as its rows' bytes (uint8 [rows, row bytes])."""
+    found = {}
+    for t in gguf.GGUFReader(path).tensors:
+        data = torch.from_numpy(np.array(t.data))
+        if t.tensor_type.name == "BF16":
+            data = data.view(torch.bfloat16)
+        found[t.name] = (t.tensor_type.name, data)
+    return found
+
+
+def stored_tensors(component: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a converted model folder under the checkpoint's names: its GGUF file (gguf-py), else its
+    safetensors files (safetensors)."""
+    files = sorted(Path(component).glob("*.gguf"))
+    if files:
+        (path,) = files
+        return {name: t for name, (_, t) in gguf_tensors(path).items()}
+    return load_all(component)
+
+
+def checkpoint_module(name: str, stored, family: str = "wan") -> str:
+    """The checkpoint's name of the model's Linear `name` in a checkpoint whose tensor names are `stored`: the same,
+    or, in the family's native names, its weight's native name less ``.weight``."""
+    fam = get_family(family)
+    if fam.names is None or fam.naming(stored) != "native":
+        return name
+    return fam.native_name(name + ".weight")[: -len(".weight")]
+
+
+def model_module(stored_name: str, stored, family: str = "wan") -> str:
+    """`checkpoint_module` read the other way: the model's name of the checkpoint's Linear `stored_name`."""
+    fam = get_family(family)
+    if fam.names is None or fam.naming(stored) != "native":
+        return stored_name
+    return fam.diffusers_name(stored_name + ".weight")[: -len(".weight")]
+
+
+def checkpoint_keys(model: torch.nn.Module, stored, family: str = "wan") -> dict[str, str]:
+    """Each state-dict key of `model` -> its key in the checkpoint whose tensor names are `stored`: the same, or,
+    for a checkpoint in the family's native names, through the family's name table; a quantized Linear's parts
+    (which the table does not list) by its module's name (`checkpoint_module`), then the part."""
+    fam = get_family(family)
+    state = model.state_dict()
+    if fam.names is None or fam.naming(stored) != "native":
+        return {key: key for key in state}
+    quantized = [name for name, m in model.named_modules() if isinstance(m, QuantizedLinear)]
+    keys = {}
+    for key in state:
+        module = next((m for m in quantized if key.startswith(m + ".")), None)
+        if module is None:
+            keys[key] = fam.native_name(key)
+        else:
+            keys[key] = checkpoint_module(module, stored, family) + key[len(module) :]
+    return keys
+
+
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors hold the same dtype, shape and bytes (a 0-d float32 scale too, NaNs compared as bits)."""
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    )

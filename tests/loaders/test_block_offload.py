@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from loaders import enable_block_offload, find_block_lists, load_quantized
-from tests.conftest import load_all
-from tests.loaders.conftest import FORMATS, MODELS
+from tests.loaders.conftest import CASES, MODEL_FORMATS, MODELS, stored_tensors
 
 
 def _load(converted, model: str, fmt: str, host: str = "mmap"):
@@ -33,8 +32,7 @@ def test_blocks_are_found_from_the_model():
         find_block_lists(wan, ["rope"])
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("model, fmt", CASES)
 def test_offloaded_forward_equals_the_plain_forward_exactly(converted, model, fmt):
     inputs = MODELS[model][2]
     plain = _load(converted, model, fmt)
@@ -140,7 +138,7 @@ cuda = pytest.mark.gpu  # skipped without a CUDA device (tests/conftest.py)
 
 @cuda
 @pytest.mark.parametrize("host", ["pinned", "pageable"])
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", MODEL_FORMATS["wan"])
 def test_gpu_offload_equals_the_model_on_the_gpu_and_allocates_nothing_per_step(converted, fmt, host):
     inputs = MODELS["wan"][2]
 
@@ -179,14 +177,18 @@ def fake_pinning(monkeypatch):
     monkeypatch.setattr(loaders.host, "_register", lambda buf: None)
 
 
-@pytest.mark.parametrize("fmt", ["fp8_channel", "nf4"])
+@pytest.mark.parametrize("fmt", ["fp8_channel", "nf4", "comfy_fp8", "comfy_int8", "gguf"])
 def test_pinned_loading_and_pinned_homing_of_a_mapped_model(converted, fake_pinning, monkeypatch, fmt):
     import loaders.offload
 
     out = converted("wan", fmt)[1]
+    # stored dtypes: nothing cast, so every block tensor of the mapped model stays mapped. A GGUF file keeps its
+    # Linear weights outside the blocks in BF16 and every other float tensor in F32: as stored the model runs in
+    # no dtype, so it is loaded in float32 (its blocks hold only blocks of bytes and F32: nothing there is cast)
+    dtype = torch.float32 if fmt == "gguf" else None
 
-    def load(host):  # stored dtypes: nothing cast, so every block tensor of the mapped model stays mapped
-        return load_quantized(diffusers.WanTransformer3DModel, out, host=host)
+    def load(host):
+        return load_quantized(diffusers.WanTransformer3DModel, out, host=host, dtype=dtype)
 
     plain, pinned = load("pageable"), load("pinned")
     # one exactly sized buffer per loading group: the layers outside the blocks, then each block
@@ -199,12 +201,15 @@ def test_pinned_loading_and_pinned_homing_of_a_mapped_model(converted, fake_pinn
         loaders.offload, "read_into", lambda info, out: reread.append(info.name) or real_read_into(info, out)
     )
     enable_block_offload(mapped, device="cpu", host="pinned")
-    from_file = {k for k in load_all(out) if k.startswith("blocks.")}
+    from_file = {k for k in stored_tensors(out) if k.startswith("blocks.")}  # the checkpoint's names
     assert sorted(reread) == sorted(
         from_file
     )  # every block tensor that was mapped is re-read with pread, none copied out
     assert len(mapped.__dict__["_pinned_host_buffers"]) == len(mapped.blocks)
-    inputs = MODELS["wan"][2]
+    x = {
+        k: v.to(dtype) if dtype is not None and isinstance(v, torch.Tensor) and v.is_floating_point() else v
+        for k, v in MODELS["wan"][2](0).items()
+    }
     with torch.no_grad():
-        want = plain(**inputs(0))[0]
-        assert torch.equal(pinned(**inputs(0))[0], want) and torch.equal(mapped(**inputs(0))[0], want)
+        want = plain(**x)[0]
+        assert torch.equal(pinned(**x)[0], want) and torch.equal(mapped(**x)[0], want)

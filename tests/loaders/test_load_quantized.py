@@ -15,18 +15,38 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from loaders import CheckpointMismatchError, FP8Linear, load_quantized
+from loaders import CheckpointMismatchError, FP8Linear, QuantizedLinear, load_quantized
 from loaders.modules import MODULES
 from quantize import dtypes
 from quantize.errors import InputError
-from quantize.formats import get_format, part_key
+from quantize.formats import NO_OPTIONS, FormatOptions, get_format, part_key
+from quantize.formats.options import GgufOptions
 from tests import diffusers_models as models
 from tests.conftest import load_all, run_cli
-from tests.loaders.conftest import FORMATS, MODELS
+from tests.loaders.conftest import (
+    CASES,
+    GGUF_PLAIN,
+    MODEL_FORMATS,
+    MODELS,
+    checkpoint_keys,
+    checkpoint_module,
+    gguf_tensors,
+    model_module,
+    same_bytes,
+    stored_tensors,
+)
 
 
-def _quantized_modules(checkpoint: Path, fmt) -> dict[str, dict[str, torch.Tensor]]:
-    """module name -> its stored parts, read from the checkpoint with safetensors itself."""
+def _quantized_modules(checkpoint: Path, fmt) -> dict[str, tuple[dict[str, torch.Tensor], FormatOptions]]:
+    """The checkpoint's name of each quantized module -> (its stored parts, the options they are in), read with the
+    container's own reader: safetensors, or gguf-py for a GGUF file (each layer's GGML type off the file)."""
+    files = sorted(checkpoint.glob("*.gguf"))
+    if files:
+        return {
+            name.removesuffix(".weight"): ({"weight": t}, GgufOptions(ggml_type))
+            for name, (ggml_type, t) in gguf_tensors(files[0]).items()
+            if ggml_type not in GGUF_PLAIN
+        }
     tensors = load_all(checkpoint)
     first = next(iter(fmt.parts((64, 64))))
     dtype = dtypes.by_name(fmt.parts((64, 64))[first][0]).torch
@@ -35,7 +55,7 @@ def _quantized_modules(checkpoint: Path, fmt) -> dict[str, dict[str, torch.Tenso
         for k, t in tensors.items()
         if k.endswith("." + first) and t.dtype == dtype
     }
-    return {m: {p: tensors[part_key(m, p)] for p in fmt.parts((64, 64))} for m in modules}
+    return {m: ({p: tensors[part_key(m, p)] for p in fmt.parts((64, 64))}, NO_OPTIONS) for m in modules}
 
 
 def _sqnr(want: torch.Tensor, got: torch.Tensor) -> float:
@@ -44,17 +64,18 @@ def _sqnr(want: torch.Tensor, got: torch.Tensor) -> float:
 
 
 def _dequantized_reference(model: str, src: Path, out: Path, fmt) -> torch.nn.Module:
-    """The source model as diffusers loads it in bf16, each quantized Linear's weight replaced by its decoded value."""
+    """The source model as diffusers loads it in bf16, each quantized Linear's weight replaced by its decoded value
+    (a checkpoint in native names: each module found through the family's name table)."""
     cls = getattr(diffusers, MODELS[model][0])
     reference = cls.from_pretrained(src, torch_dtype=torch.bfloat16).eval()
-    for name, parts in _quantized_modules(out, fmt).items():
-        linear = reference.get_submodule(name)
-        linear.weight.data = fmt.decode(parts, torch.bfloat16)
+    stored = _quantized_modules(out, fmt)
+    for name, (parts, options) in stored.items():
+        linear = reference.get_submodule(model_module(name, stored, model))
+        linear.weight.data = fmt.decode(parts, torch.bfloat16, options=options)
     return reference
 
 
-@pytest.mark.parametrize("fmt_name", FORMATS)
-@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("model, fmt_name", CASES)
 @pytest.mark.parametrize("host", ["mmap", "pageable"])
 def test_every_format_loads_into_the_model_class_bit_exact(converted, model, fmt_name, host):
     src, out = converted(model, fmt_name)
@@ -63,15 +84,21 @@ def test_every_format_loads_into_the_model_class_bit_exact(converted, model, fmt
     loaded = load_quantized(getattr(diffusers, cls_name), out, host=host, dtype=torch.bfloat16)
 
     assert type(loaded).__name__ == cls_name and not loaded.training
+    on_disk = stored_tensors(out)
     stored = _quantized_modules(out, fmt)
-    assert stored and {n for n, m in loaded.named_modules() if type(m) is MODULES[fmt_name]} == set(stored)
-    state, on_disk = loaded.state_dict(), load_all(out)
-    assert set(state) == set(on_disk)
+    quantized = {n: m for n, m in loaded.named_modules() if type(m) is MODULES[fmt_name]}
+    assert stored and {checkpoint_module(n, on_disk, model) for n in quantized} == set(stored)
+    assert all(m.options == stored[checkpoint_module(n, on_disk, model)][1] for n, m in quantized.items())
+    # every tensor of the model is one of the checkpoint's, by its name there, and every one of those is given
+    keys = checkpoint_keys(loaded, on_disk, model)
+    assert sorted(keys.values()) == sorted(on_disk)
+    state = loaded.state_dict()
     fp32_modules = set(loaded._keep_in_fp32_modules)
-    for key, want in on_disk.items():
-        got = state[key]
-        if any(key == part_key(m, p) for m in stored for p in stored[m]) or not want.is_floating_point():
-            assert got.dtype == want.dtype and torch.equal(got.view(torch.uint8), want.view(torch.uint8)), key
+    parts = {part_key(m, p) for m, (ps, _) in stored.items() for p in ps}
+    for key, got in state.items():
+        want = on_disk[keys[key]]
+        if keys[key] in parts or not want.is_floating_point():
+            assert same_bytes(got, want), key
         else:  # kept: cast as diffusers' from_pretrained(torch_dtype=bf16) would
             dtype = torch.float32 if fp32_modules & set(key.split(".")) else torch.bfloat16
             assert got.dtype == dtype and torch.equal(got, want.to(dtype)), key
@@ -80,10 +107,12 @@ def test_every_format_loads_into_the_model_class_bit_exact(converted, model, fmt
     with torch.no_grad():
         want = reference(**inputs())[0]
         got = loaded(**inputs())[0]
-        if fmt_name == "fp8_channel":  # the dequantize path is the reference computation exactly
-            assert _sqnr(want, got) > 30  # per-token fp8 activations: a small, bounded error
+        # activations quantized per call (fp8 per row or per tensor, int8 per row): a small, bounded error; then
+        # the dequantize path, which is the reference exactly
+        if fmt_name in ("fp8_channel", "comfy_fp8", "comfy_int8"):
+            assert _sqnr(want, got) > 30
             for m in loaded.modules():
-                if isinstance(m, FP8Linear):
+                if isinstance(m, QuantizedLinear):
                     m.compute = "dequantize"
             got = loaded(**inputs())[0]
         if (
@@ -344,7 +373,7 @@ def test_a_class_that_cannot_be_built_from_the_config_is_named(converted):
         load_quantized(Toy, out)
 
 
-@pytest.mark.parametrize("fmt_name", FORMATS)
+@pytest.mark.parametrize("fmt_name", MODEL_FORMATS["wan"])
 def test_a_loaded_block_deep_copies_as_stored(converted, fmt_name):
     """What an offload manager does to make its staging buffers: copy.deepcopy(block). No bf16 weight appears."""
     import copy
@@ -356,9 +385,7 @@ def test_a_loaded_block_deep_copies_as_stored(converted, fmt_name):
     theirs, ours = clone.state_dict(), block.state_dict()
     assert theirs.keys() == ours.keys()
     for key, t in ours.items():
-        assert theirs[key].dtype == t.dtype and torch.equal(
-            theirs[key].view(torch.uint8), t.view(torch.uint8)
-        ), key
+        assert same_bytes(theirs[key], t), key
         assert theirs[key].untyped_storage().data_ptr() != t.untyped_storage().data_ptr() or not t.numel()
     quantized = [m for m in clone.modules() if type(m) is MODULES[fmt_name]]
     assert quantized and all(
