@@ -10,9 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from loaders import Float8Linear, FP8Linear, NF4Linear, bnb
+from loaders import ComfyFP8Linear, Float8Linear, FP8Linear, GGUFLinear, Int8Linear, NF4Linear, bnb
 from loaders.bnb import quant_state
 from loaders.modules import quantize_rows
+from quantize.formats import NO_OPTIONS, GgufOptions
 from quantize.formats import nf4 as nf4_module
 from quantize.formats.fp8_channel import FORMAT as fp8_channel
 from quantize.formats.nf4 import FORMAT as nf4
@@ -236,6 +237,34 @@ def test_gpu_forward_matches_the_cpu_forward(cls, dtype):
         m.compute = "dequantize"
         wd = fp8_channel.decode(fp8_channel.encode(w), dtype)
         torch.testing.assert_close(m(x.cuda()).cpu(), F.linear(x, wd, b.to(dtype)), rtol=1e-2, atol=1e-2)
+
+
+NEW_SCHEMES = [
+    pytest.param(ComfyFP8Linear, NO_OPTIONS, id="comfy_fp8"),
+    pytest.param(Int8Linear, NO_OPTIONS, id="comfy_int8"),
+    *(
+        pytest.param(GGUFLinear, GgufOptions(t), id=f"gguf-{t}")
+        for t in ("Q8_0", "Q6_K", "Q4_K", "Q5_1", "Q4_0")
+    ),
+]
+
+
+@cuda
+@pytest.mark.parametrize("cls, options", NEW_SCHEMES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_gpu_forward_of_each_scheme_matches_the_cpu_forward(cls, options, dtype):
+    """On the GPU: the fast path where the GPU has it (`_scaled_mm` per tensor, `_int_mm`), else the eager
+    reference; a GGUF layer decoded on the GPU to the CPU's values exactly."""
+    w, b = _weights(256, 512)
+    m = cls.from_weight(w, b, options)
+    x = _x(rows=24, inp=512, dtype=dtype)
+    want, decoded = m(x).float(), m.dequantize()
+    m.to("cuda")
+    got = m(x.cuda()).float().cpu()
+    torch.testing.assert_close(got, want, rtol=2**-6, atol=2**-5)
+    assert torch.equal(m.dequantize().cpu(), decoded)  # the same values, decoded where the blocks are
+    if cls is Int8Linear:
+        assert m.uses_fast_path(x.cuda())  # torch._int_mm: every CUDA GPU from Turing on
 
 
 def test_set_part_and_dequantize_agree_with_the_format():
