@@ -1,4 +1,4 @@
-"""GGUF v3 files: the layout computed up front, tensor data written streaming at known offsets, and read back.
+"""GGUF v3 files: the layout computed up front, tensor data written streaming at known offsets (read back by `read.gguf`).
 
 A GGUF file is a header (magic ``GGUF``, version 3, tensor count, key-value count), the key-values, the
 tensor infos (name, dims innermost first, GGML type id, offset from the data start), padding to the

@@ -47,22 +47,11 @@ from tests.loaders.test_loader_modules import _storage_ids, _weights, _x
 WAN = get_family("wan")
 Wan = diffusers.WanTransformer3DModel
 
-#: the bundled recipe for each format, for an original-layout Wan source (native names, the model at the root)
-NATIVE_RECIPES = {
-    "fp8_channel": "wan-fp8",
-    "torchao_fp8": "wan-torchao-fp8",
-    "nf4": "wan-nf4",
-    "comfy_fp8": "wan-comfy-fp8",
-    "comfy_int8": "wan-comfy-int8",
-    "gguf": "wan-gguf-q8_0",
-}
-#: ... and for Wan2.2 A14B's two experts (high_noise_model/, low_noise_model/)
-A14B_RECIPES = {
-    "fp8_channel": "wan2.2-a14b-fp8",
-    "comfy_fp8": "wan2.2-a14b-comfy-fp8",
-    "comfy_int8": "wan2.2-a14b-comfy-int8",
-    "gguf": "wan2.2-a14b-gguf-q8_0",
-}
+#: the bundled recipe for each format (what `--format` takes), for an original-layout Wan source (native names,
+#: the model at the root), and for Wan2.2 A14B's two experts (high_noise_model/, low_noise_model/)
+NATIVE_RECIPES = dict(WAN.default_recipes["wan"])
+A14B_RECIPES = dict(WAN.default_recipes["wan2.2-a14b"])
+assert set(NATIVE_RECIPES) == set(FORMATS) and {"comfy_fp8", "comfy_int8", "gguf"} <= set(A14B_RECIPES)
 #: a GGUF Q4_K_M mix (Q4_K, Q6_K for attn1.to_v and ffn.net.2) needs in_features a multiple of 256: a wider model
 Q4_K_M = "gguf-q4_k_m"
 WIDE_WAN = dict(num_layers=2, attention_head_dim=128, ffn_dim=512)  # dim 256
