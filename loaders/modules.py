@@ -10,8 +10,11 @@ the bias follows it like any parameter, and the output has the input's dtype.
 
 Each module has its eager reference next to its fast path: with ``compute="dequantize"`` (or wherever the fast
 path does not run: `uses_fast_path`), the weight is decoded by its format to the input's dtype for the call
-and used by `F.linear`, exactly what `verify --forward` computes in float32; ``compute="fast"`` (the default)
-runs the scheme's kernel where the device has it.
+and used by `F.linear`, exactly what `verify --forward` computes in float32. ``compute="fast"`` (the default)
+runs the scheme's kernel where the device has it and it is the faster of the two: on CUDA always; on the CPU
+only where `KERNEL_ON_CPU` says so (`make bench`: int8's `_int_mm` beats bf16 there, float8's emulated
+`_scaled_mm` is 3-4x slower than decoding the weight). ``compute="kernel"`` runs the kernel wherever it runs at
+all, the CPU included (how the tests hold it to its reference there).
 
 | module | format | fast path |
 |---|---|---|
@@ -65,8 +68,9 @@ __all__ = [
     "set_param",
 ]
 
-#: how a module computes: its scheme's kernel where the device has it, or the weight decoded for each call
-COMPUTE = ("fast", "dequantize")
+#: how a module computes: the faster of its kernel and its reference on the device ("fast"), its kernel wherever it
+#: runs ("kernel"), or the weight decoded for each call ("dequantize", the eager reference)
+COMPUTE = ("fast", "kernel", "dequantize")
 
 
 def _attr(part: str) -> str:
@@ -78,6 +82,8 @@ class QuantizedLinear(nn.Module):
     """A Linear whose weight is stored in `FORMAT`'s parts; subclasses define `forward`."""
 
     FORMAT: ClassVar[Format]
+    #: whether its kernel is faster than decoding the weight on the CPU (measured: docs/BENCHMARKS.md, loading)
+    KERNEL_ON_CPU: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -172,15 +178,23 @@ class QuantizedLinear(nn.Module):
 
     # -- computing: the fast path where it runs, else the eager reference ------------------------------
 
-    def uses_fast_path(self, x: torch.Tensor) -> bool:
-        """Whether a call on `x` runs the scheme's kernel (else: the weight decoded for the call). Default: never."""
+    def has_kernel(self, x: torch.Tensor) -> bool:
+        """Whether the scheme's kernel can run on `x` (its device, dtype, this layer's shape). Default: no kernel."""
         return False
+
+    def uses_fast_path(self, x: torch.Tensor) -> bool:
+        """Whether a call on `x` runs the scheme's kernel (else: the weight decoded for the call), as `compute` says."""
+        if self.compute == "dequantize" or (
+            self.compute == "fast" and x.device.type == "cpu" and not self.KERNEL_ON_CPU
+        ):
+            return False
+        return self.has_kernel(x)
 
     def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} has no fast path")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.compute == "fast" and self.uses_fast_path(x):
+        if self.uses_fast_path(x):
             return self.fast_forward(x)
         return self.reference_forward(x)
 
@@ -313,8 +327,9 @@ class FP8Linear(QuantizedLinear):
     """
 
     FORMAT = fp8_channel.FORMAT
+    KERNEL_ON_CPU = False  # the CPU's _scaled_mm is emulated: 3.4x a bf16 step, decoding about 1x
 
-    def uses_fast_path(self, x: torch.Tensor) -> bool:
+    def has_kernel(self, x: torch.Tensor) -> bool:
         return (
             self.in_features % 16 == 0
             and self.out_features % 16 == 0
@@ -351,8 +366,11 @@ class ComfyFP8Linear(QuantizedLinear):
     """
 
     FORMAT = comfy_fp8.FORMAT
+    KERNEL_ON_CPU = (
+        False  # as FP8Linear; ComfyUI too decodes float8 weights where the device has no FP8 compute
+    )
 
-    def uses_fast_path(self, x: torch.Tensor) -> bool:
+    def has_kernel(self, x: torch.Tensor) -> bool:
         return (
             self.in_features % 16 == 0
             and self.out_features % 16 == 0
@@ -392,7 +410,7 @@ class Int8Linear(QuantizedLinear):
 
     FORMAT = comfy_int8.FORMAT
 
-    def uses_fast_path(self, x: torch.Tensor) -> bool:
+    def has_kernel(self, x: torch.Tensor) -> bool:
         return x.dtype in _FLOATS and _has_int_mm(x.device)
 
     def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -456,12 +474,13 @@ class Float8Linear(QuantizedLinear):
     """
 
     FORMAT = torchao_fp8.FORMAT
+    KERNEL_ON_CPU = False  # torchao's CPU path for Float8Tensor: 3.8x a bf16 step, decoding about 1x
 
     @property
     def weight(self) -> torch.Tensor:
         return torchao_fp8.to_float8_tensor(self.stored())
 
-    def uses_fast_path(self, x: torch.Tensor) -> bool:
+    def has_kernel(self, x: torch.Tensor) -> bool:
         return True
 
     def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -508,7 +527,7 @@ class NF4Linear(QuantizedLinear):
             self._buffers[nf4.WEIGHT], self._quant_state(), quant_type="nf4"
         )
 
-    def uses_fast_path(self, x: torch.Tensor) -> bool:
+    def has_kernel(self, x: torch.Tensor) -> bool:
         return True
 
     def fast_forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -32,7 +32,7 @@ from safetensors.torch import load_file, save_file
 import loaders.modules
 import quantize.run.forward
 from loaders import CheckpointMismatchError, QuantizedLinear, load_quantized
-from loaders.modules import MODULES, ComfyFP8Linear, GGUFLinear, Int8Linear
+from loaders.modules import MODULES, ComfyFP8Linear, Float8Linear, FP8Linear, GGUFLinear, Int8Linear
 from quantize.errors import InputError
 from quantize.formats import format_info
 from quantize.formats.options import GgufOptions
@@ -206,13 +206,13 @@ def test_the_eager_reference_computes_what_verify_reports_and_the_fast_path_is_c
     assert not in_process or torch.equal(got, verify_stored)  # verify's own numbers, bit for bit
     assert round(forward_sqnr_db(ref.want, got), 3) == reported
 
-    fast = load_quantized(Wan, out_comp, dtype=torch.bfloat16)
-    runs_fast = {  # each layer's own kernel on this device, where its scheme has one (GGUF has none)
+    fast = load_quantized(Wan, out_comp, dtype=torch.bfloat16, compute="kernel")
+    runs_kernel = {  # each layer's own kernel on this device, where its scheme has one (GGUF has none)
         m.uses_fast_path(torch.zeros(1, m.in_features, dtype=torch.bfloat16))
         for m in fast.modules()
         if isinstance(m, QuantizedLinear)
     }
-    assert runs_fast == {fmt != "gguf"}
+    assert runs_kernel == {fmt != "gguf"}
     with torch.no_grad():
         y = fast(**ref.kwargs(torch.bfloat16))[0]
     assert y.dtype == torch.bfloat16
@@ -460,7 +460,7 @@ def test_comfy_fp8_linear_is_comfy_kitchens_tensor_core_fp8_linear_bit_for_bit(s
     from comfy_kitchen.tensor import QuantizedTensor, TensorCoreFP8Layout
 
     w, b, x = _layer(*shape, dtype)
-    m = ComfyFP8Linear.from_weight(w, b)
+    m = ComfyFP8Linear.from_weight(w, b, compute="kernel")  # on the CPU too, where "fast" decodes instead
     assert m.uses_fast_path(x)
     parts = m.stored()
     weight = QuantizedTensor(
@@ -480,12 +480,25 @@ def test_comfy_fp8_linear_is_comfy_kitchens_tensor_core_fp8_linear_bit_for_bit(s
 def test_comfy_fp8_linear_off_its_fast_path_and_on_a_zero_input():
     """Dims not multiples of 16: the decoded weight, exactly; an all-zero input: the bias (scale 1, no 0/0)."""
     w, b, x = _layer(40, 24, 5, torch.bfloat16)
-    m = ComfyFP8Linear.from_weight(w, b)
+    m = ComfyFP8Linear.from_weight(w, b, compute="kernel")
     assert not m.uses_fast_path(x)
     assert torch.equal(m(x), F.linear(x, m.dequantize(torch.bfloat16), b))
     w, b, x = _layer(32, 64, 4, torch.bfloat16)
-    m = ComfyFP8Linear.from_weight(w, b)
+    m = ComfyFP8Linear.from_weight(w, b, compute="kernel")
     assert m.uses_fast_path(x) and torch.equal(m(torch.zeros_like(x)), b.expand(2, 4, 32))
+
+
+@pytest.mark.parametrize(
+    "cls, kernel_on_cpu",
+    [(FP8Linear, False), (ComfyFP8Linear, False), (Float8Linear, False), (Int8Linear, True)],
+)
+def test_fast_runs_the_kernel_on_the_cpu_only_where_it_beats_decoding(cls, kernel_on_cpu):
+    """`make bench` (docs/BENCHMARKS.md): float8's emulated CPU `_scaled_mm` and torchao's CPU path cost 3-4x a
+    bf16 step, decoding about 1x; int8's `_int_mm` is as fast as bf16. "fast" takes the faster, "kernel" the kernel."""
+    w, b, x = _layer(32, 64, 4, torch.bfloat16)
+    fast, kernel = cls.from_weight(w, b), cls.from_weight(w, b, compute="kernel")
+    assert fast.uses_fast_path(x) == kernel_on_cpu and kernel.uses_fast_path(x)
+    assert torch.equal(fast(x), kernel(x) if kernel_on_cpu else fast.reference_forward(x))
 
 
 GGUF_TYPES = list(GgufOptions.TYPES)  # Q8_0, the K-quants, the _0 / _1 types

@@ -47,7 +47,7 @@ def _x(rows: int = 10, inp: int = 128, dtype=torch.bfloat16, seed: int = 1) -> t
 
 def test_fp8_scaled_mm_path_is_per_token_fp8_activations_times_the_stored_weight():
     w, b = _weights()
-    m = make(FP8Linear, w, b)
+    m = make(FP8Linear, w, b, compute="kernel")  # on the CPU too, where "fast" decodes instead
     x = _x(dtype=torch.float32)
     assert m.uses_fast_path(x)
     got = m(x)
@@ -63,7 +63,7 @@ def test_fp8_scaled_mm_path_is_per_token_fp8_activations_times_the_stored_weight
 
 def test_fp8_scaled_mm_in_bf16_is_within_bf16_rounding_of_the_float32_result():
     w, b = _weights()
-    m = make(FP8Linear, w, b)
+    m = make(FP8Linear, w, b, compute="kernel")
     x = _x()
     got, wide = m(x), m(x.float())
     assert got.dtype == torch.bfloat16
@@ -79,7 +79,7 @@ def test_fp8_activation_quantization_keeps_zero_rows_finite():
 def test_fp8_dequantize_path_equals_linear_with_the_decoded_weight(shape):
     w, b = _weights(*shape)
     m = make(FP8Linear, w, b, compute="dequantize")
-    odd = make(FP8Linear, w, b)
+    odd = make(FP8Linear, w, b, compute="kernel")
     x = _x(inp=shape[1])
     want = F.linear(x, fp8_channel.decode(fp8_channel.encode(w), torch.bfloat16), b)
     assert torch.equal(m(x), want)
@@ -90,7 +90,7 @@ def test_fp8_dequantize_path_equals_linear_with_the_decoded_weight(shape):
 
 def test_float8_linear_computes_what_torchaos_float8_tensor_computes():
     w, b = _weights()
-    m = make(Float8Linear, w, b)
+    m = make(Float8Linear, w, b, compute="kernel")
     x = _x()
     assert type(m.weight).__name__ == "Float8Tensor"
     assert torch.equal(m(x), F.linear(x, float8_reference(w), b))
