@@ -132,9 +132,10 @@ def load_quantized(
         ``_keep_in_fp32_modules`` (float32), as diffusers does; None keeps the stored dtypes (a GGUF file's
         F32 norms and biases come back in its kept Linears' dtype, the source's, as diffusers would hold
         them). Quantized parts always keep theirs.
-    compute: ``"fast"`` (each scheme's kernel where the device has it) or ``"dequantize"`` (every quantized
-        layer decodes its weight to the input's dtype for the call: the eager reference, what
-        `quantize verify --forward` computes).
+    compute: ``"fast"`` (each scheme's kernel where the device has it and it beats decoding there: on the CPU
+        int8's, not float8's emulated one), ``"kernel"`` (the kernel wherever it runs at all) or
+        ``"dequantize"`` (every quantized layer decodes its weight to the input's dtype for the call: the eager
+        reference, what `quantize verify --forward` computes).
     """
     if compute not in COMPUTE:
         raise ValueError(f"compute must be one of {COMPUTE}, got {compute!r}")
