@@ -296,7 +296,9 @@ def _has_scaled_mm(device: torch.device, out_dtype: torch.dtype, rowwise: bool) 
         a = torch.zeros(16, 16, device=device).to(FP8_DTYPE)
         scale = torch.ones(16, 1, device=device) if rowwise else torch.ones((), device=device)
         torch._scaled_mm(a, a.t(), scale_a=scale, scale_b=scale.t(), out_dtype=out_dtype)
-    except (RuntimeError, NotImplementedError, TypeError):
+    except (
+        Exception
+    ):  # RuntimeError, NotImplementedError, TypeError; ValueError from some CUDA builds' checks
         return False
     return True
 
@@ -309,13 +311,31 @@ def _has_int_mm(device: torch.device) -> bool:
     try:
         a = torch.zeros(32, 32, dtype=torch.int8, device=device)
         torch._int_mm(a, a.t())
-    except (RuntimeError, NotImplementedError, TypeError):
+    except Exception:  # RuntimeError, NotImplementedError, TypeError, ValueError: no int8 GEMM here
         return False
     return True
 
 
 def _rows(x: torch.Tensor, in_features: int) -> torch.Tensor:
     return x.reshape(-1, in_features)
+
+
+def _scaled_mm_with_bias(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """`torch._scaled_mm` with the bias fused, but on CUDA with a float32 output, which refuses a bias ("Bias is
+    not supported when out_dtype is set to Float32"): there it is added after, as torchao does."""
+    bias = None if bias is None else bias.to(out_dtype)
+    fused = bias is None or not (a.is_cuda and out_dtype == torch.float32)
+    y = torch._scaled_mm(
+        a, b, scale_a=scale_a, scale_b=scale_b, bias=bias if fused else None, out_dtype=out_dtype
+    )
+    return y if fused else y + bias
 
 
 class FP8Linear(QuantizedLinear):
@@ -339,11 +359,8 @@ class FP8Linear(QuantizedLinear):
 
     def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, scale = self._buffers[fp8_channel.WEIGHT], self._buffers[fp8_channel.SCALE]
-        bias = None if self.bias is None else self.bias.to(x.dtype)
         x_scale, x_q = quantize_rows(_rows(x, self.in_features))
-        y = torch._scaled_mm(
-            x_q, weight.t(), scale_a=x_scale, scale_b=scale.t(), bias=bias, out_dtype=x.dtype
-        )
+        y = _scaled_mm_with_bias(x_q, weight.t(), x_scale, scale.t(), self.bias, x.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
@@ -380,11 +397,8 @@ class ComfyFP8Linear(QuantizedLinear):
 
     def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, scale = self._buffers[comfy_fp8.WEIGHT], self._buffers[comfy_fp8.SCALE]
-        bias = None if self.bias is None else self.bias.to(x.dtype)
         x_scale, x_q = quantize_tensor(_rows(x, self.in_features))
-        y = torch._scaled_mm(
-            x_q, weight.t(), scale_a=x_scale, scale_b=scale.float(), bias=bias, out_dtype=x.dtype
-        )
+        y = _scaled_mm_with_bias(x_q, weight.t(), x_scale, scale.float(), self.bias, x.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
@@ -448,8 +462,8 @@ def int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     pm, pk, pn = max(32, -(-m // 8) * 8), -(-k // 8) * 8, -(-n // 8) * 8
     if (pm, pk) != (m, k):
         a = F.pad(a, (0, pk - k, 0, pm - m))
-    if (pk, pn) != (k, n):
-        b = F.pad(b, (0, pn - n, 0, pk - k))
+    if (pk, pn) != (k, n):  # padded as the [n, k] weight, then viewed back: b stays column-major (cuBLASLt's)
+        b = F.pad(b.t(), (0, pk - k, 0, pn - n)).t()
     return torch._int_mm(a, b)[:m, :n]
 
 

@@ -45,7 +45,8 @@ def source(tmp_path_factory) -> Path:
 
 def _run(pipe, output_type: str) -> torch.Tensor:
     g = torch.Generator().manual_seed(0)
-    embeds = torch.randn(1, 8, 64, generator=g).to(torch.bfloat16)
+    # the pipeline casts given embeddings to the transformer's dtype, never to its device: put them there
+    embeds = torch.randn(1, 8, 64, generator=g).to(torch.bfloat16).to(pipe._execution_device)
     out = pipe(
         prompt_embeds=embeds,
         negative_prompt_embeds=torch.zeros_like(embeds),

@@ -227,7 +227,7 @@ cuda = pytest.mark.gpu  # skipped without a CUDA device (tests/conftest.py)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_gpu_forward_matches_the_cpu_forward(cls, dtype):
     w, b = _weights()
-    m = make(cls, w, b)
+    m = make(cls, w, b, compute="kernel")  # the CPU runs the kernel's arithmetic too (its "fast" decodes)
     x = _x(dtype=dtype)
     want = m(x).float()
     got = m.to("cuda")(x.cuda()).float().cpu()
@@ -256,7 +256,7 @@ def test_gpu_forward_of_each_scheme_matches_the_cpu_forward(cls, options, dtype)
     """On the GPU: the fast path where the GPU has it (`_scaled_mm` per tensor, `_int_mm`), else the eager
     reference; a GGUF layer decoded on the GPU to the CPU's values exactly."""
     w, b = _weights(256, 512)
-    m = cls.from_weight(w, b, options)
+    m = cls.from_weight(w, b, options, compute="kernel")  # the CPU runs the kernel's arithmetic too
     x = _x(rows=24, inp=512, dtype=dtype)
     want, decoded = m(x).float(), m.dequantize()
     m.to("cuda")
