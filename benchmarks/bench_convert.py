@@ -459,11 +459,13 @@ def ram_bytes() -> int:
 
 
 def disk_of(path: Path) -> str:
-    """Device, filesystem type, size and free space of `path`, from df."""
-    lines = subprocess.run(["df", "-hT", str(path)], capture_output=True, text=True).stdout.splitlines()
-    if len(lines) < 2:
+    """Device, filesystem type, size and free space of `path`, from df ("unknown" where df is missing or says
+    otherwise: a machine's header never costs its figures)."""
+    try:
+        lines = subprocess.run(["df", "-hT", str(path)], capture_output=True, text=True).stdout.splitlines()
+        device, fstype, size, _used, avail, *_ = lines[1].split()
+    except (OSError, IndexError, ValueError):
         return "unknown"
-    device, fstype, size, _used, avail, *_ = lines[1].split()
     return f"{device} ({fstype}, {size}, {avail} free)"
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime
 import gc
 import importlib
 import importlib.util
@@ -54,8 +53,8 @@ from bench_convert import (  # noqa: E402
     REPO,
     display_command,
     display_path,
-    machine_lines,
     markdown_table,
+    section_head,
     update_section,
 )
 
@@ -988,30 +987,14 @@ def offload_lines(findings: Findings) -> list[str]:
     return [*lines, ""]
 
 
-def _machine(repo: Path) -> list[str]:
-    """The machine's first two lines (CPU, Python and torch); none if they cannot be read (`df`, `/proc`): the
-    figures are worth more than their header."""
-    try:
-        return machine_lines(repo)[:2]
-    except Exception as e:  # noqa: BLE001 (any failure here must not lose the figures)
-        return [f"machine lines unavailable ({type(e).__name__}: {e})"]
-
-
 def report(tests: TestRun, findings: Findings, gpu: str, command: str) -> str:
     """The Markdown section, without its markers."""
-    when = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     failures = "".join(f" `{ln}`" for ln in tests.failures[:10])
     lines = [
-        "## GPU check: the GPU tests, host-to-device copies, quantized Linears, block offload",
-        "",
-        f"Measured {when} with:",
-        "",
-        "```",
-        command,
-        "```",
-        "",
+        *section_head(
+            "GPU check: the GPU tests, host-to-device copies, quantized Linears, block offload", command, REPO
+        ),
         f"- {gpu}",
-        *(f"- {line}" for line in _machine(REPO)),
         f"- GPU tests (`python {' '.join(TEST_ARGV)}`): {tests.summary()} in {tests.seconds:.0f} s.{failures}",
         "",
         *h2d_lines(findings),

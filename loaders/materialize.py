@@ -173,12 +173,12 @@ def _load_one(
     if family is None:
         _check_names_of_no_family(model, comp)
     names = _checkpoint_names(model, comp, family)
-    plan = _match(model, comp, fmt, names, compute)
+    plan = _match(model, comp, fmt, names)
     keep_fp32 = tuple(getattr(model, "_keep_in_fp32_modules", None) or ())
     if dtype is None:
         dtype = _source_dtype(plan, fmt)
     for group in _groups(model, plan):
-        _materialize(model, group, reader, dtype, keep_fp32)
+        _materialize(model, group, reader, dtype, keep_fp32, compute)
     _finish(model, device)
     return model
 
@@ -267,7 +267,6 @@ class _Entry:
     tensors: dict[str, TensorInfo] = field(default_factory=dict)  # local name -> source
     quantized: type[QuantizedLinear] | None = None
     options: FormatOptions | None = None
-    compute: str = "fast"
 
 
 @dataclass(frozen=True)
@@ -309,12 +308,12 @@ def _checkpoint_names(model: nn.Module, comp: Component, family: Family | None) 
     )
 
 
-def _match(model: nn.Module, comp: Component, fmt: Format, names: _Names, compute: str) -> dict[str, _Entry]:
+def _match(model: nn.Module, comp: Component, fmt: Format, names: _Names) -> dict[str, _Entry]:
     keys = dict(comp.tensors)
     plan: dict[str, _Entry] = {}
     modules = dict(model.named_modules())
     for name, module in modules.items():
-        entry = _Entry(name, module, modules[name.rpartition(".")[0]] if name else None, compute=compute)
+        entry = _Entry(name, module, modules[name.rpartition(".")[0]] if name else None)
         already = isinstance(module, QuantizedLinear)
         if already and module.FORMAT is not fmt:
             raise CheckpointMismatchError(
@@ -434,12 +433,13 @@ def _materialize(
     reader: TensorReader,
     dtype: torch.dtype | None,
     keep_fp32: tuple[str, ...],
+    compute: str,
 ) -> None:
     for entry in group:
         if entry.quantized is not None and not isinstance(entry.module, QuantizedLinear):
-            _replace(entry, entry.quantized.like(entry.module, entry.options, entry.compute))
+            _replace(entry, entry.quantized.like(entry.module, entry.options, compute))
         elif entry.quantized is not None:  # a loaded model filled again: computes as this call says
-            entry.module.compute = entry.compute
+            entry.module.compute = compute
     jobs = [(entry, local, info) for entry in group for local, info in entry.tensors.items()]
     tensors = reader.read_group([info for _, _, info in jobs], owner=model)
     for (entry, local, info), t in zip(jobs, tensors, strict=True):
