@@ -31,10 +31,10 @@ from torch import nn
 
 from quantize import dtypes
 from quantize.errors import InputError
-from quantize.formats import Format, FormatOptions, format_of_config, quantized_parts
+from quantize.formats import Format, FormatOptions, format_for, format_of_config, quantized_parts
 from quantize.models import FAMILIES, Family, family_of
 from quantize.models.meta import parameters_on_meta
-from quantize.read.checkpoint import CONFIG_NAME, Component, TensorInfo, open_component
+from quantize.read.checkpoint import CONFIG_NAME, Component, TensorInfo, open_component, read_tensor
 from quantize.read.files import read_json_object
 from quantize.read.gguf import open_gguf_component
 
@@ -315,15 +315,16 @@ def _match(model: nn.Module, comp: Component, fmt: Format, names: _Names) -> dic
     for name, module in modules.items():
         entry = _Entry(name, module, modules[name.rpartition(".")[0]] if name else None)
         already = isinstance(module, QuantizedLinear)
-        if already and module.FORMAT is not fmt:
-            raise CheckpointMismatchError(
-                f"{comp.dir}: the model's {name!r} is a {type(module).__name__} ({module.FORMAT.NAME}); "
-                f"the checkpoint is {fmt.NAME}"
-            )
         options = None
         if already or isinstance(module, nn.Linear):
             stored = names.module(name, comp)
             options = _stored_options(stored, module, keys, fmt, comp)
+        layer_fmt = fmt if options is None else format_for(fmt, options)  # a mixed ComfyUI file's own layout
+        if already and module.FORMAT is not layer_fmt:
+            raise CheckpointMismatchError(
+                f"{comp.dir}: the model's {name!r} is a {type(module).__name__} ({module.FORMAT.NAME}); "
+                f"the checkpoint stores it as {layer_fmt.NAME}"
+            )
         if already and options is None:
             raise CheckpointMismatchError(
                 f"{comp.dir}: the model's {fmt.NAME} layer {name!r} is not quantized in it"
@@ -334,7 +335,7 @@ def _match(model: nn.Module, comp: Component, fmt: Format, names: _Names) -> dic
                 f"{stored!r} is {options.type_name}: load into a new model"
             )
         if options is not None:
-            entry.quantized, entry.options = module_for(fmt), options
+            entry.quantized, entry.options = module_for(layer_fmt), options
             for part, (key, _) in quantized_parts(
                 fmt, stored, (module.out_features, module.in_features), options
             ).items():
@@ -370,7 +371,13 @@ def _stored_options(
         info = keys.get(f"{stored}.{part}")
         return None if info is None else info.dtype
 
-    options = fmt.stored_options(dtype_of)
+    def read(part: str) -> torch.Tensor:
+        return read_tensor(keys[f"{stored}.{part}"])
+
+    try:
+        options = fmt.stored_options(dtype_of, read)
+    except ValueError as e:  # a marker declaring a layout no format here writes
+        raise CheckpointMismatchError(f"{comp.dir}: Linear {stored!r} is stored as {e}: not loadable here") from None
     if options is None:
         return None
     try:
@@ -384,13 +391,14 @@ def _stored_options(
         info = present[part]
         if info is None:
             raise CheckpointMismatchError(
-                f"{comp.dir}: {key!r} is missing: {fmt.NAME} stores Linear {stored!r} in {sorted(specs)}"
+                f"{comp.dir}: {key!r} is missing: {format_for(fmt, options).NAME} stores Linear {stored!r} in "
+                f"{sorted(specs)}"
             )
         if info.dtype != dtype or (shape is not None and info.shape != shape):
             want = f"{dtype}{list(shape) if shape is not None else ''}"
             raise CheckpointMismatchError(
                 f"{comp.dir}: {key!r} is {info.dtype}{list(info.shape)}; Linear {stored!r} "
-                f"[{linear.out_features}, {linear.in_features}] in {fmt.NAME} needs {want}"
+                f"[{linear.out_features}, {linear.in_features}] in {format_for(fmt, options).NAME} needs {want}"
             )
     return options
 

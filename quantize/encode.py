@@ -27,7 +27,7 @@ import torch
 
 from . import dtypes
 from .errors import InputError
-from .formats import Format, NonFiniteWeightError
+from .formats import Format, NonFiniteWeightError, format_for
 from .plan import TensorPlan
 
 __all__ = [
@@ -94,9 +94,13 @@ class ErrorStats:
         return value if math.isnan(value) else min(1.0, value)
 
 
-def row_chunks(rows: int, row_elems: int, chunk_bytes: int | None = None) -> list[tuple[int, int]]:
-    """Row ranges of about `chunk_bytes` (default `CHUNK_BYTES`) of float32 each."""
+def row_chunks(
+    rows: int, row_elems: int, chunk_bytes: int | None = None, block: int = 1
+) -> list[tuple[int, int]]:
+    """Row ranges of about `chunk_bytes` (default `CHUNK_BYTES`) of float32 each, each starting on a multiple of
+    `block` rows (a format's `ROW_BLOCK`)."""
     step = max(1, (chunk_bytes or CHUNK_BYTES) // max(1, 4 * row_elems))
+    step = max(block, step - step % block)
     return [(r, min(rows, r + step)) for r in range(0, rows, step)]
 
 
@@ -126,10 +130,12 @@ def encode_and_measure(
     `take` once, whole (`rows` None), with the first chunk; a format that decides them from the whole weight
     first sees every row chunk once (`weight_options`), so no weight is ever held whole in float32. With a
     `pool`, row chunks are read and encoded on its threads (at most `pool.ahead` ahead), and still taken,
-    decoded and measured in row order: the same results."""
+    decoded and measured in row order: the same results. `fmt` is the recipe's format; the tensor is encoded by
+    the one of its options (`format_for`: a mixed ComfyUI file's other layouts)."""
     stats = ErrorStats()
+    fmt = format_for(fmt, tp.options)
     rows, cols = tp.info.shape
-    ranges = row_chunks(rows, cols)
+    ranges = row_chunks(rows, cols, block=fmt.ROW_BLOCK)
     if fmt.ROW_SEPARABLE:
         decided = _weight_options(fmt, tp, ranges)
         whole_names = fmt.WEIGHT_PARTS
@@ -145,7 +151,7 @@ def encode_and_measure(
                 if whole is None:
                     whole = take(weight_parts, None)
             measured = take(parts, (r0, r1))
-            decoded = fmt.decode({**measured, **(whole or {})}, torch.float32, options=tp.options)
+            decoded = fmt.decoded({**measured, **(whole or {})}, (r1 - r0, cols), torch.float32, options=tp.options)
             if seen is not None:
                 seen(r0, r1, w, decoded)
             stats.add(w, decoded)
@@ -153,7 +159,7 @@ def encode_and_measure(
     w = tp.source.read()
     measured = take(_encode(fmt, tp, w, {}), None)
     for r0, r1 in ranges:
-        decoded = fmt.decode(measured, torch.float32, rows=(r0, r1), options=tp.options)
+        decoded = fmt.decoded(measured, (rows, cols), torch.float32, rows=(r0, r1), options=tp.options)
         if seen is not None:
             seen(r0, r1, w[r0:r1].float(), decoded)
         stats.add(w[r0:r1], decoded)

@@ -28,6 +28,7 @@ from .containers.writer import TensorSpec
 from .errors import InputError
 from .formats import (
     FORMATS,
+    KEPT,
     NO_OPTIONS,
     Format,
     FormatOptions,
@@ -306,10 +307,13 @@ def plan_component(
         ignored = _first_match(ignores, key)
         source = TensorSource(info, tuple(c[info.name] for c in changes if info.name in c))
         out_name = rename(info.name)
+        typed_as = next(((p.pattern, t) for p, t in typed if p.fullmatch(key)), None) if target else None
+        if typed_as is not None and typed_as[1] == KEPT:  # `types` keeps it, as `ignore` would
+            ignored = ignored or typed_as[0]
         if target is not None and ignored is None:
             _check_quantizable(info, target, where)
-            type_name = next((t for p, t in typed if p.fullmatch(key)), recipe.type)
-            options = options_type.from_type(type_name)  # checked when the recipe was validated
+            # checked when the recipe was validated
+            options = options_type.from_type(recipe.type if typed_as is None else typed_as[1])
             plans.append(_quantized_plan(source, target, out_name, fmt, options, where))
         else:
             plans.append(_kept_plan(source, ignored, out_name, fmt, recipe.keep_dtype))

@@ -64,10 +64,12 @@ class Recipe(_Strict):
     keep_dtype: Literal["source", "bfloat16", "float32"] = "source"
     copy_other_files: bool = False
     checks: Checks = Field(default_factory=Checks)
-    #: for a format with types (gguf): the type of every quantized tensor, unless one of `types` matches; each
-    #: names the format's options for a tensor (`formats.options`), built and checked here
+    #: for a format with types (gguf's GGML types, the comfy formats' layouts): the type of every quantized tensor,
+    #: unless one of `types` matches; each names the format's options for a tensor (`formats.options`), built and
+    #: checked here. A comfy format's own first layout when left out.
     type: str | None = None
-    #: pattern -> type, the first match deciding (an `_M` mix: Q4_K with Q6_K where it matters)
+    #: pattern -> type, the first match deciding (an `_M` mix: Q4_K with Q6_K where it matters; a mixed ComfyUI
+    #: file: nvfp4 with mxfp8 or int8 layers), or ``kept`` (as an `ignore` entry would)
     types: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("format", mode="before")
@@ -129,27 +131,33 @@ class Recipe(_Strict):
 
     @model_validator(mode="after")
     def _types_fit_the_format(self) -> Recipe:
-        options = FORMAT_INFO[self.format].options
+        info = FORMAT_INFO[self.format]
+        options = info.options
         known = options.TYPES
         if not known:
             if self.type is not None or self.types:
-                raise ValueError(f"format {self.format} has one encoding: 'type' and 'types' are for gguf")
+                raise ValueError(
+                    f"format {self.format} has one encoding: 'type' and 'types' are for gguf and the comfy formats"
+                )
             return self
-        if self.type is None:
-            raise ValueError(f"format {self.format} needs 'type', one of {', '.join(known)}")
-        if self.keep_dtype != "source":
+        try:
+            options.from_type(self.type)
+        except ValueError:
+            if self.type is None:
+                raise ValueError(f"format {self.format} needs 'type', one of {', '.join(known)}") from None
+            raise ValueError(
+                f"type: unknown {self.format} type {self.type!r} (known: {', '.join(known)})"
+            ) from None
+        if info.fixes_kept_dtypes and self.keep_dtype != "source":
             raise ValueError(
                 f"format {self.format} decides what kept tensors become: keep_dtype must be 'source'"
             )
-        for pattern, t in [(None, self.type), *self.types.items()]:
-            try:
-                options.from_type(t)
-            except ValueError:
-                where = "type" if pattern is None else f"types['{pattern}']"
+        accepted = options.accepted()
+        for pattern, t in self.types.items():
+            if t not in accepted:
                 raise ValueError(
-                    f"{where}: unknown {self.format} type {t!r} (known: {', '.join(known)})"
-                ) from None
-        for pattern in self.types:
+                    f"types['{pattern}']: unknown {self.format} type {t!r} (known: {', '.join(accepted)})"
+                )
             try:
                 re.compile(pattern)
             except re.error as e:

@@ -38,7 +38,7 @@ import torch
 from ..containers import get_container
 from ..encode import encode_and_measure, kept_rows
 from ..errors import InputError, QuantizeError
-from ..formats import Format, format_info, get_format, quantized_parts
+from ..formats import Format, format_for, format_info, get_format, quantized_parts
 from ..names import module_name, split_manifest_key
 from ..plan import ComponentPlan, Plan, TensorPlan, make_plan
 from ..progress import NoProgress, Progress
@@ -633,7 +633,7 @@ def _check_quantized(
             part: read_tensor(infos[part]) if rows is None else read_rows(infos[part], *rows)
             for part in parts  # a row chunk's parts, or the weight's whole parts (`WEIGHT_PARTS`)
         }
-        identical &= all(_same_part(part, fmt, t, mine[part]) for part, t in parts.items())
+        identical &= all(_same_part(part, format_for(fmt, tp.options), t, mine[part]) for part, t in parts.items())
         return mine
 
     stats = encode_and_measure(tp, fmt, compare)

@@ -47,6 +47,8 @@ class Format(abc.ABC):
     #: True when encoding any slice of rows gives those rows of the whole encoding, and every part but the
     #: `WEIGHT_PARTS` has the weight's rows as its dim 0: the converter then streams a weight in row chunks.
     ROW_SEPARABLE: ClassVar[bool]
+    #: Row chunks start on a multiple of it (a scale tile's rows: NVFP4, MXFP8); only the last may be shorter.
+    ROW_BLOCK: ClassVar[int] = 1
     #: Parts that belong to the whole weight, not to its rows (a per-tensor scale, ComfyUI's marker): a
     #: row-separable format's `encode` of any row chunk gives them whole, the same for every chunk, and they are
     #: written (and compared) once. Where they depend on the whole weight, `weight_options` decides them.
@@ -90,14 +92,33 @@ class Format(abc.ABC):
         rows: tuple[int, int] | None = None,
         options: FormatOptions = NO_OPTIONS,
     ) -> torch.Tensor:
-        """The dequantized weight (float32 when a format's own default is used), or only its rows [r0, r1)."""
+        """The dequantized weight (float32 when a format's own default is used), or only its rows [r0, r1). A
+        format that pads the weight to whole blocks (NVFP4, MXFP8) returns it padded: `decoded` crops it."""
 
-    def stored_options(self, dtype_of: Callable[[str], str | None]) -> FormatOptions | None:
+    def decoded(
+        self,
+        parts: dict[str, torch.Tensor],
+        shape: tuple[int, int],
+        dtype: torch.dtype,
+        rows: tuple[int, int] | None = None,
+        options: FormatOptions = NO_OPTIONS,
+    ) -> torch.Tensor:
+        """The dequantized [out, in] weight of logical `shape` (or its rows [r0, r1)): `decode` without any padding
+        the format adds (a view where there is none)."""
+        w = self.decode(parts, dtype, rows, options)
+        n = shape[0] if rows is None else rows[1] - rows[0]
+        return w if tuple(w.shape) == (n, shape[1]) else w[:n, : shape[1]]
+
+    def stored_options(
+        self,
+        dtype_of: Callable[[str], str | None],
+        read: Callable[[str], torch.Tensor] | None = None,
+    ) -> FormatOptions | None:
         """The options a stored Linear was encoded with, read off what a checkpoint holds under its module name
-        (`dtype_of(part)`: the dtype name of ``<module>.<part>``, None where there is none): what a loader needs
-        to know of a tensor without the recipe. None: the format did not quantize this Linear (gguf's lossless
-        kept weights). Default: `NO_OPTIONS` (one encoding: whether the Linear is quantized is told by its
-        parts)."""
+        (`dtype_of(part)`: the dtype name of ``<module>.<part>``, None where there is none; `read(part)`: a small
+        part's values, ComfyUI's marker): what a loader needs to know of a tensor without the recipe. None: the
+        format did not quantize this Linear (gguf's lossless kept weights, ComfyUI's unmarked ones). Default:
+        `NO_OPTIONS` (one encoding: whether the Linear is quantized is told by its parts)."""
         return NO_OPTIONS
 
     def weight_options(

@@ -1,15 +1,17 @@
-"""`comfy_fp8`: ComfyUI's "fp8 scaled" Linear: float8_e4m3fn weights with one float32 scale per tensor.
+"""`comfy_fp8`: ComfyUI's "fp8 scaled" Linear: float8 weights with one float32 scale per tensor.
 
 On disk, per quantized Linear ``<m>`` (the model family's native names, which ComfyUI reads; one file per component):
-  ``<m>.weight``       float8_e4m3fn [out, in]
+  ``<m>.weight``       float8_e4m3fn [out, in] (``type: float8_e5m2``: float8_e5m2)
   ``<m>.weight_scale`` float32 [] (one value: ComfyUI's CUDA path asserts a single scale)
-  ``<m>.comfy_quant``  uint8 [n]   UTF-8 JSON ``{"format": "float8_e4m3fn"}``
+  ``<m>.comfy_quant``  uint8 [n]   UTF-8 JSON ``{"format": "float8_e4m3fn"}`` (or ``"float8_e5m2"``)
 
-Reference numerics (comfy-kitchen, bit for bit): in float32 from the stored values, scale = max|w| / 448;
-q = ``quantize_per_tensor_fp8(w.float(), scale)``: w times the float32 reciprocal of the scale, clamped
-to ±448, cast to e4m3 (round to nearest even). An all-zero weight gets scale 1 and exact zeros (the
-reference would divide by zero). Decoding: q.float() · scale, what comfy-kitchen's
-``TensorCoreFP8Layout.dequantize`` computes for a float32 ``orig_dtype``.
+Reference numerics (comfy-kitchen, bit for bit): in float32 from the stored values, scale = max|w| / M (M = 448
+for e4m3, 57344 for e5m2); q = ``quantize_per_tensor_fp8(w.float(), scale, dtype)``: w times the float32
+reciprocal of the scale, clamped to ±M, cast (round to nearest even). An all-zero weight gets scale 1 and exact
+zeros (the reference would divide by zero). Decoding: q.float() · scale, what comfy-kitchen's
+``TensorCoreFP8Layout.dequantize`` computes for a float32 ``orig_dtype``. ComfyUI reads e5m2 as
+``TensorCoreFP8E5M2Layout`` (``QUANT_ALGOS["float8_e5m2"]``); it has 2 bits of mantissa to e4m3's 3, for weights
+whose range e4m3 cannot span.
 
 The scale depends on the whole weight: it is taken in a first streamed pass over the weight's row chunks
 (`weight_options`: the max of the chunks' max |w|, exactly the weight's), then the weight is encoded chunk by
@@ -23,37 +25,43 @@ from collections.abc import Iterable
 import torch
 
 from . import _comfy
-from ._e4m3 import FP8_DTYPE, FP8_MAX, dequantize_rows
-from .base import Format, NonFiniteWeightError, PartSpec
+from ._e4m3 import dequantize_rows
+from .base import NonFiniteWeightError, PartSpec
 from .options import NO_OPTIONS, FormatOptions
 
-__all__ = ["FORMAT", "ComfyFp8", "LAYOUT", "WEIGHT", "SCALE"]
+__all__ = ["FORMAT", "ComfyFp8", "LAYOUT", "WEIGHT", "SCALE", "FLOAT8"]
 
-LAYOUT = "float8_e4m3fn"  # ComfyUI's name for the layout (comfy-kitchen TensorCoreFP8Layout)
+LAYOUT = "float8_e4m3fn"  # ComfyUI's name for the default layout (comfy-kitchen TensorCoreFP8Layout)
 WEIGHT = "weight"
 SCALE = "weight_scale"
-_MARKER = _comfy.marker_bytes(LAYOUT)
+#: layout -> (torch dtype, its safetensors name, its largest finite value)
+FLOAT8 = {
+    "float8_e4m3fn": (torch.float8_e4m3fn, "F8_E4M3", float(torch.finfo(torch.float8_e4m3fn).max)),
+    "float8_e5m2": (torch.float8_e5m2, "F8_E5M2", float(torch.finfo(torch.float8_e5m2).max)),
+}
 
 
-class ComfyFp8(Format):
+class ComfyFp8(_comfy.ComfyFormat):
     NAME = "comfy_fp8"
     ROW_SEPARABLE = True
     WEIGHT_PARTS = (SCALE, _comfy.MARKER)
     LAYOUT = LAYOUT
 
     def parts(self, shape: tuple[int, ...], options: FormatOptions = NO_OPTIONS) -> dict[str, PartSpec]:
-        return {WEIGHT: ("F8_E4M3", tuple(shape)), SCALE: ("F32", ()), _comfy.MARKER: ("U8", (len(_MARKER),))}
+        _, stored, _ = FLOAT8[self.layout(options).layout]
+        return {WEIGHT: (stored, tuple(shape)), SCALE: ("F32", ()), _comfy.MARKER: self.marker_spec(options)}
 
     def weight_options(
         self, chunks: Iterable[torch.Tensor], options: FormatOptions = NO_OPTIONS
     ) -> dict[str, torch.Tensor]:
-        """The weight's scale from its float32 row chunks: max|w| / 448 (1 for an all-zero weight)."""
+        """The weight's scale from its float32 row chunks: max|w| / M (1 for an all-zero weight)."""
+        _, _, top = FLOAT8[self.layout(options).layout]
         amax = torch.zeros((), dtype=torch.float32)
         for chunk in chunks:
             amax = torch.maximum(amax, chunk.abs().amax())  # NaN propagates
         if not bool(torch.isfinite(amax)):
             raise NonFiniteWeightError("holds NaN or Inf values")
-        scale = amax / FP8_MAX
+        scale = amax / top
         return {"scale": torch.ones((), dtype=torch.float32) if float(scale) == 0 else scale}
 
     def encode(
@@ -68,12 +76,14 @@ class ComfyFp8(Format):
         """
         if weight.dim() != 2:
             raise ValueError(f"comfy_fp8 quantizes 2-D weights, got shape {list(weight.shape)}")
+        own = self.layout(options)
+        dtype, _, top = FLOAT8[own.layout]
         w = weight.float()
         if scale is None:
-            scale = self.weight_options([w])["scale"]
+            scale = self.weight_options([w], own)["scale"]
         # comfy-kitchen's order of operations: times the float32 reciprocal, clamped, cast
-        q = torch.clamp(w * (1.0 / scale), -FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-        return {WEIGHT: q, SCALE: scale, _comfy.MARKER: _comfy.marker(LAYOUT)}
+        q = torch.clamp(w * (1.0 / scale), -top, top).to(dtype)
+        return {WEIGHT: q, SCALE: scale, _comfy.MARKER: _comfy.marker(own)}
 
     def decode(
         self,
@@ -83,11 +93,12 @@ class ComfyFp8(Format):
         options: FormatOptions = NO_OPTIONS,
     ) -> torch.Tensor:
         """weight.float() * weight_scale, cast to `dtype`; only `rows` [r0, r1) of it if given."""
-        q = parts[WEIGHT]
-        return dequantize_rows(q, parts[SCALE].reshape(1, 1).expand(q.shape[0], 1), dtype, rows)
-
-    def quantization_config(self, kept_linears: list[str]) -> dict:
-        return _comfy.quantization_config(self.NAME, LAYOUT, kept_linears)
+        q, scale = parts[WEIGHT], parts[SCALE]
+        if q.dtype == torch.float8_e4m3fn:  # a table lookup, faster than the cast
+            return dequantize_rows(q, scale.reshape(1, 1).expand(q.shape[0], 1), dtype, rows)
+        if rows is not None:
+            q = q[rows[0] : rows[1]]
+        return q.float().mul_(scale).to(dtype)
 
 
 FORMAT = ComfyFp8()

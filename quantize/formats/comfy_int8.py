@@ -10,6 +10,19 @@ scale = max(rowmax|w| / 127, 1e-30); q = clamp(round(w / scale), -128, 127), rou
 all-zero row gets the scale 1e-30 and exact zeros. Decoding: q.float() · scale, comfy-kitchen's
 ``dequantize_int8_simple``. ComfyUI runs it with int8 matmuls on the CPU and on GPUs from Turing on.
 
+ConvRot (``type: int8_convrot``; ComfyUI >= 0.27 reads it): each row is first rotated in groups of 256 inputs
+by the normalized regular Hadamard matrix H (``H4 ⊗ H4 ⊗ H4 ⊗ H4 / 16``, symmetric and orthogonal), W_rot = W·Hᵀ,
+then quantized as above; the marker says ``{"format": "int8_tensorwise", "convrot": true, "convrot_groupsize":
+256}`` and ComfyUI rotates the activations the same way, so X·Wᵀ = (X·H)·(W·H)ᵀ. Rotating spreads an outlier
+over its group, so the row's scale fits the rest better. The reference is comfy-kitchen's
+``quantize_int8_convrot_weight(w.float(), 256)``, whose rotation is a float32 matrix product: its last bit
+depends on how the BLAS blocks it (on this CPU the rows of a product differ with the number of rows and of
+threads), so no encoder can be bit-exact to it as called. Ours rotates with the same matrix exactly, in
+float64 (every product w·(±1/16) is exact) by a fixed sequence of additions (four 4-point butterflies), then
+rounds once to float32: the same result on every machine, row chunk and worker count, equal to
+comfy-kitchen's ``quantize_int8_rowwise`` of the float64 rotation (tested bit for bit), and within one int8
+step of the float32 call (tested). Decoding rotates back the same way: q.float() · scale · H.
+
 Every part but the marker is per row: a weight is encoded in row chunks (`ROW_SEPARABLE`), the marker written
 once (`WEIGHT_PARTS`). Nothing goes into the file's metadata: ComfyUI reads the per-layer markers.
 """
@@ -19,20 +32,22 @@ from __future__ import annotations
 import torch
 
 from . import _comfy
-from .base import Format, NonFiniteWeightError, PartSpec
+from .base import NonFiniteWeightError, PartSpec, UnsupportedShapeError
 from .options import NO_OPTIONS, FormatOptions
 
-__all__ = ["FORMAT", "ComfyInt8", "LAYOUT", "WEIGHT", "SCALE"]
+__all__ = ["FORMAT", "ComfyInt8", "LAYOUT", "WEIGHT", "SCALE", "hadamard_rotate"]
 
 LAYOUT = "int8_tensorwise"  # ComfyUI's name for the layout (comfy-kitchen TensorWiseINT8Layout)
 WEIGHT = "weight"
 SCALE = "weight_scale"
 INT8_MAX = 127.0
 MIN_SCALE = 1e-30  # comfy-kitchen's floor for a row's scale
-_MARKER = _comfy.marker_bytes(LAYOUT)
+GROUP = _comfy.CONVROT_GROUP
+#: the signs of H4 (symmetric): output e of a 4-point butterfly is the sum over a of _H4[a][e] · x_a
+_H4 = ((1, 1, 1, -1), (1, 1, -1, 1), (1, -1, 1, 1), (-1, 1, 1, 1))
 
 
-class ComfyInt8(Format):
+class ComfyInt8(_comfy.ComfyFormat):
     NAME = "comfy_int8"
     ROW_SEPARABLE = True
     WEIGHT_PARTS = (_comfy.MARKER,)
@@ -40,7 +55,11 @@ class ComfyInt8(Format):
 
     def parts(self, shape: tuple[int, ...], options: FormatOptions = NO_OPTIONS) -> dict[str, PartSpec]:
         out, inp = shape
-        return {WEIGHT: ("I8", (out, inp)), SCALE: ("F32", (out, 1)), _comfy.MARKER: ("U8", (len(_MARKER),))}
+        if self.layout(options).convrot and inp % GROUP:
+            raise UnsupportedShapeError(
+                f"is [{out}, {inp}]; ConvRot rotates groups of {GROUP} inputs: in_features must be a multiple"
+            )
+        return {WEIGHT: ("I8", (out, inp)), SCALE: ("F32", (out, 1)), _comfy.MARKER: self.marker_spec(options)}
 
     def encode(self, weight: torch.Tensor, options: FormatOptions = NO_OPTIONS) -> dict[str, torch.Tensor]:
         """Quantize a 2-D weight row by row.
@@ -51,13 +70,18 @@ class ComfyInt8(Format):
         """
         if weight.dim() != 2:
             raise ValueError(f"comfy_int8 quantizes 2-D weights, got shape {list(weight.shape)}")
+        own = self.layout(options)
         w = weight.float()
+        if own.convrot:
+            if not bool(torch.isfinite(w).all()):  # the rotation would spread a NaN over its group
+                raise NonFiniteWeightError("holds NaN or Inf values")
+            w = hadamard_rotate(w)
         amax = w.abs().amax(dim=-1, keepdim=True)
         if not bool(torch.isfinite(amax).all()):
             raise NonFiniteWeightError("holds NaN or Inf values")
         scale = (amax / INT8_MAX).clamp_(min=MIN_SCALE)
         q = torch.div(w, scale).round_().clamp_(-128.0, 127.0).to(torch.int8)  # round: half to even
-        return {WEIGHT: q, SCALE: scale, _comfy.MARKER: _comfy.marker(LAYOUT)}
+        return {WEIGHT: q, SCALE: scale, _comfy.MARKER: _comfy.marker(own)}
 
     def decode(
         self,
@@ -70,10 +94,25 @@ class ComfyInt8(Format):
         q, scale = parts[WEIGHT], parts[SCALE]
         if rows is not None:
             q, scale = q[rows[0] : rows[1]], scale[rows[0] : rows[1]]
-        return q.float().mul_(scale).to(dtype)
+        w = q.float().mul_(scale)
+        return (hadamard_rotate(w) if self.layout(options).convrot else w).to(dtype)
 
-    def quantization_config(self, kept_linears: list[str]) -> dict:
-        return _comfy.quantization_config(self.NAME, LAYOUT, kept_linears)
+
+def hadamard_rotate(x: torch.Tensor) -> torch.Tensor:
+    """x·H in groups of `GROUP` along the last dim (H = H4⊗H4⊗H4⊗H4 / 16, its own inverse), computed in float64
+    and rounded once to x's dtype: the same bits on every machine and for any batch of rows. H4 is the all-ones
+    matrix less twice the anti-diagonal, so each 4-point stage is y_e = ((x_0 + x_1) + x_2) + x_3 - 2·x_(3-e), a
+    fixed sequence of float64 operations (no BLAS, whose summation order varies). ValueError if the last dim is
+    not whole groups."""
+    *lead, n = x.shape
+    if n % GROUP:
+        raise ValueError(f"ConvRot rotates groups of {GROUP}; the last dim is {n}")
+    y = x.double().reshape(-1, 4, 4, 4, 4)  # (rows · groups, a, b, c, d): a group's index is abcd in base 4
+    for axis in range(1, 5):
+        x0, x1, x2, x3 = y.unbind(axis)
+        total = (x0 + x1).add_(x2).add_(x3).unsqueeze(axis)
+        y = y.flip(axis).mul_(-2.0).add_(total)
+    return y.div_(16.0).reshape(*lead, n).to(x.dtype)
 
 
 FORMAT = ComfyInt8()

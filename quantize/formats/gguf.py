@@ -105,7 +105,9 @@ class Gguf(Format):
             )
         return {WEIGHT: (t.name, tuple(shape))}
 
-    def stored_options(self, dtype_of: Callable[[str], str | None]) -> GgufOptions | None:
+    def stored_options(
+        self, dtype_of: Callable[[str], str | None], read: Callable[[str], torch.Tensor] | None = None
+    ) -> GgufOptions | None:
         """The GGML type the stored weight is in; None for a weight kept lossless (BF16, F16, F32)."""
         stored = dtype_of(WEIGHT)
         return GgufOptions(stored) if stored in GgufOptions.TYPES else None

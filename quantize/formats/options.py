@@ -17,7 +17,22 @@ from typing import ClassVar
 
 from ..ggml_types import QUANTIZED_TYPES, GGMLType, ggml_type
 
-__all__ = ["FormatOptions", "NoOptions", "NO_OPTIONS", "GgufOptions"]
+__all__ = [
+    "FormatOptions",
+    "NoOptions",
+    "NO_OPTIONS",
+    "GgufOptions",
+    "ComfyOptions",
+    "COMFY_LAYOUTS",
+    "ComfyFp8Options",
+    "ComfyInt8Options",
+    "ComfyNvfp4Options",
+    "ComfyMxfp8Options",
+    "KEPT",
+]
+
+#: what a recipe's `types` names for Linears it keeps unquantized (as `ignore` would)
+KEPT = "kept"
 
 
 @dataclass(frozen=True)
@@ -26,6 +41,12 @@ class FormatOptions:
 
     #: the type names a recipe may give (`type`, `types`); empty: the format has one encoding
     TYPES: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def accepted(cls) -> tuple[str, ...]:
+        """Every name a recipe's `types` may give: the format's own types, the other formats' it may mix in
+        (ComfyUI's layouts), and ``kept``; none for a format with one encoding."""
+        return (*cls.TYPES, KEPT) if cls.TYPES else ()
 
     @classmethod
     def from_type(cls, type_name: str | None) -> FormatOptions:
@@ -44,6 +65,12 @@ class FormatOptions:
     def type_name(self) -> str | None:
         """What a recipe's `type` / `types` and the manifest's per-tensor `type` call these options; None for a
         format with one encoding."""
+        return None
+
+    @property
+    def format_name(self) -> str | None:
+        """The format that encodes a tensor with these options, where it is not the recipe's own (a layer of a
+        mixed ComfyUI file in another of ComfyUI's layouts); None: the recipe's format."""
         return None
 
 
@@ -81,3 +108,77 @@ class GgufOptions(FormatOptions):
     def ggml(self) -> GGMLType:
         """The type's row of the GGML table."""
         return ggml_type(self.type)
+
+
+#: ComfyUI's layouts, as a recipe's `type` / `types` names them -> the format that writes them. The names are those of
+#: the `comfy_quant` markers (ComfyUI's ``QUANT_ALGOS`` keys), but ``int8_convrot``: ``int8_tensorwise`` with the
+#: weight rotated (``"convrot": true`` in its marker).
+COMFY_LAYOUTS: dict[str, str] = {
+    "nvfp4": "comfy_nvfp4",
+    "mxfp8": "comfy_mxfp8",
+    "float8_e4m3fn": "comfy_fp8",
+    "float8_e5m2": "comfy_fp8",
+    "int8_tensorwise": "comfy_int8",
+    "int8_convrot": "comfy_int8",
+}
+
+
+@dataclass(frozen=True)
+class ComfyOptions(FormatOptions):
+    """The ComfyUI layout of one quantized Linear. ComfyUI reads each layer's marker, so one file may mix layouts:
+    every ComfyUI format's recipe may give any of `COMFY_LAYOUTS` in `types` (and ``kept``), and the layer is
+    written by the format of its layout (`format_name`). Each format's own layouts are its `TYPES`; its first
+    one is its default (`type` may be left out)."""
+
+    layout: str
+
+    TYPES: ClassVar[tuple[str, ...]] = tuple(COMFY_LAYOUTS)
+
+    def __post_init__(self) -> None:
+        if self.layout not in COMFY_LAYOUTS:
+            raise ValueError(f"a ComfyUI layout is one of {', '.join(COMFY_LAYOUTS)}; got {self.layout!r}")
+
+    @classmethod
+    def from_type(cls, type_name: str | None) -> ComfyOptions:
+        return ComfyOptions(cls.TYPES[0] if type_name is None else type_name)
+
+    @classmethod
+    def accepted(cls) -> tuple[str, ...]:
+        return (*cls.TYPES, *(t for t in COMFY_LAYOUTS if t not in cls.TYPES), KEPT)
+
+    @property
+    def type_name(self) -> str:
+        return self.layout
+
+    @property
+    def format_name(self) -> str:
+        return COMFY_LAYOUTS[self.layout]
+
+    @property
+    def convrot(self) -> bool:
+        """int8 with its weight rotated by a Hadamard matrix in groups of `CONVROT_GROUP` inputs (ComfyUI >= 0.27)."""
+        return self.layout == "int8_convrot"
+
+
+class ComfyFp8Options(ComfyOptions):
+    """comfy_fp8's layouts: float8 e4m3 (the default) or e5m2, one scale per tensor."""
+
+    TYPES = ("float8_e4m3fn", "float8_e5m2")
+
+
+class ComfyInt8Options(ComfyOptions):
+    """comfy_int8's layouts: int8 per row (the default), or the same with ConvRot."""
+
+    TYPES = ("int8_tensorwise", "int8_convrot")
+
+
+class ComfyNvfp4Options(ComfyOptions):
+    """comfy_nvfp4's one layout."""
+
+    TYPES = ("nvfp4",)
+
+
+class ComfyMxfp8Options(ComfyOptions):
+    """comfy_mxfp8's one layout."""
+
+    TYPES = ("mxfp8",)

@@ -30,7 +30,7 @@ import torch
 from .. import dtypes
 from ..encode import row_chunks
 from ..errors import InputError
-from ..formats import Format
+from ..formats import Format, format_for
 from ..models import FAMILIES, Family, ModelInputs, family_of_class
 from ..plan import ComponentPlan, TensorPlan
 from ..process import release_free_memory
@@ -223,7 +223,7 @@ def stored_weights(run: Runnable, stored: Component, fmt: Format) -> Weights:
             part: read_tensor(stored.tensors[spec.name])
             for part, spec in zip(tp.parts, tp.outputs, strict=True)
         }
-        return fmt.decode(parts, torch.float32, options=tp.options)
+        return format_for(fmt, tp.options).decoded(parts, tp.info.shape, torch.float32, options=tp.options)
 
     return weight
 

@@ -2,8 +2,8 @@
 
 Measured, not guessed: one streamed forward pass of the source model (`forward.StreamedModel`) on fixed
 (or captured) inputs sees each targeted Linear's input X while its weight W is loaded. For each rung of
-the layer's ladder (its recipe type, then each type up: GGUF Q4_K -> Q5_K -> Q6_K -> Q8_0 -> kept; one
-encoding -> kept for the other formats), Q(W) is exactly what `convert` would store (encoded and decoded
+the layer's ladder (its recipe type, then each type up: GGUF Q4_K -> Q5_K -> Q6_K -> Q8_0 -> kept; ComfyUI nvfp4 ->
+mxfp8 -> kept; one encoding -> kept for the other formats), Q(W) is exactly what `convert` would store (encoded and decoded
 by the format, from the source as stored), and the layer's *output SQNR* is
 10·log10(|X·Wᵀ|² / |X·(W − Q(W))ᵀ|²): activation-aware, unlike the weight SQNR beside it. A second pass
 runs the whole recipe (every tensor as the output would hold it) against the source: the *forward SQNR*.
@@ -36,7 +36,7 @@ import torch
 from .. import dtypes
 from ..encode import ChunkPool, ErrorStats, encode_and_measure, row_chunks
 from ..errors import InputError
-from ..formats import NO_OPTIONS, Format, FormatOptions
+from ..formats import KEPT, NO_OPTIONS, Format, FormatOptions, format_for
 from ..plan import ComponentPlan, Plan, TensorPlan, replanned
 from ..recipes import Recipe
 from .forward import (
@@ -63,7 +63,6 @@ __all__ = [
     "KEPT",
 ]
 
-KEPT = "kept"
 #: measured passes a proposal may take before it gives up on a quality target
 MAX_PASSES = 16
 
@@ -84,10 +83,10 @@ def ladder(fmt: Format, base: FormatOptions) -> list[Rung]:
     """The rungs of a layer planned with options `base`, lowest first: each step the format raises it to
     (`Format.raised`), then kept."""
     rungs = [Rung(base)]
-    up = fmt.raised(base)
+    up = format_for(fmt, base).raised(base)
     while up is not None:
         rungs.append(Rung(up))
-        up = fmt.raised(up)
+        up = format_for(fmt, up).raised(up)
     return [*rungs, Rung(NO_OPTIONS, keep=True)]
 
 

@@ -15,13 +15,14 @@ import torch
 from safetensors.torch import save_file
 
 from quantize import dtypes
-from quantize.encode import encode_and_measure
+from quantize.encode import encode_and_measure, row_chunks
 from quantize.errors import InputError
 from quantize.formats import (
     FORMAT_INFO,
     FORMATS,
     Format,
     FormatOptions,
+    format_for,
     format_info,
     format_of_config,
     get_format,
@@ -34,6 +35,10 @@ from tests.formats.references import REFERENCES
 SHAPE = (48, 512)  # a shape every format holds: both dims multiples of 16, in_features whole K-quant blocks
 MODULE = "blocks.0.ffn.0"
 CHUNKS = [(0, 5), (5, 17), (17, 18), (18, 48)]  # uneven, one of a single row
+#: a format whose chunks start on whole tiles of rows (`ROW_BLOCK`, 128 for NVFP4 and MXFP8): a taller weight, whose
+#: last tile is partial and whose rows need padding to the format's blocks
+TILED_SHAPE = (300, 512)
+TILED_CHUNKS = [(0, 128), (128, 256), (256, 300)]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
@@ -50,16 +55,16 @@ CASES = _cases()
 FORMAT_NAMES = [pytest.param(name, id=name) for name in FORMAT_INFO]
 
 
-def _weight(dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+def _weight(dtype: torch.dtype, seed: int = 0, shape: tuple[int, int] = SHAPE) -> torch.Tensor:
     """Gaussian rows and the rows quantizers trip on: an outlier, an all-zero row, rows of small and of tiny
     values (subnormal after scaling; fp16 flushes the 1e-30 row to zeros). Blocks of zeros of mixed signs are
     left to `test_gguf.py`, where ggml's and gguf-py's bytes for them differ (a known discrepancy, marked there)."""
     g = torch.Generator().manual_seed(seed)
-    w = torch.randn(SHAPE, generator=g) * 0.02
+    w = torch.randn(shape, generator=g) * 0.02
     w[1, 3] = 0.5
     w[2] = 0
-    w[4] = torch.randn(SHAPE[1], generator=g) * 1e-3
-    w[5] = torch.linspace(-1e-3, 1e-3, SHAPE[1])
+    w[4] = torch.randn(shape[1], generator=g) * 1e-3
+    w[5] = torch.linspace(-1e-3, 1e-3, shape[1])
     w[6] = w[6].abs() * 1e-30
     return w.to(dtype)
 
@@ -71,6 +76,11 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     """The same dtype, shape and bytes (NaN included)."""
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(_bits(a), _bits(b))
+
+
+def _chunked(fmt: Format) -> tuple[tuple[int, int], list[tuple[int, int]]]:
+    """The weight shape and row chunks to hold `fmt` to: chunks on its `ROW_BLOCK`."""
+    return (SHAPE, CHUNKS) if fmt.ROW_BLOCK == 1 else (TILED_SHAPE, TILED_CHUNKS)
 
 
 def _encode(fmt: Format, w: torch.Tensor, options: FormatOptions) -> dict[str, torch.Tensor]:
@@ -101,16 +111,18 @@ def test_the_registry_gives_the_modules_one_instance(name):
 
 
 @pytest.mark.parametrize("name", FORMAT_NAMES)
-def test_each_ladder_climbs_through_the_formats_own_options_and_ends(name):
+def test_each_ladder_climbs_through_options_a_format_writes_and_ends(name):
+    """Each rung up is options of the format itself, or (a mixed ComfyUI file) of the format its options name."""
     fmt = get_format(name)
-    choices = fmt.options_type.choices()
-    for options in choices:
+    for options in fmt.options_type.choices():
         seen = {options}
         up = fmt.raised(options)
         while up is not None:
-            assert up in choices and up not in seen, (options, up)
+            owner = format_for(fmt, up)
+            assert up in owner.options_type.choices() and up not in seen, (options, up)
+            assert fmt.options_type.from_type(up.type_name) == up  # a recipe of `fmt` can name it
             seen.add(up)
-            up = fmt.raised(up)
+            up = owner.raised(up)
 
 
 @pytest.mark.parametrize("name", FORMAT_NAMES)
@@ -159,31 +171,42 @@ def test_the_parts_are_what_parts_promises(name, options):
 @pytest.mark.parametrize("name, options", CASES)
 def test_row_ranges_decode_as_the_whole(name, options):
     fmt = get_format(name)
-    parts = _encode(fmt, _weight(torch.bfloat16, seed=1), options)
-    whole = fmt.decode(parts, torch.float32, options=options)
-    assert whole.dtype == torch.float32 and whole.shape == SHAPE
+    shape, _ = _chunked(fmt)
+    parts = _encode(fmt, _weight(torch.bfloat16, seed=1, shape=shape), options)
+    whole = fmt.decoded(parts, shape, torch.float32, options=options)
+    assert whole.dtype == torch.float32 and whole.shape == shape
     assert not whole[2].any()  # the all-zero row decodes to zeros
-    for r0, r1 in CHUNKS:
-        assert _same(fmt.decode(parts, torch.float32, rows=(r0, r1), options=options), whole[r0:r1])
-    assert _same(fmt.decode(parts, torch.bfloat16, options=options), whole.to(torch.bfloat16))
+    for r0, r1 in [*CHUNKS, *TILED_CHUNKS, (130, 131)]:
+        if r1 <= shape[0]:
+            got = fmt.decoded(parts, shape, torch.float32, rows=(r0, r1), options=options)
+            assert _same(got, whole[r0:r1]), (r0, r1)
+    assert _same(fmt.decoded(parts, shape, torch.bfloat16, options=options), whole.to(torch.bfloat16))
 
 
 @pytest.mark.parametrize("name, options", [c for c in CASES if get_format(c.values[0]).ROW_SEPARABLE])
 def test_row_chunks_encode_and_decode_as_the_whole(name, options):
-    """A row-separable format encodes float32 row chunks (what the converter streams) into the whole weight's
-    rows, with its whole-weight parts (`WEIGHT_PARTS`) the same for every chunk."""
+    """A row-separable format encodes float32 row chunks (what the converter streams, on its `ROW_BLOCK`) into
+    the whole weight's rows, with its whole-weight parts (`WEIGHT_PARTS`) the same for every chunk."""
     fmt = get_format(name)
-    w = _weight(torch.bfloat16, seed=2)
+    shape, chunks = _chunked(fmt)
+    w = _weight(torch.bfloat16, seed=2, shape=shape)
     whole = _encode(fmt, w, options)
-    decided = fmt.weight_options((w[r0:r1].float() for r0, r1 in CHUNKS), options)
-    decoded = fmt.decode(whole, torch.float32, options=options)
-    for r0, r1 in CHUNKS:
+    decided = fmt.weight_options((w[r0:r1].float() for r0, r1 in chunks), options)
+    decoded = fmt.decoded(whole, shape, torch.float32, options=options)
+    for r0, r1 in chunks:
         chunk = fmt.encode(w[r0:r1].float(), options, **decided)
         assert set(chunk) == set(whole)
         for part, t in chunk.items():
-            want = whole[part] if part in fmt.WEIGHT_PARTS else whole[part][r0:r1]
+            want = whole[part] if part in fmt.WEIGHT_PARTS else whole[part][r0 : r0 + len(t)]
             assert _same(t, want), (part, r0, r1)
-        assert _same(fmt.decode(chunk, torch.float32, options=options), decoded[r0:r1])
+        got = fmt.decoded(chunk, (r1 - r0, shape[1]), torch.float32, options=options)
+        assert _same(got, decoded[r0:r1])
+
+
+def test_chunks_fall_on_the_formats_row_block():
+    assert row_chunks(300, 512, chunk_bytes=4 * 512 * 100, block=128) == [(0, 128), (128, 256), (256, 300)]
+    assert row_chunks(300, 512, chunk_bytes=4 * 512 * 200, block=128) == [(0, 128), (128, 256), (256, 300)]
+    assert row_chunks(10, 4, chunk_bytes=48) == [(0, 3), (3, 6), (6, 9), (9, 10)]
 
 
 # --- what the converter makes of a weight no scale can hold -------------------------------------------------

@@ -55,7 +55,8 @@ def _quantized_modules(checkpoint: Path, fmt) -> dict[str, tuple[dict[str, torch
         for k, t in tensors.items()
         if k.endswith("." + first) and t.dtype == dtype
     }
-    return {m: ({p: tensors[part_key(m, p)] for p in fmt.parts((64, 64))}, NO_OPTIONS) for m in modules}
+    options = fmt.options_type.from_type(None)  # one layout for the whole file (a comfy format's default)
+    return {m: ({p: tensors[part_key(m, p)] for p in fmt.parts((64, 64))}, options) for m in modules}
 
 
 def _sqnr(want: torch.Tensor, got: torch.Tensor) -> float:
@@ -115,7 +116,7 @@ def test_every_format_loads_into_the_model_class_bit_exact(converted, model, fmt
                 if isinstance(m, QuantizedLinear):
                     m.compute = "dequantize"
             got = loaded(**inputs())[0]
-        if fmt_name == "torchao_fp8":  # torchao's own kernel (on the CPU "fast" decodes): its loader, exactly
+        if fmt_name in ("torchao_fp8", "torchao_int8"):  # the kernel ("fast" decodes on the CPU): diffusers'
             for m in loaded.modules():
                 if isinstance(m, QuantizedLinear):
                     m.compute = "kernel"
@@ -185,7 +186,7 @@ def test_a_loaded_model_can_be_filled_again_and_refuses_another_format(converted
     _, fp8 = converted("wan", "fp8_channel")
     with pytest.raises(
         CheckpointMismatchError,
-        match=r"'blocks\.0\.[\w.]+' is a NF4Linear \(nf4\); the checkpoint is fp8_channel",
+        match=r"'blocks\.0\.[\w.]+' is a NF4Linear \(nf4\); the checkpoint stores it as fp8_channel",
     ):
         load_quantized(model, fp8)
 

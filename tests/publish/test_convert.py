@@ -354,8 +354,8 @@ def _chunk_spies(monkeypatch, chunk_bytes: int) -> tuple[list[tuple[int, int, li
     encoded: list[int] = []
     row_chunks, encode = chunking.row_chunks, fp8.encode
 
-    def split(rows, row_elems, *args):
-        ranges = row_chunks(rows, row_elems, *args)
+    def split(rows, row_elems, *args, **kwargs):
+        ranges = row_chunks(rows, row_elems, *args, **kwargs)
         splits.append((rows, row_elems, ranges))  # list.append: safe from the worker threads
         return ranges
 
