@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from ..errors import InputError
+from ..formats import FORMAT_INFO
 from ._console import out
 
 __all__ = ["recipe_options", "chosen_recipe", "lora_options", "inputs_option"]
@@ -20,7 +21,7 @@ def recipe_options(f):
         default=None,
         metavar="FORMAT",
         help="Instead of --recipe: the bundled recipe of this format for SOURCE's detected layout "
-        "(fp8_channel, torchao_fp8, nf4, comfy_fp8, comfy_int8, gguf); the first line names it and why.",
+        f"({', '.join(FORMAT_INFO)}); the first line names it and why.",
     )(f)
     return click.option(
         "--recipe",

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from quantize.models import get_family
@@ -298,6 +299,39 @@ def test_a_proposal_reaches_the_target_and_verify_proves_it(planted, report, tmp
     out2 = tmp_path / "out2"
     run_cli("convert", planted, out2, "-r", strict, check=True)
     assert run_cli("verify", out2, "--source", planted, "--forward").returncode == 1
+
+
+COMFY_NVFP4 = (
+    "format: comfy_nvfp4\ncomponents: [transformer]\n"
+    "targets: ['blocks\\.\\d+\\.(attn[12]\\.(to_q|to_k|to_v|to_out\\.0)|ffn\\.net\\.(0\\.proj|2))']\n"
+)
+
+
+def test_an_nvfp4_recipe_is_raised_to_a_mixed_file_of_mxfp8_layers(planted, tmp_path):
+    """NVFP4's ladder: nvfp4 -> mxfp8 -> kept. The proposal is one ComfyUI file mixing layouts, which verify proves."""
+    recipe = tmp_path / "nvfp4.yaml"
+    recipe.write_text(COMFY_NVFP4)
+    base = _json(planted, "-r", recipe)
+    assert {layer["type"] for layer in base["layers"]} == {"nvfp4"}
+    target = round(base["forward_sqnr_db"] + 2, 2)
+    written = tmp_path / "proposed.yaml"
+    proposal = _json(planted, "-r", recipe, "--min-forward-sqnr", target, "--write-recipe", written)["proposal"]
+    raised = {r["module"]: r["type"] for r in proposal["raised"]}
+    # the planted outliers (one a row) sit each in its own block of 16, which its E4M3 scale absorbs: in NVFP4 the
+    # most sensitive layer is another one, and it goes first
+    worst = min(base["layers"], key=lambda layer: layer["output_sqnr_db"])["module"]
+    assert proposal["reached"] and proposal["raised"][0]["module"] == worst
+    assert set(raised.values()) <= {"mxfp8", "kept"} and len(raised) < len(base["layers"]) / 2
+    out = tmp_path / "out"
+    run_cli("convert", planted, out, "-r", written, check=True)
+    (path,) = out.rglob("*.safetensors")
+    with safe_open(path, "pt") as f:
+        markers = [json.loads(f.get_tensor(k).numpy().tobytes()) for k in f.keys() if k.endswith("comfy_quant")]
+    layouts = {m["format"] for m in markers}
+    assert "nvfp4" in layouts and ("mxfp8" in layouts or "kept" in raised.values())
+    proc = run_cli("verify", out, "--source", planted, "--forward", "--json")
+    assert proc.returncode == 0, proc.stdout
+    assert json.loads(proc.stdout)["forward"]["transformer"]["output_sqnr_db"] == proposal["forward_sqnr_db"]
 
 
 def test_a_format_with_one_encoding_raises_to_kept(planted, report, tmp_path):
