@@ -377,7 +377,9 @@ def _stored_options(
     try:
         options = fmt.stored_options(dtype_of, read)
     except ValueError as e:  # a marker declaring a layout no format here writes
-        raise CheckpointMismatchError(f"{comp.dir}: Linear {stored!r} is stored as {e}: not loadable here") from None
+        raise CheckpointMismatchError(
+            f"{comp.dir}: Linear {stored!r} is stored as {e}: not loadable here"
+        ) from None
     if options is None:
         return None
     try:

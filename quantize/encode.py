@@ -151,7 +151,9 @@ def encode_and_measure(
                 if whole is None:
                     whole = take(weight_parts, None)
             measured = take(parts, (r0, r1))
-            decoded = fmt.decoded({**measured, **(whole or {})}, (r1 - r0, cols), torch.float32, options=tp.options)
+            decoded = fmt.decoded(
+                {**measured, **(whole or {})}, (r1 - r0, cols), torch.float32, options=tp.options
+            )
             if seen is not None:
                 seen(r0, r1, w, decoded)
             stats.add(w, decoded)

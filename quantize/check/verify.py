@@ -633,7 +633,9 @@ def _check_quantized(
             part: read_tensor(infos[part]) if rows is None else read_rows(infos[part], *rows)
             for part in parts  # a row chunk's parts, or the weight's whole parts (`WEIGHT_PARTS`)
         }
-        identical &= all(_same_part(part, format_for(fmt, tp.options), t, mine[part]) for part, t in parts.items())
+        identical &= all(
+            _same_part(part, format_for(fmt, tp.options), t, mine[part]) for part, t in parts.items()
+        )
         return mine
 
     stats = encode_and_measure(tp, fmt, compare)

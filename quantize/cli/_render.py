@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import re
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 from rich.markup import escape
@@ -156,8 +156,10 @@ def print_converted(output: Path, manifest, elapsed: float) -> None:
     sqnrs = [t.sqnr_db for t in manifest.tensors.values() if t.sqnr_db is not None]
     quantized = sum(c.quantized for c in manifest.components)
     kept = sum(c.kept for c in manifest.components)
+    types = Counter(t.type for t in manifest.tensors.values() if t.type)
+    by_type = f" ({', '.join(f'{n} {t}' for t, n in types.most_common())})" if len(types) > 1 else ""
     out.print(
-        f"wrote {output}: {quantized} tensors quantized to {manifest.format}, {kept} kept; {gb(src)} -> {gb(dst)} in {elapsed:.1f}s ({gb(src / max(elapsed, 1e-9))}/s)"
+        f"wrote {output}: {quantized} tensors quantized to {manifest.format}{by_type}, {kept} kept; {gb(src)} -> {gb(dst)} in {elapsed:.1f}s ({gb(src / max(elapsed, 1e-9))}/s)"
     )
     _print_steps(manifest)
     if sqnrs:

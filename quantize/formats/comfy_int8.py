@@ -59,7 +59,11 @@ class ComfyInt8(_comfy.ComfyFormat):
             raise UnsupportedShapeError(
                 f"is [{out}, {inp}]; ConvRot rotates groups of {GROUP} inputs: in_features must be a multiple"
             )
-        return {WEIGHT: ("I8", (out, inp)), SCALE: ("F32", (out, 1)), _comfy.MARKER: self.marker_spec(options)}
+        return {
+            WEIGHT: ("I8", (out, inp)),
+            SCALE: ("F32", (out, 1)),
+            _comfy.MARKER: self.marker_spec(options),
+        }
 
     def encode(self, weight: torch.Tensor, options: FormatOptions = NO_OPTIONS) -> dict[str, torch.Tensor]:
         """Quantize a 2-D weight row by row.

@@ -103,7 +103,9 @@ class ComfyMxfp8(_comfy.ComfyFormat):
         cols = q.shape[1]
         scale = e8m0_values(_blocked.from_blocked(parts[SCALE], r0, r1, cols // BLOCK).to(torch.int32))
         values = dequantize_rows(q[r0:r1], torch.ones((), device=q.device), torch.float32)
-        return values.view(r1 - r0, cols // BLOCK, BLOCK).mul_(scale.unsqueeze(-1)).view(r1 - r0, cols).to(dtype)
+        return (
+            values.view(r1 - r0, cols // BLOCK, BLOCK).mul_(scale.unsqueeze(-1)).view(r1 - r0, cols).to(dtype)
+        )
 
 
 def e8m0_values(exponent: torch.Tensor) -> torch.Tensor:

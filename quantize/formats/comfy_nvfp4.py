@@ -45,7 +45,15 @@ E4M3_MAX = 448.0
 #: the E2M1 values of the codes 0..15 (bit 3 the sign)
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 #: the midpoints between consecutive magnitudes, and whether a value on one rounds up (the upper code is even)
-_MIDPOINTS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
+_MIDPOINTS = (
+    (0.25, False),
+    (0.75, True),
+    (1.25, False),
+    (1.75, True),
+    (2.5, False),
+    (3.5, True),
+    (5.0, False),
+)
 
 
 def _padded(rows: int, cols: int) -> tuple[int, int]:
@@ -102,7 +110,9 @@ class ComfyNvfp4(_comfy.ComfyFormat):
         blocks = x.view(rows, cols // BLOCK, BLOCK)
         block_scale = (blocks.abs().amax(dim=-1) / E2M1_MAX / scale).clamp_(max=E4M3_MAX)
         stored = block_scale.to(torch.float8_e4m3fn)
-        total = scale * stored.float()  # the reference's order: the tensor's scale times the rounded block scale
+        total = (
+            scale * stored.float()
+        )  # the reference's order: the tensor's scale times the rounded block scale
         zero = total == 0
         scaled = blocks / torch.where(zero, 1.0, total).unsqueeze(-1)
         scaled.masked_fill_(zero.unsqueeze(-1), 0.0).clamp_(-E2M1_MAX, E2M1_MAX)

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import re
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from ..formats import format_info
+from ..formats.options import COMFY_RUNTIMES
 from ..models import Family, diffusers_classes, family_of_class
 from ..steps import card_lines as step_card_lines
 from .manifest import Manifest
@@ -211,6 +213,7 @@ def _loading_section(manifest: Manifest, facts: CardFacts) -> list[str]:
         out += [info.card_note, ""]
     if "comfyui" in info.runs_in:
         out += _comfyui_section(facts.model_files, facts.family)
+        out += _comfy_layouts(manifest)
     if "comfyui-gguf" in info.runs_in:
         out += _gguf_section(facts.model_files, manifest, facts.family)
     if "loaders" not in info.runs_in:
@@ -253,6 +256,18 @@ def _comfyui_section(files: list[str], family: Family | None) -> list[str]:
     if len(files) > 1 and family is not None and family.experts_note:
         out += ["", family.experts_note]
     return [*out, ""]
+
+
+def _comfy_layouts(manifest: Manifest) -> list[str]:
+    """The ComfyUI layouts the file holds (one file may mix them), how many layers each, which ComfyUI reads
+    them and where they run fast."""
+    counts = Counter(t.type for t in manifest.tensors.values() if t.type in COMFY_RUNTIMES)
+    out = ["| layout | layers | read by | fast on |", "|---|---|---|---|"]
+    for layout, n in sorted(counts.items(), key=lambda kv: -kv[1]):
+        reader, fast = COMFY_RUNTIMES[layout]
+        out.append(f"| `{layout}` | {n} | {reader} | {fast} |")
+    note = "Elsewhere ComfyUI (and dit-quantize's loader) decode each layer's weight to the compute dtype at its call."
+    return [*out, "", note, ""] if counts else []
 
 
 def _gguf_section(files: list[str], manifest: Manifest, family: Family | None) -> list[str]:

@@ -52,7 +52,11 @@ def _qt(fmt, parts, shape, dtype, options=None):
         return QuantizedTensor(parts["weight"], "TensorCoreMXFP8Layout", params)
     if fmt is int8:
         params = TensorWiseINT8Layout.Params(
-            scale=parts["weight_scale"], orig_dtype=dtype, orig_shape=shape, convrot=True, convrot_groupsize=256
+            scale=parts["weight_scale"],
+            orig_dtype=dtype,
+            orig_shape=shape,
+            convrot=True,
+            convrot_groupsize=256,
         )
         return QuantizedTensor(parts["weight"], "TensorWiseINT8Layout", params)
     params = TensorCoreFP8Layout.Params(scale=parts["weight_scale"], orig_dtype=dtype, orig_shape=shape)
@@ -149,7 +153,9 @@ def test_comfy_kitchen_dequantizes_convrot_and_e5m2_parts_as_we_decode_them():
     assert torch.allclose(theirs, int8.decode(parts, options=CONVROT), rtol=0, atol=1e-6)
     parts = fp8.encode(w, E5M2)
     assert parts["weight"].dtype == torch.float8_e5m2
-    assert torch.equal(_qt(fp8, parts, (64, 512), torch.float32).dequantize(), fp8.decode(parts, options=E5M2))
+    assert torch.equal(
+        _qt(fp8, parts, (64, 512), torch.float32).dequantize(), fp8.decode(parts, options=E5M2)
+    )
 
 
 @pytest.mark.parametrize(

@@ -115,7 +115,9 @@ def test_mxfp8_and_convrot_files_verify_and_load(small_wan, tmp_path):
         assert set(_check_layers(out, small_wan, fmt).values()) == {layout}
         _verify(out, small_wan)
     # ConvRot's int8 kernel (activations rotated, quantized per row, torch._int_mm) against its decoded reference
-    model = load_quantized(diffusers.WanTransformer3DModel, tmp_path / "wan-comfy-int8-convrot", compute="kernel")
+    model = load_quantized(
+        diffusers.WanTransformer3DModel, tmp_path / "wan-comfy-int8-convrot", compute="kernel"
+    )
     layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
     assert layers and all(m.options == ComfyOptions("int8_convrot") for m in layers)
     x = torch.randn(9, layers[0].in_features, generator=torch.Generator().manual_seed(0))
@@ -140,7 +142,9 @@ def test_types_may_keep_layers(small_wan, tmp_path):
     _verify(out, small_wan)
 
 
-@pytest.mark.parametrize("recipe, fmt", [("wan-comfy-nvfp4", "comfy_nvfp4"), ("wan-comfy-mxfp8", "comfy_mxfp8")])
+@pytest.mark.parametrize(
+    "recipe, fmt", [("wan-comfy-nvfp4", "comfy_nvfp4"), ("wan-comfy-mxfp8", "comfy_mxfp8")]
+)
 def test_streamed_in_tile_aligned_row_chunks_to_the_same_bytes(recipe, fmt, small_wan, tmp_path, monkeypatch):
     """Chunks of 128 rows (one scale tile; the ffn weights are 768 rows): the same file as one chunk a weight."""
     import quantize.encode as chunking
@@ -151,7 +155,9 @@ def test_streamed_in_tile_aligned_row_chunks_to_the_same_bytes(recipe, fmt, smal
     formats = {get_format("comfy_nvfp4"), get_format("comfy_mxfp8")}
     for f in formats:
         encode = f.encode
-        monkeypatch.setattr(f, "encode", lambda w, *a, _e=encode, **kw: rows.append(w.shape[0]) or _e(w, *a, **kw))
+        monkeypatch.setattr(
+            f, "encode", lambda w, *a, _e=encode, **kw: rows.append(w.shape[0]) or _e(w, *a, **kw)
+        )
     monkeypatch.setattr(chunking, "CHUNK_BYTES", 100 * 256 * 4)  # 100 rows of 256: rounded to a tile
     convert(small_wan, tmp_path / "chunked", recipe, workers=2)
     assert set(rows) == {128}  # every weight here is whole tiles of rows: 256 or 768

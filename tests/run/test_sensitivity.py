@@ -315,7 +315,9 @@ def test_an_nvfp4_recipe_is_raised_to_a_mixed_file_of_mxfp8_layers(planted, tmp_
     assert {layer["type"] for layer in base["layers"]} == {"nvfp4"}
     target = round(base["forward_sqnr_db"] + 2, 2)
     written = tmp_path / "proposed.yaml"
-    proposal = _json(planted, "-r", recipe, "--min-forward-sqnr", target, "--write-recipe", written)["proposal"]
+    proposal = _json(planted, "-r", recipe, "--min-forward-sqnr", target, "--write-recipe", written)[
+        "proposal"
+    ]
     raised = {r["module"]: r["type"] for r in proposal["raised"]}
     # the planted outliers (one a row) sit each in its own block of 16, which its E4M3 scale absorbs: in NVFP4 the
     # most sensitive layer is another one, and it goes first
@@ -326,7 +328,9 @@ def test_an_nvfp4_recipe_is_raised_to_a_mixed_file_of_mxfp8_layers(planted, tmp_
     run_cli("convert", planted, out, "-r", written, check=True)
     (path,) = out.rglob("*.safetensors")
     with safe_open(path, "pt") as f:
-        markers = [json.loads(f.get_tensor(k).numpy().tobytes()) for k in f.keys() if k.endswith("comfy_quant")]
+        markers = [
+            json.loads(f.get_tensor(k).numpy().tobytes()) for k in f.keys() if k.endswith("comfy_quant")
+        ]
     layouts = {m["format"] for m in markers}
     assert "nvfp4" in layouts and ("mxfp8" in layouts or "kept" in raised.values())
     proc = run_cli("verify", out, "--source", planted, "--forward", "--json")
