@@ -24,6 +24,7 @@ __all__ = [
     "GgufOptions",
     "ComfyOptions",
     "COMFY_LAYOUTS",
+    "COMFY_RUNTIMES",
     "ComfyFp8Options",
     "ComfyInt8Options",
     "ComfyNvfp4Options",
@@ -120,6 +121,35 @@ COMFY_LAYOUTS: dict[str, str] = {
     "float8_e5m2": "comfy_fp8",
     "int8_tensorwise": "comfy_int8",
     "int8_convrot": "comfy_int8",
+}
+
+#: layout -> (the ComfyUI that reads it: the first version after the commit that added it, and what else it needs;
+#: the GPUs that run it fast): what the card and the README say. Elsewhere ComfyUI decodes the weight per layer.
+COMFY_RUNTIMES: dict[str, tuple[str, str]] = {
+    "nvfp4": (
+        "ComfyUI 0.8 or later, with comfy-kitchen",
+        "FP4 tensor cores on Blackwell (RTX 50xx, RTX PRO 6000, B200: SM100+)",
+    ),
+    "mxfp8": (
+        "ComfyUI 0.18 or later, with a comfy-kitchen that has TensorCoreMXFP8Layout",
+        "Blackwell's MXFP8 GEMM (SM100+)",
+    ),
+    "float8_e4m3fn": (
+        "ComfyUI 0.3.77 or later",
+        "FP8 tensor cores from Ada on (RTX 40xx, L40S, H100, RTX 50xx)",
+    ),
+    "float8_e5m2": (
+        "ComfyUI 0.3.77 or later",
+        "FP8 tensor cores from Ada on (RTX 40xx, L40S, H100, RTX 50xx)",
+    ),
+    "int8_tensorwise": (
+        "ComfyUI 0.27 or later",
+        "int8 matmuls on every GPU from Turing (RTX 20xx, 30xx, A100) and the CPU",
+    ),
+    "int8_convrot": (
+        "ComfyUI 0.27 or later (ConvRot)",
+        "int8 matmuls on every GPU from Turing (RTX 20xx, 30xx, A100) and the CPU",
+    ),
 }
 
 
