@@ -189,6 +189,8 @@ WAN_DIFFUSERS_ALL_BLOCK_LINEARS = re.compile(
     [
         ("wan-torchao-fp8.yaml", "t2v", WAN_ORIGINAL_QUANTIZED),
         ("wan-torchao-fp8.yaml", "i2v", WAN_ORIGINAL_QUANTIZED),
+        ("wan-torchao-int8.yaml", "t2v", WAN_ORIGINAL_QUANTIZED),
+        ("wan-torchao-int8.yaml", "i2v", WAN_ORIGINAL_QUANTIZED),
         ("wan-nf4.yaml", "t2v", WAN_ORIGINAL_ALL_BLOCK_LINEARS),
         ("wan-nf4.yaml", "i2v", WAN_ORIGINAL_ALL_BLOCK_LINEARS),
         ("lingbot-world-nf4.yaml", "lingbot", WAN_ORIGINAL_ALL_BLOCK_LINEARS),
@@ -206,6 +208,7 @@ def test_torchao_and_nf4_recipes_on_original_names(make_wan, recipe, layout, exp
     "recipe, expected",
     [
         ("wan-diffusers-torchao-fp8.yaml", WAN_DIFFUSERS_QUANTIZED),
+        ("wan-diffusers-torchao-int8.yaml", WAN_DIFFUSERS_QUANTIZED),
         ("wan-diffusers-nf4.yaml", WAN_DIFFUSERS_ALL_BLOCK_LINEARS),
     ],
 )

@@ -90,6 +90,31 @@ def torchao_fp8(w: torch.Tensor, options: FormatOptions) -> dict[str, torch.Tens
     return {"_weight_qdata": q, "_weight_scale": scale}
 
 
+# --- torchao_int8: torchao's own Int8Tensor.from_hp -----------------------------------------------------------
+
+
+def torchao_int8_tensor(w: torch.Tensor):
+    """What Int8DynamicActivationInt8WeightConfig() makes of a weight loaded in bf16: `Int8Tensor.from_hp` with the
+    arguments its transform passes (``_int8_dynamic_activation_int8_weight_quantize_tensor``)."""
+    from quantize.formats._torchao import torchao
+
+    ao = torchao()
+    cfg = ao.Int8DynamicActivationInt8WeightConfig()
+    act, weight = ao.Int8Tensor._normalize_granularity(cfg.granularity)
+    kwargs = ao.QuantizeTensorToInt8Kwargs(
+        granularity=act, mapping_type=cfg.act_mapping_type, reduce_range=cfg.reduce_range
+    )
+    return ao.Int8Tensor.from_hp(
+        w.to(torch.bfloat16), granularity=weight, act_quant_kwargs=kwargs, reduce_range=cfg.reduce_range
+    )
+
+
+def torchao_int8(w: torch.Tensor, options: FormatOptions) -> dict[str, torch.Tensor]:
+    """`torchao_int8_tensor`'s qdata, scale and zero_point, as torchao's safetensors layout names them."""
+    ref = torchao_int8_tensor(w)
+    return {"_weight_qdata": ref.qdata, "_weight_scale": ref.scale, "_weight_zero_point": ref.zero_point}
+
+
 # --- nf4: bitsandbytes' quantize_4bit --------------------------------------------------------------------------
 
 
@@ -112,25 +137,64 @@ def nf4(w: torch.Tensor, options: FormatOptions) -> dict[str, torch.Tensor]:
 # --- ComfyUI: comfy-kitchen's eager quantizers, and the marker ComfyUI's tooling writes ------------------------
 
 
+def _marker_json(conf: dict) -> torch.Tensor:
+    """The marker as ComfyUI's own ``state_dict`` writes it: ``torch.tensor(list(json.dumps(conf).encode()))``."""
+    return torch.tensor(list(json.dumps(conf).encode("utf-8")), dtype=torch.uint8)
+
+
 def _marker(layout: str) -> torch.Tensor:
-    return torch.frombuffer(bytearray(json.dumps({"format": layout}).encode()), dtype=torch.uint8)
+    return _marker_json({"format": layout})
 
 
 def comfy_fp8(w: torch.Tensor, options: FormatOptions) -> dict[str, torch.Tensor]:
-    """scale = max|w|/448 in float32; comfy-kitchen's ``quantize_per_tensor_fp8(w.float(), scale)``."""
+    """scale = max|w|/M in float32 (M: the float8 type's largest value); comfy-kitchen's
+    ``quantize_per_tensor_fp8(w.float(), scale, dtype)``."""
     from comfy_kitchen.backends.eager import quantization as ck
 
-    scale = w.float().abs().amax() / 448.0
-    q = ck.quantize_per_tensor_fp8(w.float(), scale)
-    return {"weight": q, "weight_scale": scale, "comfy_quant": _marker("float8_e4m3fn")}
+    dtype = getattr(torch, options.type_name)
+    scale = w.float().abs().amax() / torch.finfo(dtype).max
+    q = ck.quantize_per_tensor_fp8(w.float(), scale, dtype)
+    return {"weight": q, "weight_scale": scale, "comfy_quant": _marker(options.type_name)}
 
 
 def comfy_int8(w: torch.Tensor, options: FormatOptions) -> dict[str, torch.Tensor]:
-    """comfy-kitchen's eager ``quantize_int8_rowwise(w.float())``."""
+    """comfy-kitchen's eager ``quantize_int8_rowwise(w.float())``; for ConvRot, of the weight rotated by
+    comfy-kitchen's Hadamard matrix with its own ``_rotate_weight``, in float64 (its float32 product's last bit
+    depends on the BLAS's blocking; `test_comfy.py` holds the format within one step of it)."""
     from comfy_kitchen.backends.eager import quantization as ck
 
+    if options.type_name == "int8_convrot":
+        from comfy_kitchen.tensor.int8_utils import _build_hadamard, _rotate_weight
+
+        h = _build_hadamard(256, dtype=torch.float64)
+        q, scale = ck.quantize_int8_rowwise(_rotate_weight(w.double(), h, 256).float())
+        marker = {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": 256}
+        return {"weight": q, "weight_scale": scale, "comfy_quant": _marker_json(marker)}
     q, scale = ck.quantize_int8_rowwise(w.float())
     return {"weight": q, "weight_scale": scale, "comfy_quant": _marker("int8_tensorwise")}
+
+
+def comfy_nvfp4(w: torch.Tensor, options: FormatOptions) -> dict[str, torch.Tensor]:
+    """comfy-kitchen's ``TensorCoreNVFP4Layout.quantize(w.float())`` (what ComfyUI's layout calls), keyed as its
+    ``state_dict_tensors`` names the parts."""
+    from comfy_kitchen.tensor import TensorCoreNVFP4Layout
+
+    q, params = TensorCoreNVFP4Layout.quantize(w.float())
+    return {
+        "weight": q,
+        "weight_scale": params.block_scale,
+        "weight_scale_2": params.scale,
+        "comfy_quant": _marker("nvfp4"),
+    }
+
+
+def comfy_mxfp8(w: torch.Tensor, options: FormatOptions) -> dict[str, torch.Tensor]:
+    """comfy-kitchen's ``TensorCoreMXFP8Layout.quantize(w.float())``; its E8M0 scales stored as their bytes (uint8,
+    as Comfy-Org's comfy-quants stores them; ComfyUI views them as float8_e8m0fnu)."""
+    from comfy_kitchen.tensor import TensorCoreMXFP8Layout
+
+    q, params = TensorCoreMXFP8Layout.quantize(w.float())
+    return {"weight": q, "weight_scale": params.scale.view(torch.uint8), "comfy_quant": _marker("mxfp8")}
 
 
 # --- gguf: gguf-py's quantizers; ggml's own reference quantizer for the K-quants --------------------------------
@@ -171,8 +235,11 @@ def gguf(w: torch.Tensor, options: FormatOptions) -> dict[str, torch.Tensor]:
 REFERENCES: dict[str, Reference] = {
     "fp8_channel": fp8_channel,
     "torchao_fp8": torchao_fp8,
+    "torchao_int8": torchao_int8,
     "nf4": nf4,
     "comfy_fp8": comfy_fp8,
     "comfy_int8": comfy_int8,
+    "comfy_nvfp4": comfy_nvfp4,
+    "comfy_mxfp8": comfy_mxfp8,
     "gguf": gguf,
 }

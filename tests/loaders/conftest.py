@@ -18,9 +18,9 @@ from tests import diffusers_models as models
 from tests.conftest import load_all, run_cli
 
 #: the formats written in the source's own names (diffusers layout: sharded safetensors)
-SOURCE_NAMED = ["fp8_channel", "torchao_fp8", "nf4"]
+SOURCE_NAMED = ["fp8_channel", "torchao_fp8", "torchao_int8", "nf4"]
 #: the formats written as one file in the family's native names (ComfyUI's safetensors, GGUF)
-NATIVE_NAMED = ["comfy_fp8", "comfy_int8", "gguf"]
+NATIVE_NAMED = ["comfy_fp8", "comfy_int8", "comfy_nvfp4", "comfy_mxfp8", "gguf"]
 FORMATS = SOURCE_NAMED + NATIVE_NAMED
 MODELS = {
     "wan": ("WanTransformer3DModel", lambda p: models.wan(p, layers=3), models.wan_inputs),
@@ -37,9 +37,12 @@ CASES = [(model, fmt) for model, formats in MODEL_FORMATS.items() for fmt in for
 _WAN_RECIPES = {
     "fp8_channel": "wan-diffusers-fp8",
     "torchao_fp8": "wan-diffusers-torchao-fp8",
+    "torchao_int8": "wan-diffusers-torchao-int8",
     "nf4": "wan-diffusers-nf4",
     "comfy_fp8": "wan-diffusers-comfy-fp8",
     "comfy_int8": "wan-diffusers-comfy-int8",
+    "comfy_nvfp4": "wan-diffusers-comfy-nvfp4",  # mixed: MXFP8 in the first block and ffn.net.2
+    "comfy_mxfp8": "wan-diffusers-comfy-mxfp8",
     "gguf": "wan-diffusers-gguf-q8_0",
 }
 

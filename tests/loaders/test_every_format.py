@@ -32,9 +32,17 @@ from safetensors.torch import load_file, save_file
 import loaders.modules
 import quantize.run.forward
 from loaders import CheckpointMismatchError, QuantizedLinear, load_quantized
-from loaders.modules import MODULES, ComfyFP8Linear, Float8Linear, FP8Linear, GGUFLinear, Int8Linear
+from loaders.modules import (
+    MODULES,
+    ComfyFP8Linear,
+    Float8Linear,
+    FP8Linear,
+    GGUFLinear,
+    Int8Linear,
+    TorchaoInt8Linear,
+)
 from quantize.errors import InputError
-from quantize.formats import format_info
+from quantize.formats import format_for, format_info, get_format
 from quantize.formats.options import GgufOptions
 from quantize.models import get_family
 from quantize.read.checkpoint import open_component, read_tensor
@@ -152,6 +160,8 @@ def reference():
 #: comfy_int8 and gguf q8_0), 1.3 (q4_k_m), 2.3 (native gguf q8_0), 3.1-4.2 dB (fp8 or int8 activations per call:
 #: fp8_channel, torchao_fp8, comfy_fp8, native comfy_int8)
 FAST_MARGIN_DB = 6.0
+#: formats without a kernel on this machine: GGUF has none; NVFP4's and MXFP8's block-scaled GEMMs need SM100
+NO_KERNEL_HERE = {"gguf", "comfy_nvfp4", "comfy_mxfp8"}
 NAMINGS = {"diffusers": [*FORMATS, Q4_K_M], "native": FORMATS}
 
 
@@ -198,7 +208,9 @@ def test_the_eager_reference_computes_what_verify_reports_and_the_fast_path_is_c
 
     exact = load_quantized(Wan, out_comp, dtype=torch.float32, compute="dequantize")
     quantized = [m for m in exact.modules() if isinstance(m, QuantizedLinear)]
-    assert quantized and {type(m) for m in quantized} == {MODULES[fmt]}
+    layer_format = {m: format_for(get_format(fmt), m.options).NAME for m in quantized}  # a mixed file's own
+    assert quantized and all(type(m) is MODULES[layer_format[m]] for m in quantized)
+    assert MODULES[fmt] in {type(m) for m in quantized}
     assert {m.compute for m in quantized} == {"dequantize"}
     with torch.no_grad():
         got = exact(**ref.kwargs(torch.float32))[0]
@@ -212,7 +224,7 @@ def test_the_eager_reference_computes_what_verify_reports_and_the_fast_path_is_c
         for m in fast.modules()
         if isinstance(m, QuantizedLinear)
     }
-    assert runs_kernel == {fmt != "gguf"}
+    assert runs_kernel == {fmt not in NO_KERNEL_HERE}
     with torch.no_grad():
         y = fast(**ref.kwargs(torch.bfloat16))[0]
     assert y.dtype == torch.bfloat16
@@ -454,6 +466,33 @@ def test_int8_linear_is_comfy_kitchens_eager_int8_linear_bit_for_bit(shape, dtyp
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(
+    "shape", [(96, 128, 10), (12, 20, 7), (33, 45, 5)], ids=lambda s: "x".join(map(str, s))
+)
+def test_torchao_int8_linear_is_torchaos_int8_tensor_linear_bit_for_bit(shape, dtype):
+    """The kernel against torchao's own `F.linear` on the `Int8Tensor` diffusers loads (per-row activations in the
+    input's dtype, `_int_mm`, both scales); an all-zero input row included."""
+    w, b, x = _layer(*shape, dtype)
+    for bias in (b, None):
+        m = TorchaoInt8Linear.from_weight(w, bias, compute="kernel")
+        assert m.uses_fast_path(x) and type(m.weight).__name__ == "Int8Tensor"
+        want = F.linear(x, m.weight, None if bias is None else bias.to(dtype))
+        got = m(x)
+        assert got.dtype == dtype and got.shape == want.shape and torch.equal(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_torchao_int8_linear_on_cuda_is_torchaos_too(dtype):
+    """On CUDA: our `int_mm` (padded, the weight column-major) against torchao's cuBLAS path, 24 rows x 96 -> 128."""
+    w, b, x = _layer(128, 96, 12, dtype)
+    m = TorchaoInt8Linear.from_weight(w, b, compute="kernel").to("cuda")
+    x = x.cuda()
+    assert m.uses_fast_path(x)
+    assert torch.equal(m(x), F.linear(x, m.weight, m.bias.to(dtype)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(
     "shape", [(96, 128, 10), (16, 32, 3), (48, 64, 1)], ids=lambda s: "x".join(map(str, s))
 )
 def test_comfy_fp8_linear_is_comfy_kitchens_tensor_core_fp8_linear_bit_for_bit(shape, dtype):
@@ -490,7 +529,13 @@ def test_comfy_fp8_linear_off_its_fast_path_and_on_a_zero_input():
 
 @pytest.mark.parametrize(
     "cls, kernel_on_cpu",
-    [(FP8Linear, False), (ComfyFP8Linear, False), (Float8Linear, False), (Int8Linear, True)],
+    [
+        (FP8Linear, False),
+        (ComfyFP8Linear, False),
+        (Float8Linear, False),
+        (Int8Linear, True),
+        (TorchaoInt8Linear, False),
+    ],
 )
 def test_fast_runs_the_kernel_on_the_cpu_only_where_it_beats_decoding(cls, kernel_on_cpu):
     """`make bench` (docs/BENCHMARKS.md): float8's emulated CPU `_scaled_mm` and torchao's CPU path cost 3-4x a
@@ -528,6 +573,7 @@ def _module(cls, options=None):
 NEW_MODULES = [
     pytest.param(ComfyFP8Linear, None, id="ComfyFP8Linear"),
     pytest.param(Int8Linear, None, id="Int8Linear"),
+    pytest.param(TorchaoInt8Linear, None, id="TorchaoInt8Linear"),
     pytest.param(GGUFLinear, GgufOptions("Q8_0"), id="GGUFLinear-Q8_0"),
     pytest.param(GGUFLinear, GgufOptions("Q4_K"), id="GGUFLinear-Q4_K"),
 ]

@@ -19,7 +19,7 @@ from loaders import CheckpointMismatchError, FP8Linear, QuantizedLinear, load_qu
 from loaders.modules import MODULES
 from quantize import dtypes
 from quantize.errors import InputError
-from quantize.formats import NO_OPTIONS, FormatOptions, get_format, part_key
+from quantize.formats import FormatOptions, _comfy, format_for, get_format, part_key
 from quantize.formats.options import GgufOptions
 from tests import diffusers_models as models
 from tests.conftest import load_all, run_cli
@@ -48,6 +48,14 @@ def _quantized_modules(checkpoint: Path, fmt) -> dict[str, tuple[dict[str, torch
             if ggml_type not in GGUF_PLAIN
         }
     tensors = load_all(checkpoint)
+    markers = {k.removesuffix(".comfy_quant"): t for k, t in tensors.items() if k.endswith(".comfy_quant")}
+    if markers:  # ComfyUI's: each layer's layout is its marker's (one file may mix them), read as ComfyUI reads it
+        found = {}
+        for m, marker in markers.items():
+            options = _comfy.layout_of_marker(json.loads(marker.numpy().tobytes()))
+            parts = format_for(fmt, options).parts((64, 64), options)
+            found[m] = ({p: tensors[part_key(m, p)] for p in parts}, options)
+        return found
     first = next(iter(fmt.parts((64, 64))))
     dtype = dtypes.by_name(fmt.parts((64, 64))[first][0]).torch
     modules = {
@@ -72,7 +80,8 @@ def _dequantized_reference(model: str, src: Path, out: Path, fmt) -> torch.nn.Mo
     stored = _quantized_modules(out, fmt)
     for name, (parts, options) in stored.items():
         linear = reference.get_submodule(model_module(name, stored, model))
-        linear.weight.data = fmt.decode(parts, torch.bfloat16, options=options)
+        shape = tuple(linear.weight.shape)
+        linear.weight.data = format_for(fmt, options).decoded(parts, shape, torch.bfloat16, options=options)
     return reference
 
 
@@ -87,9 +96,11 @@ def test_every_format_loads_into_the_model_class_bit_exact(converted, model, fmt
     assert type(loaded).__name__ == cls_name and not loaded.training
     on_disk = stored_tensors(out)
     stored = _quantized_modules(out, fmt)
-    quantized = {n: m for n, m in loaded.named_modules() if type(m) is MODULES[fmt_name]}
+    quantized = {n: m for n, m in loaded.named_modules() if isinstance(m, QuantizedLinear)}
     assert stored and {checkpoint_module(n, on_disk, model) for n in quantized} == set(stored)
-    assert all(m.options == stored[checkpoint_module(n, on_disk, model)][1] for n, m in quantized.items())
+    for n, m in quantized.items():  # each layer in its own layout's module (a mixed ComfyUI file's differ)
+        options = stored[checkpoint_module(n, on_disk, model)][1]
+        assert m.options == options and type(m) is MODULES[format_for(fmt, options).NAME]
     # every tensor of the model is one of the checkpoint's, by its name there, and every one of those is given
     keys = checkpoint_keys(loaded, on_disk, model)
     assert sorted(keys.values()) == sorted(on_disk)
