@@ -10,10 +10,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from loaders import ComfyFP8Linear, Float8Linear, FP8Linear, GGUFLinear, Int8Linear, NF4Linear, bnb
+from loaders import (
+    ComfyFP8Linear,
+    Float8Linear,
+    FP8Linear,
+    GGUFLinear,
+    Int8Linear,
+    MXFP8Linear,
+    NF4Linear,
+    NVFP4Linear,
+    bnb,
+)
 from loaders.bnb import quant_state
 from loaders.modules import quantize_rows
-from quantize.formats import NO_OPTIONS, GgufOptions
+from quantize.formats import NO_OPTIONS, ComfyOptions, GgufOptions
 from quantize.formats import nf4 as nf4_module
 from quantize.formats.fp8_channel import FORMAT as fp8_channel
 from quantize.formats.nf4 import FORMAT as nf4
@@ -242,6 +252,9 @@ def test_gpu_forward_matches_the_cpu_forward(cls, dtype):
 NEW_SCHEMES = [
     pytest.param(ComfyFP8Linear, NO_OPTIONS, id="comfy_fp8"),
     pytest.param(Int8Linear, NO_OPTIONS, id="comfy_int8"),
+    pytest.param(Int8Linear, ComfyOptions("int8_convrot"), id="comfy_int8-convrot"),
+    pytest.param(NVFP4Linear, NO_OPTIONS, id="comfy_nvfp4"),  # off Blackwell: the weight decoded, on both sides
+    pytest.param(MXFP8Linear, NO_OPTIONS, id="comfy_mxfp8"),
     *(
         pytest.param(GGUFLinear, GgufOptions(t), id=f"gguf-{t}")
         for t in ("Q8_0", "Q6_K", "Q4_K", "Q5_1", "Q4_0")
@@ -265,6 +278,24 @@ def test_gpu_forward_of_each_scheme_matches_the_cpu_forward(cls, options, dtype)
     assert torch.equal(m.dequantize().cpu(), decoded)  # the same values, decoded where the blocks are
     if cls is Int8Linear:
         assert m.uses_fast_path(x.cuda())  # torch._int_mm: every CUDA GPU from Turing on
+
+
+@cuda
+@pytest.mark.parametrize("cls", [NVFP4Linear, MXFP8Linear], ids=["nvfp4", "mxfp8"])
+def test_block_scaled_kernels_on_blackwell_compute_the_quantized_product(cls):
+    """On SM100+: the kernel's product is that of the activations and the weight each encoded by the format
+    (decoded here in float32 on the CPU), to float32 accumulation; the path is taken."""
+    if torch.cuda.get_device_capability() < (10, 0):
+        pytest.skip("block-scaled GEMMs need a Blackwell GPU (SM100+)")
+    w, b = _weights(256, 512)
+    m = cls.from_weight(w, b, compute="kernel").to("cuda")
+    x = _x(rows=24, inp=512, dtype=torch.bfloat16)
+    assert m.uses_fast_path(x.cuda())
+    fmt = cls.FORMAT
+    xq = fmt.decoded(fmt.encode(x), tuple(x.shape), torch.float32)
+    want = F.linear(xq, m.dequantize(torch.float32).cpu(), b.float())
+    got = m(x.cuda()).float().cpu()
+    torch.testing.assert_close(got, want, rtol=2**-7, atol=2**-6)
 
 
 def test_set_part_and_dequantize_agree_with_the_format():

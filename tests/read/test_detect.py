@@ -87,6 +87,7 @@ def test_every_bundled_recipe_is_a_default_or_a_variant_of_one():
     variants = {
         "wan-fp8-all", "wan-comfy-fp8-all", "wan-gguf-q6_k", "wan-gguf-q5_k_m", "wan-gguf-q4_k_m",
         "wan-diffusers-gguf-q4_k_m", "wan2.2-a14b-gguf-q4_k_m",
+        "wan-comfy-int8-convrot", "wan-diffusers-comfy-int8-convrot", "wan2.2-a14b-comfy-int8-convrot",
     }  # fmt: skip
     names = {bundled_recipe(f).recipe.name for f in bundled_recipes()}
     assert names == defaults | variants
@@ -147,6 +148,8 @@ def test_recipes_for_lists_what_fits(sources):
     assert listed == [
         "wan2.2-a14b-comfy-fp8.yaml",
         "wan2.2-a14b-comfy-int8.yaml",
+        "wan2.2-a14b-comfy-mxfp8.yaml",
+        "wan2.2-a14b-comfy-nvfp4.yaml",
         "wan2.2-a14b-fp8.yaml",
         "wan2.2-a14b-gguf-q8_0.yaml",
     ]
