@@ -141,6 +141,8 @@ class Recipe(_Strict):
                 )
             return self
         try:
+            if self.type is not None and self.type not in known:  # its own; `types` may name the others
+                raise ValueError(self.type)
             options.from_type(self.type)
         except ValueError:
             if self.type is None:

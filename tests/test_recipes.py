@@ -277,6 +277,11 @@ def test_an_empty_weight_is_refused_at_plan_time_naming_it(tmp_path, shape, fmt)
             "format: gguf\ntype: Q4_K\ntypes: {'a': Q9}\ntargets: [a]\n",
             r"types\['a'\]: unknown gguf type 'Q9'",
         ),
+        ("format: comfy_fp8\ntype: nvfp4\ntargets: [a]\n", "type: unknown comfy_fp8 type 'nvfp4'"),
+        (
+            "format: comfy_nvfp4\ntypes: {'a': Q4_K}\ntargets: [a]\n",
+            r"types\['a'\]: unknown comfy_nvfp4 type 'Q4_K' \(known: nvfp4, mxfp8, float8_e4m3fn",
+        ),
         (
             "format: gguf\ntype: Q4_K\ntypes: {'a(': Q6_K}\ntargets: [a]\n",
             "bad regular expression 'a\\(' in types",
