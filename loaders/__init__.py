@@ -20,8 +20,11 @@ from .modules import (
     FP8Linear,
     GGUFLinear,
     Int8Linear,
+    MXFP8Linear,
     NF4Linear,
+    NVFP4Linear,
     QuantizedLinear,
+    TorchaoInt8Linear,
 )
 from .offload import BlockOffloader, OffloadStats, enable_block_offload
 
@@ -38,6 +41,9 @@ __all__ = [
     "GGUFLinear",
     "Float8Linear",
     "NF4Linear",
+    "NVFP4Linear",
+    "MXFP8Linear",
+    "TorchaoInt8Linear",
     "MODULES",
     "COMPUTE",
     "find_components",

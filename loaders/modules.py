@@ -20,10 +20,13 @@ all, the CPU included (how the tests hold it to its reference there).
 |---|---|---|
 | `FP8Linear` | fp8_channel | activations to float8 per row, `torch._scaled_mm` with both row-wise scales |
 | `ComfyFP8Linear` | comfy_fp8 | activations to float8 with one dynamic scale, `torch._scaled_mm` with both tensor scales |
-| `Int8Linear` | comfy_int8 | activations to int8 per row, `torch._int_mm` (int32 accumulate), scaled by both scales |
+| `Int8Linear` | comfy_int8 | activations to int8 per row (ConvRot: rotated first), `torch._int_mm` (int32 accumulate), scaled by both scales |
+| `NVFP4Linear` | comfy_nvfp4 | SM100+: activations to NVFP4, block-scaled `torch._scaled_mm`; elsewhere decoded per call |
+| `MXFP8Linear` | comfy_mxfp8 | SM100+: activations to MXFP8, block-scaled `torch._scaled_mm`; elsewhere decoded per call |
 | `GGUFLinear` | gguf | none: the stored blocks stay as they are, each call decodes the layer (torch decoders) |
 | `Float8Linear` | torchao_fp8 | torchao's `Float8Tensor` dispatch |
 | `NF4Linear` | nf4 | bitsandbytes (`matmul_4bit`; on the CPU its dequantization) |
+| `TorchaoInt8Linear` | torchao_int8 | torchao's int8 linear: activations to int8 per row, `torch._int_mm`, both scales |
 """
 
 from __future__ import annotations
@@ -43,11 +46,14 @@ from quantize.formats import (
     FormatOptions,
     comfy_fp8,
     comfy_int8,
+    comfy_mxfp8,
+    comfy_nvfp4,
     format_info,
     fp8_channel,
     gguf,
     nf4,
     torchao_fp8,
+    torchao_int8,
 )
 from quantize.formats._e4m3 import FP8_DTYPE, FP8_MAX, row_absmax
 from quantize.formats._e4m3 import quantize_rows as e4m3_rows
@@ -62,6 +68,9 @@ __all__ = [
     "GGUFLinear",
     "Float8Linear",
     "NF4Linear",
+    "NVFP4Linear",
+    "MXFP8Linear",
+    "TorchaoInt8Linear",
     "MODULES",
     "COMPUTE",
     "module_for",
@@ -174,7 +183,8 @@ class QuantizedLinear(nn.Module):
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight as its format decodes it, in `dtype`."""
-        return self.FORMAT.decode(self.stored(), dtype, options=self.options)
+        shape = (self.out_features, self.in_features)
+        return self.FORMAT.decoded(self.stored(), shape, dtype, options=self.options)
 
     # -- computing: the fast path where it runs, else the eager reference ------------------------------
 
@@ -374,12 +384,16 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class ComfyFP8Linear(QuantizedLinear):
     """`comfy_fp8`: float8_e4m3fn weight with one float32 scale for the whole tensor (ComfyUI's "fp8 scaled").
 
-    Fast path, as ComfyUI runs the layer (comfy-kitchen's `TensorCoreFP8Layout`, no static input scale): the
-    activations of the call are quantized with one dynamic scale, ``amax|x| / 448`` taken in the input's dtype
-    and held in float32, by ``quantize_per_tensor_fp8`` (times the reciprocal in the input's dtype, clamped,
-    cast), then `torch._scaled_mm` with both tensor scales, bias fused, output in the input's dtype; where the
-    device has a tensor-wise `_scaled_mm` for that dtype and both dims are multiples of 16. An all-zero input
-    gets the scale 1 (comfy-kitchen's would divide by zero).
+    Fast path, as comfy-kitchen's `TensorCoreFP8Layout` runs the layer: the activations of the call are quantized
+    with one scale by ``quantize_per_tensor_fp8`` (times the reciprocal in the input's dtype, clamped, cast), then
+    `torch._scaled_mm` with both tensor scales, bias fused, output in the input's dtype; where the device has a
+    tensor-wise `_scaled_mm` for that dtype and both dims are multiples of 16. The scale: the layer's stored
+    ``input_scale`` where the checkpoint has one (`convert --calibrate`; ComfyUI passes it as ``scale=`` too, and
+    an input beyond its amax is clamped), else a dynamic one, ``amax|x| / 448`` taken in the input's dtype and
+    held in float32 (comfy-kitchen's default; an all-zero input gets 1, where comfy-kitchen's would divide by
+    zero. ComfyUI's own FP8 layout takes the scale 1 for a layer without ``input_scale``). The eager reference
+    quantizes no activation, with a static scale or without: it is the weight's decoding alone, what `verify
+    --forward` proves.
     """
 
     FORMAT = comfy_fp8.FORMAT
@@ -389,7 +403,8 @@ class ComfyFP8Linear(QuantizedLinear):
 
     def has_kernel(self, x: torch.Tensor) -> bool:
         return (
-            self.in_features % 16 == 0
+            self._buffers[comfy_fp8.WEIGHT].dtype == FP8_DTYPE  # e5m2 weights are decoded
+            and self.in_features % 16 == 0
             and self.out_features % 16 == 0
             and x.dtype in _FLOATS
             and _has_scaled_mm(x.device, x.dtype, False)
@@ -397,17 +412,19 @@ class ComfyFP8Linear(QuantizedLinear):
 
     def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, scale = self._buffers[comfy_fp8.WEIGHT], self._buffers[comfy_fp8.SCALE]
-        x_scale, x_q = quantize_tensor(_rows(x, self.in_features))
+        static = self._buffers.get(comfy_fp8.INPUT_SCALE)  # a part only where the options have it
+        x_scale, x_q = quantize_tensor(_rows(x, self.in_features), static)
         y = _scaled_mm_with_bias(x_q, weight.t(), x_scale, scale.float(), self.bias, x.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
-def quantize_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dynamic per-tensor float8 quantization of activations, comfy-kitchen's arithmetic (reference:
-    ``TensorCoreFP8Layout.quantize(x)`` = ``quantize_per_tensor_fp8(x, amax(|x|) / 448)``): (float32 scale [],
-    float8 values). The scale of an all-zero `x` is 1."""
-    scale = (x.abs().amax() / FP8_MAX).float()
-    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+def quantize_tensor(x: torch.Tensor, scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-tensor float8 quantization of activations, comfy-kitchen's arithmetic (reference:
+    ``TensorCoreFP8Layout.quantize(x, scale=scale)`` = ``quantize_per_tensor_fp8(x, scale)``): (float32 scale [],
+    float8 values). `scale`: a static one (float32 []); None: dynamic, amax(|x|) / 448 (1 for an all-zero `x`)."""
+    if scale is None:
+        scale = (x.abs().amax() / FP8_MAX).float()
+        scale = torch.where(scale == 0, torch.ones_like(scale), scale)
     q = torch.clamp(x * (1.0 / scale).to(x.dtype), -FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return scale, q
 
@@ -430,12 +447,28 @@ class Int8Linear(QuantizedLinear):
     def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, scale = self._buffers[comfy_int8.WEIGHT], self._buffers[comfy_int8.SCALE]
         rows = _rows(x, self.in_features).contiguous()
+        if self.FORMAT.layout(self.options).convrot:  # X·Wᵀ = (X·H)·(W·H)ᵀ: the stored weight is W·H
+            rows = rotate_activations(rows)
         x_q, x_scale = quantize_int8(rows)
         acc = int_mm(x_q, weight.t())
         y = acc.float().mul_(x_scale * scale.reshape(1, -1)).to(x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(x.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
+
+
+def rotate_activations(x: torch.Tensor) -> torch.Tensor:
+    """x·H in groups of 256 (ConvRot), as ComfyUI rotates a layer's input (comfy-kitchen's ``_rotate_activation``:
+    a matrix product in x's dtype with the normalized Hadamard matrix)."""
+    group = comfy_int8.GROUP
+    h = _hadamard(x.device, x.dtype)
+    return torch.matmul(x.reshape(-1, x.shape[-1] // group, group), h).reshape(x.shape)
+
+
+@functools.cache
+def _hadamard(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """The normalized Hadamard matrix of ConvRot (H·I, by the format's own rotation), in `dtype` on `device`."""
+    return comfy_int8.hadamard_rotate(torch.eye(comfy_int8.GROUP, dtype=torch.float64)).to(device, dtype)
 
 
 def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -556,10 +589,135 @@ class NF4Linear(QuantizedLinear):
         return y.to(x_dtype)
 
 
+class TorchaoInt8Linear(QuantizedLinear):
+    """`torchao_int8`: torchao's `Int8Tensor` (int8 weight, one float32 scale per output row); W8A8.
+
+    Fast path, torchao's own linear for the `Int8Tensor` diffusers' loader puts in `.weight` (bit for bit on the
+    CPU, tested): the activations of the call quantized per row in their dtype as torchao's `from_hp` does
+    (`torchao_int8.quantize_rows`), multiplied by `int_mm` (int32 accumulation; on CUDA padded, the weight never
+    copied), times the activation scales in float32, cast to the input's dtype, times the weight scales in
+    float32, the bias added, cast back. Runs wherever `torch._int_mm` does. `.weight` is that `Int8Tensor`.
+    """
+
+    FORMAT = torchao_int8.FORMAT
+    KERNEL_ON_CPU = False  # measured: 1.7-2.2x a bf16 Linear on the CPU, decoding about 1x
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return torchao_int8.to_int8_tensor(self.stored())
+
+    def has_kernel(self, x: torch.Tensor) -> bool:
+        return x.dtype in _FLOATS and _has_int_mm(x.device)
+
+    def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight, scale = self._buffers[torchao_int8.QDATA], self._buffers[torchao_int8.SCALE]
+        x_q, x_scale = torchao_int8.quantize_rows(_rows(x, self.in_features))
+        y = (int_mm(x_q, weight.t()).float() * x_scale).to(x.dtype) * scale.reshape(-1)
+        if self.bias is not None:
+            y = y + self.bias.to(x.dtype)
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+
 #: format name -> the module that computes with it (each class names its format)
+class NVFP4Linear(QuantizedLinear):
+    """`comfy_nvfp4`: E2M1 weight with E4M3 block scales (per 16 inputs) and one float32 scale.
+
+    Fast path (Blackwell, SM100+: FP4 tensor cores), as ComfyUI runs the layer there: the activations of the call
+    are quantized to NVFP4 by the format's own encoder (its tensor scale the stored ``input_scale`` where the
+    checkpoint has one, `convert --calibrate`, else dynamic), and `torch._scaled_mm` multiplies
+    the two with both block-scale layouts as cuBLAS reads them, the product of the tensor scales applied after.
+    Elsewhere (the CPU, GPUs before Blackwell) the weight is decoded for each call, as ComfyUI does.
+    """
+
+    FORMAT = comfy_nvfp4.FORMAT
+
+    def has_kernel(self, x: torch.Tensor) -> bool:
+        return (
+            x.dtype in (torch.bfloat16, torch.float16)
+            and _has_block_scaled_mm(x.device, "nvfp4")
+            and self.in_features % 32 == 0
+        )
+
+    def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = _rows(x, self.in_features)
+        static = self._buffers.get(comfy_nvfp4.INPUT_SCALE)  # a part only where the options have it
+        a = comfy_nvfp4.FORMAT.encode(rows, **({} if static is None else {"scale": static}))
+        w = self.stored()
+        y = torch._scaled_mm(
+            a[comfy_nvfp4.WEIGHT].view(torch.float4_e2m1fn_x2),
+            w[comfy_nvfp4.WEIGHT].view(torch.float4_e2m1fn_x2).t(),
+            scale_a=a[comfy_nvfp4.SCALE].reshape(-1),  # the tiled scales flattened, as torchao passes them
+            scale_b=w[comfy_nvfp4.SCALE].reshape(-1),
+            out_dtype=torch.float32,
+        )
+        y = y[: rows.shape[0], : self.out_features].mul_(
+            a[comfy_nvfp4.SCALE_2] * w[comfy_nvfp4.SCALE_2].float()
+        )
+        y = y.to(x.dtype) if self.bias is None else (y + self.bias.float()).to(x.dtype)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+class MXFP8Linear(QuantizedLinear):
+    """`comfy_mxfp8`: float8_e4m3fn weight with E8M0 block scales (per 32 inputs).
+
+    Fast path (Blackwell, SM100+): the activations of the call are quantized to MXFP8 by the format's own
+    encoder and `torch._scaled_mm` multiplies the two with their tiled E8M0 scales. Elsewhere the weight is
+    decoded for each call, as ComfyUI does.
+    """
+
+    FORMAT = comfy_mxfp8.FORMAT
+
+    def has_kernel(self, x: torch.Tensor) -> bool:
+        return (
+            x.dtype in (torch.bfloat16, torch.float16)
+            and _has_block_scaled_mm(x.device, "mxfp8")
+            and self.in_features % 32 == 0
+        )
+
+    def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = _rows(x, self.in_features)
+        a = comfy_mxfp8.FORMAT.encode(rows)
+        w = self.stored()
+        y = torch._scaled_mm(
+            a[comfy_mxfp8.WEIGHT],
+            w[comfy_mxfp8.WEIGHT].t(),
+            scale_a=a[comfy_mxfp8.SCALE].view(torch.float8_e8m0fnu).reshape(-1),
+            scale_b=w[comfy_mxfp8.SCALE].view(torch.float8_e8m0fnu).reshape(-1),
+            out_dtype=x.dtype,
+        )[: rows.shape[0], : self.out_features]
+        if self.bias is not None:
+            y = y + self.bias.to(x.dtype)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+@functools.cache
+def _has_block_scaled_mm(device: torch.device, layout: str) -> bool:
+    """Whether a block-scaled `torch._scaled_mm` of `layout` runs here: CUDA GPUs of compute capability 10+
+    (Blackwell), tried once on a 128x128 product of the format's own encoding."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (10, 0):
+        return False
+    module = NVFP4Linear if layout == "nvfp4" else MXFP8Linear
+    try:
+        layer = module.from_weight(torch.ones(128, 128)).to(device)
+        layer.fast_forward(torch.ones(128, 128, dtype=torch.bfloat16, device=device))
+    except Exception:  # RuntimeError, NotImplementedError, TypeError, ValueError: no such GEMM here
+        return False
+    return True
+
+
 MODULES: dict[str, type[QuantizedLinear]] = {
     cls.FORMAT.NAME: cls
-    for cls in (FP8Linear, ComfyFP8Linear, Int8Linear, GGUFLinear, Float8Linear, NF4Linear)
+    for cls in (
+        FP8Linear,
+        ComfyFP8Linear,
+        Int8Linear,
+        GGUFLinear,
+        Float8Linear,
+        NF4Linear,
+        TorchaoInt8Linear,
+        NVFP4Linear,
+        MXFP8Linear,
+    )
 }
 
 

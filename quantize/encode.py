@@ -105,7 +105,8 @@ def row_chunks(
 
 
 #: What a caller does with a fresh encoding: ``take(parts, rows)`` gets the parts of the weight's rows
-#: `rows` = (r0, r1) (row-separable formats; each part's rows r0..r1), or of the whole weight (`rows` None),
+#: `rows` = (r0, r1) (row-separable formats; each part's rows from r0 on: r0..r1, and on a padded format's last
+#: chunk its padding rows too), or of the whole weight (`rows` None),
 #: and returns the parts whose decoding is measured (the same ones, or those stored).
 TakeParts = Callable[[dict[str, torch.Tensor], "tuple[int, int] | None"], dict[str, torch.Tensor]]
 
@@ -126,11 +127,11 @@ def encode_and_measure(
     decoding of what `take` returns against the source values; `seen`, when given, is shown each row chunk's
     source values and decoding (in row order) before they are measured.
 
-    A row-separable format's whole-weight parts (`WEIGHT_PARTS`: a per-tensor scale, a marker) are handed to
-    `take` once, whole (`rows` None), with the first chunk; a format that decides them from the whole weight
-    first sees every row chunk once (`weight_options`), so no weight is ever held whole in float32. With a
-    `pool`, row chunks are read and encoded on its threads (at most `pool.ahead` ahead), and still taken,
-    decoded and measured in row order: the same results. `fmt` is the recipe's format; the tensor is encoded by
+    A row-separable format's whole-weight parts (`WEIGHT_PARTS`: a per-tensor scale, a marker, a static input
+    scale where the options give one) are handed to `take` once, whole (`rows` None), with the first chunk; a
+    format that decides them from the whole weight first sees every row chunk once (`weight_options`), so no
+    weight is ever held whole in float32. With a `pool`, row chunks are read and encoded on its threads (at most
+    `pool.ahead` ahead), and still taken, decoded and measured in row order: the same results. `fmt` is the recipe's format; the tensor is encoded by
     the one of its options (`format_for`: a mixed ComfyUI file's other layouts)."""
     stats = ErrorStats()
     fmt = format_for(fmt, tp.options)
@@ -147,7 +148,7 @@ def encode_and_measure(
 
         for (r0, r1), (w, parts) in zip(ranges, _in_order(encoded, ranges, pool), strict=True):
             if whole_names:
-                weight_parts = {name: parts.pop(name) for name in whole_names}
+                weight_parts = {name: parts.pop(name) for name in whole_names if name in parts}
                 if whole is None:
                     whole = take(weight_parts, None)
             measured = take(parts, (r0, r1))

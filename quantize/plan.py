@@ -13,11 +13,12 @@ container that will encode and store it.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from .formats import (
     Format,
     FormatOptions,
     UnsupportedShapeError,
+    format_for,
     format_info,
     get_format,
     quantized_parts,
@@ -54,6 +56,7 @@ __all__ = [
     "make_plan",
     "plan_component",
     "replanned",
+    "with_input_scales",
     "other_files",
     "KEEP_DTYPES",
 ]
@@ -140,10 +143,13 @@ class ComponentPlan:
         """How the manifest keys `tp`: its component and its output name."""
         return manifest_key(self.rel, tp.output_name)
 
-    def metadata_entries(self) -> list[tuple[str, tuple[int, ...] | None]]:
-        """(output tensor name, shape if quantized else None) of every tensor: what a format's file metadata
-        is made from (`Format.checkpoint_metadata`)."""
-        return [(t.output_name, t.info.shape if t.quantize else None) for t in self.tensors]
+    def metadata_entries(self) -> list[tuple[str, tuple[int, ...] | None, FormatOptions | None]]:
+        """(output tensor name, shape and options if quantized else None) of every tensor: what a format's file
+        metadata is made from (`Format.checkpoint_metadata`)."""
+        return [
+            (t.output_name, *((t.info.shape, t.options) if t.quantize else (None, None)))
+            for t in self.tensors
+        ]
 
     @property
     def source_bytes(self) -> int:
@@ -357,6 +363,36 @@ def replanned(
     if keep:
         return _kept_plan(tp.source, None, tp.output_name, fmt, keep_dtype)
     return _quantized_plan(tp.source, tp.pattern or "", tp.output_name, fmt, options, str(tp.info.file))
+
+
+def with_input_scales(plan: Plan, amax: Mapping[str, float]) -> Plan:
+    """`plan` with a static input scale for each quantized Linear that `amax` names (by its weight's manifest key,
+    ``<component>/<output name>``: the largest |x| its input reached in a calibration pass) and whose format
+    stores one (`Format.calibrated`: ComfyUI's FP8 and NVFP4 layers); the others as they were. A key that names no
+    quantized tensor of the plan is an `InputError`: the calibration was of another plan."""
+    fmt, known = plan.format, set()
+    components = []
+    for cp in plan.components:
+        tensors = []
+        for tp in cp.tensors:
+            key = cp.manifest_key(tp)
+            options = None
+            if tp.quantize and key in amax:
+                known.add(key)
+                try:
+                    options = format_for(fmt, tp.options).calibrated(tp.options, amax[key])
+                except ValueError as e:
+                    raise InputError(f"{key}: {e}") from None
+            if options is not None:
+                tp = _quantized_plan(
+                    tp.source, tp.pattern or "", tp.output_name, fmt, options, str(tp.info.file)
+                )
+            tensors.append(tp)
+        components.append(dataclasses.replace(cp, tensors=tuple(tensors)))
+    unknown = sorted(set(amax) - known)
+    if unknown:
+        raise InputError(f"{unknown[0]}: calibrated, but no quantized tensor of the plan has this name")
+    return dataclasses.replace(plan, components=tuple(components))
 
 
 def _check_every_pattern_matches(component: Component, recipe: Recipe, matches: dict[str, int]) -> None:

@@ -40,7 +40,7 @@ from ..encode import encode_and_measure, kept_rows
 from ..errors import InputError, QuantizeError
 from ..formats import Format, format_for, format_info, get_format, quantized_parts
 from ..names import module_name, split_manifest_key
-from ..plan import ComponentPlan, Plan, TensorPlan, make_plan
+from ..plan import ComponentPlan, Plan, TensorPlan, make_plan, with_input_scales
 from ..progress import NoProgress, Progress
 from ..publish.manifest import (
     MANIFEST_NAME,
@@ -416,6 +416,14 @@ def _check_layout(
             )
             damaged.add(key)
             continue
+        try:  # a static input scale (`convert --calibrate`) is one more part
+            calibrated = _recorded_input_scale(manifest, key, fmt, options)
+        except ValueError as e:
+            report.fail("integrity", "manifest", f"{MANIFEST_NAME}: tensor {key!r}: {e}")
+            damaged.add(key)
+            continue
+        if calibrated is not options:
+            parts = quantized_parts(fmt, module_name(name), tuple(t.shape), calibrated)
         for full, (dt, shape) in parts.values():
             expected_parts += 1
             info = stored.get(full)
@@ -469,6 +477,23 @@ def _check_layout(
     return damaged
 
 
+def _recorded_input_scale(manifest: Manifest, key: str, fmt: Format, options):
+    """`options` with the static input scale the manifest's calibration records for tensor `key` (re-derived from
+    its recorded amax: `Format.calibrated`), or as they are; ValueError where the record is not what the format
+    makes of that amax."""
+    entry = None if manifest.calibration is None else manifest.calibration.tensors.get(key)
+    if entry is None:
+        return options
+    calibrated = format_for(fmt, options).calibrated(options, entry.input_amax)
+    if calibrated is None:
+        raise ValueError(f"its {options.type_name} layout has no input scale, the calibration records one")
+    if calibrated.input_scale != entry.input_scale:
+        raise ValueError(
+            f"the calibration records the input scale {entry.input_scale!r}, its amax makes {calibrated.input_scale!r}"
+        )
+    return calibrated
+
+
 # --- provenance --------------------------------------------------------------------------------
 
 
@@ -517,6 +542,9 @@ def _check_parity(
     """The stored keys are the recipe's plan for this source, and every tensor is what the plan says."""
     try:
         plan = make_plan(source, recipe, steps=steps)
+        if manifest.calibration is not None:  # the static input scales, re-derived from the amaxes recorded
+            amax = {key: e.input_amax for key, e in manifest.calibration.tensors.items()}
+            plan = with_input_scales(plan, amax)
     except QuantizeError as e:
         report.fail("parity", "keys", f"the recipe no longer applies to {source.folder}: {e}")
         return None
@@ -629,9 +657,12 @@ def _check_quantized(
     def compare(parts: dict[str, torch.Tensor], rows: tuple[int, int] | None) -> dict[str, torch.Tensor]:
         """Requantized parts against the stored ones (the same rows); the stored ones are what is measured."""
         nonlocal identical
-        mine = {
-            part: read_tensor(infos[part]) if rows is None else read_rows(infos[part], *rows)
-            for part in parts  # a row chunk's parts, or the weight's whole parts (`WEIGHT_PARTS`)
+        mine = {  # a row chunk's parts (their rows from r0: a padded format's last chunk has more), or the
+            # weight's whole parts (`WEIGHT_PARTS`)
+            part: read_tensor(infos[part])
+            if rows is None
+            else read_rows(infos[part], rows[0], rows[0] + len(t))
+            for part, t in parts.items()
         }
         identical &= all(
             _same_part(part, format_for(fmt, tp.options), t, mine[part]) for part, t in parts.items()

@@ -164,6 +164,23 @@ def print_converted(output: Path, manifest, elapsed: float) -> None:
     _print_steps(manifest)
     if sqnrs:
         out.print(f"weight SQNR: min {min(sqnrs):.1f} dB, median {statistics.median(sqnrs):.1f} dB")
+    _print_calibration(manifest)
+
+
+def _print_calibration(manifest) -> None:
+    """`convert --calibrate`: how many layers took a static input scale, and the forward SQNR with them against
+    dynamic scales, per component."""
+    cal = manifest.calibration
+    if cal is None:
+        return
+    out.print(
+        f"input scales: {len(cal.tensors)} layers, from the amax of their inputs on {escape(cal.inputs.file)}"
+    )
+    for rel, f in cal.forward.items():
+        out.print(
+            f"forward SQNR of {escape(rel)} on {escape(cal.inputs.file)}, inputs quantized: static scales "
+            f"{_db_text(f.static_sqnr_db)}, dynamic {_db_text(f.dynamic_sqnr_db)}"
+        )
 
 
 def inspect_summary(checkpoint: Path, m) -> dict:
@@ -185,6 +202,8 @@ def inspect_summary(checkpoint: Path, m) -> dict:
         summary["steps"] = m.steps  # as recorded: each names its kind (the LoRAs merged, say)
         # the LoRAs merged, as `inspect --json` has always listed them
         summary["loras"] = [lora for step in m.steps if step["step"] == "lora" for lora in step["loras"]]
+    if m.calibration is not None:  # `convert --calibrate`: the static input scales, as recorded
+        summary["calibration"] = m.calibration.model_dump(mode="json")
     return summary
 
 
@@ -218,6 +237,7 @@ def print_inspect(checkpoint: Path, m, summary: dict) -> None:
     _print_steps(m)
     if sqnrs:
         out.print(f"weight SQNR: min {min(sqnrs):.1f} dB, median {statistics.median(sqnrs):.1f} dB")
+    _print_calibration(m)
 
 
 def _print_steps(manifest) -> None:
@@ -263,6 +283,12 @@ def print_verify(checkpoint: Path, report, source: str | None, forward: bool) ->
             f"forward in {escape(rel)}: {figure['model']} output SQNR {_db_text(figure['output_sqnr_db'])} "
             f"(min_forward_sqnr_db {figure['min_forward_sqnr_db']})"
         )
+        if "inputs_quantized" in figure:  # static input scales (`convert --calibrate`)
+            q = figure["inputs_quantized"]
+            out.print(
+                f"forward in {escape(rel)}, inputs quantized: static scales {_db_text(q['static_sqnr_db'])}, "
+                f"dynamic {_db_text(q['dynamic_sqnr_db'])}"
+            )
     hashing = f"hashed {gb(report.hashed_bytes)} at {gb(report.hash_gbps * 1e9)}/s"
     if report.ok:
         scope = (

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 from rich.markup import escape
 
-from ._console import err, progress_display
+from ._console import err, progress_display, quiet_model_imports
 from ._options import chosen_recipe, lora_options, recipe_options
 from ._render import print_converted
 
@@ -41,6 +41,15 @@ __all__ = ["convert_cmd"]
     default=None,
     help="Hub repo id the model card names as the base model [default: SOURCE when it is a repo id].",
 )
+@click.option(
+    "--calibrate",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    default=None,
+    metavar="INPUTS",
+    help="Static activation scales (ComfyUI's input_scale) for the FP8 and NVFP4 layers, from the amax of each "
+    "one's input in a streamed forward pass of the source on INPUTS (captured inputs, as --inputs takes them); "
+    "prints the forward SQNR with them against dynamic scales.",
+)
 @lora_options
 def convert_cmd(
     source: str,
@@ -53,6 +62,7 @@ def convert_cmd(
     base_model: str | None,
     loras: tuple[str, ...],
     lora_unmatched: str,
+    calibrate: Path | None,
 ) -> None:
     """Convert the safetensors checkpoint SOURCE (a folder or a Hub repo id) into OUTPUT following RECIPE."""
     from ..process import tune_for_streaming
@@ -69,6 +79,8 @@ def convert_cmd(
         from ..steps.lora import open_loras
 
         steps = [open_loras(loras, lora_unmatched, loaded.recipe.components)]
+    if calibrate is not None:
+        quiet_model_imports()
     # started once torch is imported and planned
     progress = progress_display("convert", on_start=tune_for_streaming)
     try:
@@ -83,6 +95,8 @@ def convert_cmd(
             base_model=base_model,
             steps=steps,
             on_recovery=_report_recovery,
+            calibrate=calibrate,
+            on_pass=None if calibrate is None else (lambda text: err.print(f"pass: {escape(text)}")),
         )
     finally:
         progress.stop()

@@ -20,7 +20,18 @@ from dataclasses import dataclass
 from ..errors import InputError
 from ..names import part_key
 from .base import Format, NonFiniteWeightError, PartSpec, UnsupportedShapeError
-from .options import NO_OPTIONS, FormatOptions, GgufOptions, NoOptions
+from .options import (
+    KEPT,
+    NO_OPTIONS,
+    ComfyFp8Options,
+    ComfyInt8Options,
+    ComfyMxfp8Options,
+    ComfyNvfp4Options,
+    ComfyOptions,
+    FormatOptions,
+    GgufOptions,
+    NoOptions,
+)
 
 __all__ = [
     "FORMATS",
@@ -35,6 +46,9 @@ __all__ = [
     "NoOptions",
     "NO_OPTIONS",
     "GgufOptions",
+    "ComfyOptions",
+    "KEPT",
+    "format_for",
     "PartSpec",
     "NonFiniteWeightError",
     "UnsupportedShapeError",
@@ -64,6 +78,8 @@ class FormatInfo:
     #: the class of its per-tensor options (`formats.options`): what a recipe's `type` / `types` may name
     #: (`options.TYPES`; none for a format with one encoding) and what `parts`, `encode` and `decode` take
     options: type[FormatOptions] = NoOptions
+    #: it decides itself what kept tensors are stored as (gguf: F32 for all but Linear weights): no `keep_dtype`
+    fixes_kept_dtypes: bool = False
 
 
 FORMAT_INFO: dict[str, FormatInfo] = {
@@ -119,6 +135,7 @@ FORMAT_INFO: dict[str, FormatInfo] = {
             diffusers_needs=None,
             runs_in=("comfyui", "loaders"),
             diffusers_layout=False,
+            options=ComfyFp8Options,
         ),
         FormatInfo(
             name="comfy_int8",
@@ -133,6 +150,49 @@ FORMAT_INFO: dict[str, FormatInfo] = {
             diffusers_needs=None,
             runs_in=("comfyui", "loaders"),
             diffusers_layout=False,
+            options=ComfyInt8Options,
+        ),
+        FormatInfo(
+            name="comfy_nvfp4",
+            module="comfy_nvfp4",
+            quant_method="comfy_nvfp4",
+            libraries=(),
+            container="single_safetensors",
+            names="native",
+            words="ComfyUI NVFP4 (E2M1 values, an E4M3 scale per 16 and one FP32 scale per tensor, `comfy_quant` markers)",
+            tag="nvfp4",
+            layout_library="comfyui",
+            diffusers_needs=None,
+            runs_in=("comfyui", "loaders"),
+            diffusers_layout=False,
+            options=ComfyNvfp4Options,
+        ),
+        FormatInfo(
+            name="comfy_mxfp8",
+            module="comfy_mxfp8",
+            quant_method="comfy_mxfp8",
+            libraries=(),
+            container="single_safetensors",
+            names="native",
+            words="ComfyUI MXFP8 (E4M3 values, an E8M0 scale per 32, `comfy_quant` markers)",
+            tag="mxfp8",
+            layout_library="comfyui",
+            diffusers_needs=None,
+            runs_in=("comfyui", "loaders"),
+            diffusers_layout=False,
+            options=ComfyMxfp8Options,
+        ),
+        FormatInfo(
+            name="torchao_int8",
+            module="torchao_int8",
+            quant_method="torchao",
+            libraries=("torchao",),
+            container="sharded_safetensors",
+            names="source",
+            words="TorchAO INT8 (per-row int8 weights, dynamic per-row int8 activations)",
+            tag="int8",
+            layout_library="torchao",
+            diffusers_needs="torchao",
         ),
         FormatInfo(
             name="gguf",
@@ -148,6 +208,7 @@ FORMAT_INFO: dict[str, FormatInfo] = {
             runs_in=("comfyui-gguf", "diffusers-gguf", "loaders"),
             diffusers_layout=False,
             options=GgufOptions,
+            fixes_kept_dtypes=True,
         ),
     )
 }
@@ -193,11 +254,35 @@ def get_format(name: str) -> Format:
 def format_of_config(quantization_config: dict, where: str) -> Format:
     """The format whose `quantization_config` this is (config.json of a converted checkpoint, at `where`)."""
     method = quantization_config.get("quant_method") if isinstance(quantization_config, dict) else None
-    for info in FORMAT_INFO.values():
-        if info.quant_method == method:
-            return get_format(info.name)
-    known = ", ".join(f"{i.quant_method} ({i.name})" for i in FORMAT_INFO.values())
-    raise InputError(f"{where}: quantization_config.quant_method is {method!r}; known: {known}")
+    candidates = [get_format(i.name) for i in FORMAT_INFO.values() if i.quant_method == method]
+    if len(candidates) == 1:
+        return candidates[0]
+    if not candidates:
+        known = ", ".join(f"{i.quant_method} ({i.name})" for i in FORMAT_INFO.values())
+        raise InputError(f"{where}: quantization_config.quant_method is {method!r}; known: {known}")
+
+    # formats sharing a quant_method (torchao's) are told apart by the config class of quant_type["default"]
+    def config_type(config: object) -> object:
+        default = config.get("quant_type") if isinstance(config, dict) else None
+        default = default.get("default") if isinstance(default, dict) else None
+        return default.get("_type") if isinstance(default, dict) else None
+
+    kind = config_type(quantization_config)
+    for fmt in candidates:
+        if config_type(fmt.quantization_config([])) == kind:
+            return fmt
+    known = ", ".join(f"{config_type(f.quantization_config([]))} ({f.NAME})" for f in candidates)
+    raise InputError(
+        f"{where}: quantization_config.quant_type.default._type is {kind!r} for quant_method {method!r}; "
+        f"known: {known}"
+    )
+
+
+def format_for(fmt: Format, options: FormatOptions) -> Format:
+    """The format that encodes a tensor planned by a `fmt` recipe with `options`: `fmt` itself, or, for a layer of a
+    mixed ComfyUI file, the format of its layout (`FormatOptions.format_name`)."""
+    name = options.format_name
+    return fmt if name is None or name == fmt.NAME else get_format(name)
 
 
 def quantized_parts(
@@ -207,4 +292,5 @@ def quantized_parts(
     GGML type; none for a format with one encoding) under the module name `module` (already in the output's
     names): the one rule the plan, verify and the loaders share. `UnsupportedShapeError` if the format cannot
     hold the shape."""
-    return {part: (part_key(module, part), spec) for part, spec in fmt.parts(shape, options).items()}
+    parts = format_for(fmt, options).parts(shape, options)
+    return {part: (part_key(module, part), spec) for part, spec in parts.items()}

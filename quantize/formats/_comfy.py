@@ -8,21 +8,29 @@ for ``nvfp4``, ...). It reads the marker layer by layer, so one file may mix lay
 layer is written by the format of its layout, and each format's `stored_options` reads any layout back from the
 marker, as ComfyUI does. A Linear without a marker in a marked file is cast to the compute dtype, so kept layers
 hold their real values.
+
+A layer of a layout that ComfyUI quantizes the input of with a static scale (`options.COMFY_INPUT_RANGES`: FP8 and
+NVFP4) may also hold ``<m>.input_scale``, float32 [] (ComfyUI's QUANTIZATION.md: "float32 (scalar)"), which its
+Linear loads (``load_extra_params``) and passes as ``scale=`` to the layout's ``quantize`` of each call's input
+instead of computing one: `convert --calibrate` writes it (`calibrated`: amax / the layout's range, in float32, the
+scale a call whose input reached that amax would take), written once per weight.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 
 import torch
 
 from . import format_info
-from .base import Format
-from .options import ComfyOptions, FormatOptions
+from .base import Format, MetadataEntry
+from .options import COMFY_INPUT_RANGES, ComfyOptions, FormatOptions
 
 __all__ = [
     "MARKER",
+    "INPUT_SCALE",
     "CONVROT_GROUP",
     "ComfyFormat",
     "marker_bytes",
@@ -34,6 +42,8 @@ __all__ = [
 ]
 
 MARKER = "comfy_quant"
+#: the optional static scale of a layer's input (float32 []; FP8 and NVFP4 layouts)
+INPUT_SCALE = "input_scale"
 #: ConvRot's Hadamard group: what ComfyUI assumes when a marker gives none, and all we write
 CONVROT_GROUP = 256
 #: one rung up for a layer that needs more bits (`quantize sensitivity`): NVFP4 to MXFP8 (both Blackwell's native
@@ -87,22 +97,84 @@ class ComfyFormat(Format):
     def marker_spec(self, options: FormatOptions) -> tuple[str, tuple[int, ...]]:
         return ("U8", (len(marker_bytes(self.layout(options))),))
 
+    def input_scale_spec(self, options: FormatOptions) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """The ``input_scale`` part where the options have one (the last of a layer's parts), else nothing."""
+        return {} if self.layout(options).input_scale is None else {INPUT_SCALE: ("F32", ())}
+
+    def input_scale_part(self, options: FormatOptions) -> dict[str, torch.Tensor]:
+        """The ``input_scale`` tensor where the options have one, else nothing."""
+        scale = self.layout(options).input_scale
+        return {} if scale is None else {INPUT_SCALE: torch.tensor(scale, dtype=torch.float32)}
+
+    def calibrated(self, options: FormatOptions, amax: float) -> FormatOptions | None:
+        """The layout with the input scale amax / its range (`COMFY_INPUT_RANGES`) in float32 (1 for an amax of 0,
+        as a weight's scale); None for a layout ComfyUI quantizes no input of with a static scale."""
+        own = self.layout(options)
+        top = COMFY_INPUT_RANGES.get(own.layout)
+        if top is None:
+            return None
+        a = torch.tensor(amax, dtype=torch.float32)
+        if not bool(torch.isfinite(a)) or float(a) < 0:
+            raise ValueError(f"an input amax is a finite value >= 0; got {amax!r}")
+        scale = float(a / top)
+        return dataclasses.replace(own, input_scale=scale if scale > 0 else 1.0)
+
+    def quantized_input(
+        self, x: torch.Tensor, options: FormatOptions, static: bool = True
+    ) -> torch.Tensor | None:
+        """`x` encoded as a weight of the layout (the format's own `encode`: comfy-kitchen's quantizer of the
+        layout, bit for bit) with the static scale, or with the call's own (`weight_options`: max|x| / the range),
+        and decoded; None for a layout without input scales."""
+        own = self.layout(options)
+        if own.layout not in COMFY_INPUT_RANGES:
+            return None
+        plain = dataclasses.replace(own, input_scale=None)
+        if static and own.input_scale is not None:
+            scale = torch.tensor(own.input_scale, dtype=torch.float32)
+        else:
+            scale = self.weight_options([x], plain)["scale"]
+        parts = self.encode(x, plain, scale=scale)
+        return self.decoded(parts, (x.shape[0], x.shape[1]), torch.float32, options=plain)
+
     def stored_options(
         self,
         dtype_of: Callable[[str], str | None],
         read: Callable[[str], torch.Tensor] | None = None,
     ) -> FormatOptions | None:
-        """The layout the marker of a stored Linear declares (any of ComfyUI's: a mixed file's layers differ); None
-        where it has no marker (kept). Without `read`, the recipe format's default layout."""
+        """The layout the marker of a stored Linear declares (any of ComfyUI's: a mixed file's layers differ), with
+        the static input scale it holds (``input_scale``, float32 [], for an FP8 or NVFP4 layout); None where it has
+        no marker (kept). Without `read`, the recipe format's default layout."""
         if dtype_of(MARKER) is None:
             return None
         if read is None:
             return self.options_type.from_type(None)
-        return layout_of_marker(read_marker(read(MARKER)))
+        options = layout_of_marker(read_marker(read(MARKER)))
+        if options.layout in COMFY_INPUT_RANGES and dtype_of(INPUT_SCALE) == "F32":
+            scale = read(INPUT_SCALE)
+            if scale.dim() != 0:
+                raise ValueError(f"{options.layout} with an input_scale of shape {list(scale.shape)}, not []")
+            try:
+                options = dataclasses.replace(options, input_scale=float(scale))
+            except ValueError:
+                raise ValueError(
+                    f"{options.layout} with an input_scale of {float(scale)!r}, not a positive finite value"
+                ) from None
+        return options
 
     def raised(self, options: FormatOptions) -> FormatOptions | None:
         up = _RAISED.get(self.layout(options).layout)
         return None if up is None else ComfyOptions(up)
+
+    def checkpoint_metadata(self, tensors: list[MetadataEntry]) -> dict[str, str]:
+        """``_quantization_metadata``, as ComfyUI's QUANTIZATION.md documents it: each quantized layer's marker
+        JSON by module name (ComfyUI's ``convert_old_quants`` writes these as the layers' markers, the same ones
+        the file holds)."""
+        layers = {
+            name.removesuffix(".weight"): marker_json(options)
+            for name, shape, options in tensors
+            if shape is not None
+        }
+        return {"_quantization_metadata": json.dumps({"format_version": "1.0", "layers": layers})}
 
     def quantization_config(self, kept_linears: list[str]) -> dict:
         return quantization_config(self.NAME, self.LAYOUT, kept_linears)

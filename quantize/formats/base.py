@@ -20,10 +20,13 @@ from .options import NO_OPTIONS, FormatOptions
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Format", "PartSpec", "NonFiniteWeightError", "UnsupportedShapeError"]
+__all__ = ["Format", "PartSpec", "MetadataEntry", "NonFiniteWeightError", "UnsupportedShapeError"]
 
 #: A part of an encoded weight: (dtype name from `quantize.dtypes`, shape; None for a late blob, see `writer`).
 PartSpec = tuple[str, tuple[int, ...] | None]
+#: A tensor of a component as its file metadata sees it: (output name, weight shape and options if quantized, else
+#: None and None).
+MetadataEntry = tuple[str, "tuple[int, ...] | None", "FormatOptions | None"]
 
 
 class NonFiniteWeightError(ValueError):
@@ -51,7 +54,8 @@ class Format(abc.ABC):
     ROW_BLOCK: ClassVar[int] = 1
     #: Parts that belong to the whole weight, not to its rows (a per-tensor scale, ComfyUI's marker): a
     #: row-separable format's `encode` of any row chunk gives them whole, the same for every chunk, and they are
-    #: written (and compared) once. Where they depend on the whole weight, `weight_options` decides them.
+    #: written (and compared) once. Where they depend on the whole weight, `weight_options` decides them. One that
+    #: only some options have (a static input scale) is among them; `parts` gives it where they have it.
     WEIGHT_PARTS: ClassVar[tuple[str, ...]] = ()
     #: Parts that are code books, not data: a library builds them with float32 arithmetic whose last bit can
     #: differ between CPU instruction sets, so `verify` compares them to within a float32 rounding.
@@ -136,10 +140,10 @@ class Format(abc.ABC):
         """The `quantization_config` entry of config.json; `kept_linears` are the Linears left unquantized
         (the container decides where it goes)."""
 
-    def checkpoint_metadata(self, tensors: list[tuple[str, tuple[int, ...] | None]]) -> dict[str, str]:
+    def checkpoint_metadata(self, tensors: list[MetadataEntry]) -> dict[str, str]:
         """Entries a container's file metadata carries (every safetensors shard's ``__metadata__``), from
-        (output tensor name, shape if quantized else None) for every tensor of the component. Default: none
-        (config.json, or the parts themselves, say it all)."""
+        (output tensor name, shape and options if quantized, else None and None) for every tensor of the
+        component. Default: none (config.json, or the parts themselves, say it all)."""
         return {}
 
     def kept_dtype(
@@ -160,4 +164,21 @@ class Format(abc.ABC):
     def raised(self, options: FormatOptions) -> FormatOptions | None:
         """The options one rung up for a layer that needs more bits (`quantize sensitivity`: a GGML type up);
         None: the next rung is to keep the layer. Default: None (one encoding)."""
+        return None
+
+    # --- static input scales (`convert --calibrate`) ---------------------------------------------------------
+
+    def calibrated(self, options: FormatOptions, amax: float) -> FormatOptions | None:
+        """`options` with the static scale of the Linear's input (`FormatOptions.input_scale`) that `amax`, the
+        largest |x| its input reached in a calibration pass (a float32 value), makes: what `convert --calibrate`
+        plans, and `parts` then stores it. None: this format (or layout) stores no input scale. Default: None."""
+        return None
+
+    def quantized_input(
+        self, x: torch.Tensor, options: FormatOptions, static: bool = True
+    ) -> torch.Tensor | None:
+        """The Linear's input `x` (float32 [rows, in]) as the format's runtime quantizes it for its matmul, decoded
+        back to float32: with the options' static input scale when `static` and they have one, else with the
+        scale of this call (dynamic). None: this runtime does not quantize its input that way (a forward leaves
+        it as it is). Default: None."""
         return None

@@ -4,6 +4,8 @@ On disk, per quantized Linear ``<m>`` (the model family's native names, which Co
   ``<m>.weight``       float8_e4m3fn [out, in] (``type: float8_e5m2``: float8_e5m2)
   ``<m>.weight_scale`` float32 [] (one value: ComfyUI's CUDA path asserts a single scale)
   ``<m>.comfy_quant``  uint8 [n]   UTF-8 JSON ``{"format": "float8_e4m3fn"}`` (or ``"float8_e5m2"``)
+  ``<m>.input_scale``  float32 []  only with a static input scale (`convert --calibrate`): max|x| / M of the
+                       layer's input over the calibration pass; ComfyUI quantizes each call's input with it
 
 Reference numerics (comfy-kitchen, bit for bit): in float32 from the stored values, scale = max|w| / M (M = 448
 for e4m3, 57344 for e5m2); q = ``quantize_per_tensor_fp8(w.float(), scale, dtype)``: w times the float32
@@ -29,11 +31,12 @@ from ._e4m3 import dequantize_rows
 from .base import NonFiniteWeightError, PartSpec
 from .options import NO_OPTIONS, FormatOptions
 
-__all__ = ["FORMAT", "ComfyFp8", "LAYOUT", "WEIGHT", "SCALE", "FLOAT8"]
+__all__ = ["FORMAT", "ComfyFp8", "LAYOUT", "WEIGHT", "SCALE", "INPUT_SCALE", "FLOAT8"]
 
 LAYOUT = "float8_e4m3fn"  # ComfyUI's name for the default layout (comfy-kitchen TensorCoreFP8Layout)
 WEIGHT = "weight"
 SCALE = "weight_scale"
+INPUT_SCALE = _comfy.INPUT_SCALE  # only with a static input scale
 #: layout -> (torch dtype, its safetensors name, its largest finite value)
 FLOAT8 = {
     "float8_e4m3fn": (torch.float8_e4m3fn, "F8_E4M3", float(torch.finfo(torch.float8_e4m3fn).max)),
@@ -44,12 +47,17 @@ FLOAT8 = {
 class ComfyFp8(_comfy.ComfyFormat):
     NAME = "comfy_fp8"
     ROW_SEPARABLE = True
-    WEIGHT_PARTS = (SCALE, _comfy.MARKER)
+    WEIGHT_PARTS = (SCALE, _comfy.MARKER, INPUT_SCALE)
     LAYOUT = LAYOUT
 
     def parts(self, shape: tuple[int, ...], options: FormatOptions = NO_OPTIONS) -> dict[str, PartSpec]:
         _, stored, _ = FLOAT8[self.layout(options).layout]
-        return {WEIGHT: (stored, tuple(shape)), SCALE: ("F32", ()), _comfy.MARKER: self.marker_spec(options)}
+        return {
+            WEIGHT: (stored, tuple(shape)),
+            SCALE: ("F32", ()),
+            _comfy.MARKER: self.marker_spec(options),
+            **self.input_scale_spec(options),
+        }
 
     def weight_options(
         self, chunks: Iterable[torch.Tensor], options: FormatOptions = NO_OPTIONS
@@ -83,7 +91,7 @@ class ComfyFp8(_comfy.ComfyFormat):
             scale = self.weight_options([w], own)["scale"]
         # comfy-kitchen's order of operations: times the float32 reciprocal, clamped, cast
         q = torch.clamp(w * (1.0 / scale), -top, top).to(dtype)
-        return {WEIGHT: q, SCALE: scale, _comfy.MARKER: _comfy.marker(own)}
+        return {WEIGHT: q, SCALE: scale, _comfy.MARKER: _comfy.marker(own), **self.input_scale_part(own)}
 
     def decode(
         self,

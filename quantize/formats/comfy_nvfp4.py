@@ -8,6 +8,8 @@ for a weight [out, in] padded with zeros to [R, C] = [out, in] rounded up to mul
   ``<m>.weight_scale``   float8_e4m3fn [R', C'/16 -> 4]  the block scales in the tiled layout (`_blocked`)
   ``<m>.weight_scale_2`` float32 []              the tensor's scale
   ``<m>.comfy_quant``    uint8 [n]   UTF-8 JSON ``{"format": "nvfp4"}``
+  ``<m>.input_scale``    float32 []  only with a static input scale (`convert --calibrate`): max|x| / (448 · 6) of
+                         the layer's input over the calibration pass, the tensor scale of each call's input
 ComfyUI's loader reads the weight's logical shape from the model and strips the padding.
 
 Reference numerics, bit for bit: comfy-kitchen's ``TensorCoreNVFP4Layout.quantize(w.float())`` (what ComfyUI's
@@ -33,12 +35,24 @@ from . import _blocked, _comfy
 from .base import NonFiniteWeightError, PartSpec
 from .options import NO_OPTIONS, FormatOptions
 
-__all__ = ["FORMAT", "ComfyNvfp4", "LAYOUT", "WEIGHT", "SCALE", "SCALE_2", "BLOCK", "E2M1_MAX", "e2m1_codes"]
+__all__ = [
+    "FORMAT",
+    "ComfyNvfp4",
+    "LAYOUT",
+    "WEIGHT",
+    "SCALE",
+    "SCALE_2",
+    "INPUT_SCALE",
+    "BLOCK",
+    "E2M1_MAX",
+    "e2m1_codes",
+]
 
 LAYOUT = "nvfp4"
 WEIGHT = "weight"
 SCALE = "weight_scale"
 SCALE_2 = "weight_scale_2"
+INPUT_SCALE = _comfy.INPUT_SCALE  # only with a static input scale
 BLOCK = 16
 E2M1_MAX = 6.0
 E4M3_MAX = 448.0
@@ -64,7 +78,7 @@ class ComfyNvfp4(_comfy.ComfyFormat):
     NAME = "comfy_nvfp4"
     ROW_SEPARABLE = True
     ROW_BLOCK = _blocked.TILE_ROWS
-    WEIGHT_PARTS = (SCALE_2, _comfy.MARKER)
+    WEIGHT_PARTS = (SCALE_2, _comfy.MARKER, INPUT_SCALE)
     LAYOUT = LAYOUT
 
     def parts(self, shape: tuple[int, ...], options: FormatOptions = NO_OPTIONS) -> dict[str, PartSpec]:
@@ -75,6 +89,7 @@ class ComfyNvfp4(_comfy.ComfyFormat):
             SCALE: ("F8_E4M3", _blocked.blocked_shape(rows, cols // BLOCK)),
             SCALE_2: ("F32", ()),
             _comfy.MARKER: self.marker_spec(options),
+            **self.input_scale_spec(options),
         }
 
     def weight_options(
@@ -123,6 +138,7 @@ class ComfyNvfp4(_comfy.ComfyFormat):
             SCALE: _blocked.to_blocked(stored),
             SCALE_2: scale,
             _comfy.MARKER: _comfy.marker(own),
+            **self.input_scale_part(own),
         }
 
     def decode(

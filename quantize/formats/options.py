@@ -12,6 +12,8 @@ an activation scheme) is a field of its format's class, validated here.
 
 from __future__ import annotations
 
+import math
+import struct
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -25,6 +27,7 @@ __all__ = [
     "ComfyOptions",
     "COMFY_LAYOUTS",
     "COMFY_RUNTIMES",
+    "COMFY_INPUT_RANGES",
     "ComfyFp8Options",
     "ComfyInt8Options",
     "ComfyNvfp4Options",
@@ -72,6 +75,12 @@ class FormatOptions:
     def format_name(self) -> str | None:
         """The format that encodes a tensor with these options, where it is not the recipe's own (a layer of a
         mixed ComfyUI file in another of ComfyUI's layouts); None: the recipe's format."""
+        return None
+
+    @property
+    def input_scale(self) -> float | None:
+        """The static scale of the Linear's input that these options store (`convert --calibrate`: ComfyUI's
+        ``input_scale``, a float32 value); None: none (the runtime scales each call's input itself)."""
         return None
 
 
@@ -153,20 +162,43 @@ COMFY_RUNTIMES: dict[str, tuple[str, str]] = {
 }
 
 
+#: The layouts whose ComfyUI Linear quantizes its input with a static ``input_scale`` when the file holds one (it is
+#: in their ``QUANT_ALGOS`` "parameters" and their layout's ``quantize`` takes it as ``scale``; MXFP8's ignores it,
+#: int8 quantizes per row), and the largest value of the input's encoding: the scale is amax / it, as the dynamic
+#: scale of a call is (FP8: max|x| / 448 for e4m3, / 57344 for e5m2; NVFP4: the tensor scale max|x| / (448 · 6)).
+COMFY_INPUT_RANGES: dict[str, float] = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0, "nvfp4": 2688.0}
+
+
+def _is_float32(x: float) -> bool:
+    return struct.unpack("<f", struct.pack("<f", x))[0] == x
+
+
 @dataclass(frozen=True)
 class ComfyOptions(FormatOptions):
     """The ComfyUI layout of one quantized Linear. ComfyUI reads each layer's marker, so one file may mix layouts:
     every ComfyUI format's recipe may give any of `COMFY_LAYOUTS` in `types` (and ``kept``), and the layer is
     written by the format of its layout (`format_name`). Each format's own layouts are its `TYPES`; its first
-    one is its default (`type` may be left out)."""
+    one is its default (`type` may be left out).
+
+    `input_scale`: the layer's static input scale (a positive finite float32 value), for the layouts of
+    `COMFY_INPUT_RANGES` only: `convert --calibrate` plans it, the layer stores it as ``input_scale``. A recipe never
+    names it (`type_name` is the layout alone)."""
 
     layout: str
+    input_scale: float | None = None
 
     TYPES: ClassVar[tuple[str, ...]] = tuple(COMFY_LAYOUTS)
 
     def __post_init__(self) -> None:
         if self.layout not in COMFY_LAYOUTS:
             raise ValueError(f"a ComfyUI layout is one of {', '.join(COMFY_LAYOUTS)}; got {self.layout!r}")
+        scale = self.input_scale
+        if scale is None:
+            return
+        if self.layout not in COMFY_INPUT_RANGES:
+            raise ValueError(f"a {self.layout} layer has no static input scale")
+        if not (isinstance(scale, float) and math.isfinite(scale) and scale > 0 and _is_float32(scale)):
+            raise ValueError(f"an input scale is a positive finite float32 value; got {scale!r}")
 
     @classmethod
     def from_type(cls, type_name: str | None) -> ComfyOptions:

@@ -30,7 +30,7 @@ import torch
 from . import format_info
 from ._e4m3 import FP8_MAX, dequantize_rows, quantize_rows, row_absmax
 from ._torchao import torchao
-from .base import Format, NonFiniteWeightError, PartSpec, UnsupportedShapeError
+from .base import Format, MetadataEntry, NonFiniteWeightError, PartSpec, UnsupportedShapeError
 from .options import NO_OPTIONS, FormatOptions
 
 __all__ = ["FORMAT", "TorchaoFp8", "QDATA", "SCALE", "to_float8_tensor"]
@@ -82,12 +82,13 @@ class TorchaoFp8(Format):
             "modules_to_not_convert": sorted(kept_linears) or None,
         }
 
-    def checkpoint_metadata(self, tensors: list[tuple[str, tuple[int, ...] | None]]) -> dict[str, str]:
-        """Every shard's torchao metadata: `tensors` lists (checkpoint name, weight shape if quantized else None)."""
+    def checkpoint_metadata(self, tensors: list[MetadataEntry]) -> dict[str, str]:
+        """Every shard's torchao metadata: `tensors` lists (checkpoint name, weight shape if quantized else None,
+        options)."""
         metadata = {}
-        for name, shape in tensors:
+        for name, shape, _ in tensors:
             metadata[name] = _weight_json(shape[1]) if shape is not None else json.dumps({"_type": "Tensor"})
-        metadata["tensor_names"] = json.dumps([name for name, _ in tensors])
+        metadata["tensor_names"] = json.dumps([name for name, _, _ in tensors])
         return metadata
 
 

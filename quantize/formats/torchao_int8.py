@@ -31,7 +31,7 @@ import torch
 from . import format_info
 from ._e4m3 import row_absmax
 from ._torchao import torchao
-from .base import Format, NonFiniteWeightError, PartSpec
+from .base import Format, MetadataEntry, NonFiniteWeightError, PartSpec
 from .options import NO_OPTIONS, FormatOptions
 
 __all__ = ["FORMAT", "TorchaoInt8", "QDATA", "SCALE", "ZERO_POINT", "quantize_rows", "to_int8_tensor"]
@@ -87,12 +87,13 @@ class TorchaoInt8(Format):
             "modules_to_not_convert": sorted(kept_linears) or None,
         }
 
-    def checkpoint_metadata(self, tensors: list[tuple[str, tuple[int, ...] | None]]) -> dict[str, str]:
-        """Every shard's torchao metadata: `tensors` lists (checkpoint name, weight shape if quantized else None)."""
+    def checkpoint_metadata(self, tensors: list[MetadataEntry]) -> dict[str, str]:
+        """Every shard's torchao metadata: `tensors` lists (checkpoint name, weight shape if quantized else None,
+        options)."""
         metadata = {}
-        for name, shape in tensors:
+        for name, shape, _ in tensors:
             metadata[name] = _weight_json(shape[1]) if shape is not None else json.dumps({"_type": "Tensor"})
-        metadata["tensor_names"] = json.dumps([name for name, _ in tensors])
+        metadata["tensor_names"] = json.dumps([name for name, _, _ in tensors])
         return metadata
 
 

@@ -121,6 +121,7 @@ def render_card(manifest: Manifest, facts: CardFacts) -> str:
             f"| `{c.path}` | {cls} | {c.quantized} | {c.kept} | {_gb(c.source_bytes)} | {_gb(c.output_bytes)} |"
         )
     lines += step_card_lines(manifest.steps)
+    lines += _calibration_section(manifest)
     lines += [
         "",
         *_quantized_section(manifest),
@@ -140,6 +141,34 @@ def render_card(manifest: Manifest, facts: CardFacts) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _calibration_section(manifest: Manifest) -> list[str]:
+    """`convert --calibrate`: which layers hold a static input scale, from what, and what it measured."""
+    cal = manifest.calibration
+    if cal is None:
+        return []
+
+    def db(x: float | None) -> str:
+        return "identical" if x is None else f"{x:.2f} dB"
+
+    out = [
+        "",
+        "## Static input scales",
+        "",
+        f"{len(cal.tensors)} FP8/NVFP4 Linears hold an `input_scale` (float32): the amax of the layer's input in "
+        f"one streamed forward pass of the source on `{cal.inputs.file}` (SHA-256 `{cal.inputs.sha256[:12]}…`), "
+        "divided by the range of its encoding (448 for e4m3, 448·6 for NVFP4). ComfyUI quantizes each call's "
+        "input with it instead of computing a scale; an input beyond that amax is clamped.",
+        "",
+        "| component | forward SQNR, inputs quantized with these scales | with a dynamic scale per call |",
+        "|---|---:|---:|",
+    ]
+    out += [
+        f"| `{rel}` | {db(f.static_sqnr_db)} | {db(f.dynamic_sqnr_db)} |" for rel, f in cal.forward.items()
+    ]
+    out += ["", f"(Measured against the source on `{cal.inputs.file}` itself.)"]
+    return out
 
 
 def _quantized_section(manifest: Manifest) -> list[str]:

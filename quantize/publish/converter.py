@@ -45,6 +45,8 @@ def convert(
     base_model: str | None = None,
     steps: Sequence[TensorStep] = (),
     on_recovery: Callable[[str], None] | None = None,
+    calibrate: str | Path | None = None,
+    on_pass: Callable[[str], None] | None = None,
 ) -> Manifest:
     """Convert `source` (a folder, or a Hub repo id) into the checkpoint directory `out`; `recipe` is a loaded
     recipe, a file or a bundled name.
@@ -53,6 +55,10 @@ def convert(
     steps: per-tensor steps applied to the source values on the way in, in order (`steps.TensorStep`), such
         as the LoRAs merged before quantizing (`lora.open_loras`); each records itself in the manifest.
     on_recovery: told, one line each, what was cleaned up after a conversion into `out` that was killed.
+    calibrate: a safetensors file of forward-pass inputs (`run.forward.load_inputs`): static input scales from the
+        source's streamed forward on it, for each layer whose format stores one (`run.calibrate`), with the forward
+        SQNRs they give against dynamic scales, recorded in the manifest's `calibration`; each forward pass is told
+        to `on_pass` (default: `progress.note`).
 
     >>> # manifest = convert("Wan2.1-T2V-1.3B", "Wan2.1-T2V-1.3B-fp8", "wan-fp8.yaml", workers=2)
     >>> # manifest = convert("Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "out", "wan-diffusers-fp8.yaml")
@@ -75,11 +81,13 @@ def convert(
                 hasher.submit(f, background=True)  # while torch is imported, a core has nothing else to do
             return _convert(
                 src, out, loaded, overwrite, max_bytes, workers, progress or NoProgress(),
-                base_model or src.repo_id, steps, hasher,
+                base_model or src.repo_id, steps, hasher, None if calibrate is None else Path(calibrate), on_pass,
             )  # fmt: skip
 
 
-def _convert(src, out, loaded, overwrite, max_bytes, workers, progress, base_model, steps, hasher):
+def _convert(
+    src, out, loaded, overwrite, max_bytes, workers, progress, base_model, steps, hasher, calibrate, on_pass
+):
     from ..plan import make_plan
     from .card import CardFacts, pipeline_tag, source_card_metadata
     from .pipeline import io_problem, write_checkpoint
@@ -87,7 +95,15 @@ def _convert(src, out, loaded, overwrite, max_bytes, workers, progress, base_mod
     for step in steps:
         for f in step.inputs:
             hasher.submit(f, background=True)
+    if calibrate is not None:
+        from ..run.forward import require_known_models
+
+        require_known_models(src, calibrate)  # headers only: a model we cannot run, inputs it does not take
+        hasher.submit(calibrate, background=True)
     plan = make_plan(src, loaded.recipe, steps=steps)
+    calibration = None
+    if calibrate is not None:
+        plan, calibration = _calibrated(plan, calibrate, hasher, on_pass or progress.note, workers)
     progress.start(plan.source_bytes, plan.tensor_count)
     facts = CardFacts(
         classes={cp.rel: (cp.component.config or {}).get("_class_name") for cp in plan.components},
@@ -99,7 +115,7 @@ def _convert(src, out, loaded, overwrite, max_bytes, workers, progress, base_mod
     with staging_dir(out) as tmp:
         try:
             manifest = write_checkpoint(
-                plan, loaded, tmp, max_bytes, workers, progress, src.name, facts, hasher, steps
+                plan, loaded, tmp, max_bytes, workers, progress, src.name, facts, hasher, steps, calibration
             )
             publish(tmp, out, overwrite)
         except OSError as e:
@@ -107,6 +123,34 @@ def _convert(src, out, loaded, overwrite, max_bytes, workers, progress, base_mod
         except ConversionError as e:
             raise _output_error(str(e), tmp, out) from None
     return manifest
+
+
+def _calibrated(plan, inputs: Path, hasher, on_pass, workers):
+    """`plan` with the static input scales of a calibration pass on `inputs`, and the manifest's record of them."""
+    import math
+
+    from ..run.calibrate import calibrate
+    from .manifest import CalibrationEntry, ForwardFigures, InputScaleEntry, InputsEntry
+
+    plan, found = calibrate(plan, inputs, on_pass=on_pass, workers=workers)
+    scales = {cp.manifest_key(tp): tp.options.input_scale for cp in plan.components for tp in cp.quantized()}
+
+    def db(x: float) -> float | None:
+        return None if math.isinf(x) else round(x, 3)
+
+    entry = CalibrationEntry(
+        inputs=InputsEntry(
+            file=inputs.name, size=inputs.stat().st_size, sha256=hasher.submit(inputs).result()
+        ),
+        tensors={
+            key: InputScaleEntry(input_amax=found.amax[key], input_scale=scales[key]) for key in found.scaled
+        },
+        forward={
+            rel: ForwardFigures(dynamic_sqnr_db=db(dynamic), static_sqnr_db=db(static))
+            for rel, (dynamic, static) in found.forward_sqnr_db.items()
+        },
+    )
+    return plan, entry
 
 
 def _output_error(message: str, tmp: Path, out: Path) -> ConversionError:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -24,16 +24,19 @@ __all__ = [
     "FileEntry",
     "TensorEntry",
     "RecipeEntry",
+    "CalibrationEntry",
     "Manifest",
     "read_manifest",
 ]
 
 MANIFEST_NAME = "quantize_manifest.json"
 RECIPE_NAME = "recipe.yaml"
-#: 1: the manifest as it always was; 2: with the recorded steps (`steps`). A reader takes every version up to
-#: `SCHEMA_VERSION`; a manifest without steps is written as version 1, byte for byte as before.
-SCHEMA_VERSION = 2
+#: 1: the manifest as it always was; 2: with the recorded steps (`steps`); 3: with static input scales
+#: (`calibration`). A reader takes every version up to `SCHEMA_VERSION`; a manifest without steps or calibration is
+#: written as version 1, byte for byte as before.
+SCHEMA_VERSION = 3
 STEPS_SCHEMA_VERSION = 2
+CALIBRATION_SCHEMA_VERSION = 3
 
 
 class _Strict(BaseModel):
@@ -70,6 +73,44 @@ class RecipeEntry(_Strict):
     text: str
 
 
+class InputsEntry(_Strict):
+    """A file of forward-pass inputs (`--calibrate`, `--inputs`): its name (no folder), size and SHA-256."""
+
+    file: str
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+    _confined = field_validator("file")(inside_checkpoint)
+
+
+class InputScaleEntry(_Strict):
+    """One Linear's static input scale: the largest |x| of its input in the calibration pass, and the scale its
+    format made of it (what ``<m>.input_scale`` holds)."""
+
+    input_amax: float = Field(ge=0, allow_inf_nan=False)
+    input_scale: float = Field(gt=0, allow_inf_nan=False)
+
+
+class ForwardFigures(_Strict):
+    """A component's forward SQNR against the source, its quantized Linears' inputs quantized as the runtime does:
+    with a dynamic scale per call, and with the static scales (None: identical outputs)."""
+
+    dynamic_sqnr_db: float | None
+    static_sqnr_db: float | None
+
+
+class CalibrationEntry(_Strict):
+    """`convert --calibrate`: the inputs the source's streamed forward ran on, the statistic taken of each
+    quantized Linear's input, the scales made of it, and the forward SQNRs measured with them on those inputs."""
+
+    inputs: InputsEntry
+    statistic: Literal["amax"] = "amax"
+    tensors: dict[str, InputScaleEntry] = Field(
+        description="keyed as `tensors`: the Linears that have a scale"
+    )
+    forward: dict[str, ForwardFigures] = Field(description="keyed by component")
+
+
 class ComponentEntry(_Strict):
     path: str  # "." for the root
     quantized: int
@@ -94,6 +135,8 @@ class Manifest(_Strict):
     output_files: list[FileEntry]
     #: the recorded per-tensor steps, in the order applied (`steps`: each a JSON object naming its kind)
     steps: list[dict[str, Any]] = Field(default_factory=list)
+    #: the static input scales of `convert --calibrate`; None: every input scale is dynamic
+    calibration: CalibrationEntry | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -139,6 +182,13 @@ class Manifest(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _calibration_schema(self) -> Manifest:
+        """A manifest with input scales is of the version that has them."""
+        if self.calibration is not None and self.schema_version < CALIBRATION_SCHEMA_VERSION:
+            self.schema_version = CALIBRATION_SCHEMA_VERSION
+        return self
+
+    @model_validator(mode="after")
     def _tensor_keys(self) -> Manifest:
         components = [c.path for c in self.components]
         for key in self.tensors:
@@ -146,6 +196,13 @@ class Manifest(_Strict):
                 split_manifest_key(key, components)
             except InputError as e:
                 raise ValueError(str(e)) from None
+        if self.calibration is not None:
+            for key in self.calibration.tensors:
+                if key not in self.tensors:
+                    raise ValueError(f"calibration.tensors: {key!r} is not a quantized tensor of `tensors`")
+            for rel in self.calibration.forward:
+                if rel not in components:
+                    raise ValueError(f"calibration.forward: {rel!r} is not a component")
         return self
 
     def to_json(self) -> str:
@@ -155,6 +212,8 @@ class Manifest(_Strict):
                 del entry["type"]
         if not data["steps"]:  # a conversion without recorded steps: the manifest as it always was
             del data["steps"]
+        if data["calibration"] is None:  # every input scale dynamic: the manifest as it always was
+            del data["calibration"]
         return json.dumps(data, indent=2, sort_keys=False) + "\n"
 
 

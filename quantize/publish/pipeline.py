@@ -36,6 +36,7 @@ from .card import CARD_NAME, CardFacts, render_card
 from .manifest import (
     MANIFEST_NAME,
     RECIPE_NAME,
+    CalibrationEntry,
     ComponentEntry,
     FileEntry,
     Manifest,
@@ -100,10 +101,12 @@ def write_checkpoint(
     facts: CardFacts,
     hasher: FileHasher,
     steps: Sequence[TensorStep] = (),
+    calibration: CalibrationEntry | None = None,
 ) -> Manifest:
     """Fill the staging directory `tmp` with the whole checkpoint of `plan`; returns its manifest.
     `hasher` may already be hashing the source's files (each file is hashed once); `steps`: the plan's
-    per-tensor steps, each recording itself in the manifest (`TensorStep.record`)."""
+    per-tensor steps, each recording itself in the manifest (`TensorStep.record`); `calibration`: the record of
+    the static input scales the plan holds (`convert --calibrate`)."""
     saved_threads = torch.get_num_threads()
     work = _Work(
         pool=ThreadPoolExecutor(
@@ -146,6 +149,7 @@ def write_checkpoint(
             steps=[
                 r for step in steps if (r := step.record(lambda p: work.hash_later(p).result())) is not None
             ],
+            calibration=calibration,
         )
         card = render_card(manifest, dataclasses.replace(facts, model_files=model_files))
         write_file(tmp / CARD_NAME, card)  # from everything but the output hashes

@@ -15,6 +15,10 @@ shape's largest Linear, its time projection, is 0.63 GB in float32), on the CPU.
 
 The inputs are fixed random tensors shaped from the config (the family's `ModelInputs.random`, seed 0), or real ones
 from a safetensors file (`load_inputs`: latents, timestep and text embeddings captured from a pipeline).
+
+A pass is of the weights alone (each Linear sees its input as it is, in float32): what `verify --forward` proves. With
+`quantized_inputs` as its hooks, each quantized Linear whose runtime quantizes its input (ComfyUI's FP8 and NVFP4
+layers) sees it as that runtime would: with its static input scale (`convert --calibrate`) or the call's own.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ __all__ = [
     "check_forward",
     "forward_sqnr_db",
     "named_failure",
+    "quantized_inputs",
     "require_known_models",
     "source_weights",
     "stored_weights",
@@ -239,6 +244,29 @@ def as_stored(tp: TensorPlan) -> torch.Tensor:
     )
 
 
+#: what `StreamedModel.forward` calls with a named Linear and its input: None, or the input to take instead
+LinearHook = Callable[[torch.nn.Module, torch.Tensor], "torch.Tensor | None"]
+
+
+def quantized_inputs(run: Runnable, fmt: Format, static: bool = True) -> dict[str, LinearHook]:
+    """Hooks that give each quantized Linear of `run` its input as its format's runtime quantizes it
+    (`Format.quantized_input`: ComfyUI's FP8 and NVFP4 layers; the others' inputs stay as they are): with the
+    tensor's static input scale where `static` and the plan gives one, else each call's own (dynamic) scale."""
+    hooks = {}
+    for param, tp in run.plans.items():
+        if not tp.quantize:
+            continue
+        layer_fmt, options = format_for(fmt, tp.options), tp.options
+
+        def hook(module, x, layer_fmt=layer_fmt, options=options):
+            rows = x.reshape(-1, x.shape[-1]).float()
+            q = layer_fmt.quantized_input(rows, options, static)
+            return None if q is None else q.reshape(x.shape).to(x.dtype)
+
+        hooks[param.removesuffix(".weight")] = hook
+    return hooks
+
+
 # --- the streamed model ----------------------------------------------------------------------------
 
 
@@ -280,10 +308,11 @@ class StreamedModel:
         self,
         inputs: dict[str, torch.Tensor],
         weights: Weights,
-        linear_hooks: Mapping[str, Callable[[torch.nn.Module, torch.Tensor], None]] = {},
+        linear_hooks: Mapping[str, LinearHook] = {},
     ) -> torch.Tensor:
         """One pass on `inputs` with the values `weights` gives; `linear_hooks[name](module, x)` sees each
-        named Linear's input while its weight is filled. Returns the output in float32."""
+        named Linear's input while its weight is filled, and the Linear takes the tensor it returns instead, if
+        any. Returns the output in float32."""
         handles = []
         filler = _Filler(weights)
         try:
@@ -361,7 +390,9 @@ def check_forward(
     plan, checkpoint: Path, recipe: Recipe, fmt: Format, report, inputs: Path | None = None
 ) -> None:
     """Record one `forward/output SQNR` check per component of `plan` (the source's plan under `recipe`): one
-    streamed pass of the source and one of the stored checkpoint, on the same inputs."""
+    streamed pass of the source and one of the stored checkpoint, on the same inputs. Where the plan has static
+    input scales (`convert --calibrate`), two more passes of the checkpoint, its inputs quantized as the runtime
+    does with a dynamic scale and with the static ones, give figures beside the check's (``inputs_quantized``)."""
     from ..containers import get_container
     from ..formats import format_info
 
@@ -375,7 +406,14 @@ def check_forward(
             with named_failure(inputs):
                 model = StreamedModel(run)
                 want = model.forward(x, source_weights(run))
-                got = model.forward(x, stored_weights(run, container.open_stored(checkpoint, cp.rel), fmt))
+                stored = stored_weights(run, container.open_stored(checkpoint, cp.rel), fmt)
+                got = model.forward(x, stored)
+                quantized = None
+                if any(tp.options.input_scale is not None for tp in run.plans.values()):
+                    quantized = [
+                        forward_sqnr_db(want, model.forward(x, stored, quantized_inputs(run, fmt, static)))
+                        for static in (False, True)
+                    ]
             sqnr = forward_sqnr_db(want, got)
         except InputError as e:
             report.fail("forward", "output SQNR", f"{cp.rel}: {e}")
@@ -388,6 +426,11 @@ def check_forward(
             "output_sqnr_db": None if math.isinf(sqnr) else round(sqnr, 3),  # None: identical outputs
             "min_forward_sqnr_db": threshold,
         }
+        if quantized is not None:
+            report.forward[cp.rel]["inputs_quantized"] = {
+                f"{kind}_sqnr_db": None if math.isinf(db) else round(db, 3)
+                for kind, db in zip(("dynamic", "static"), quantized, strict=True)
+            }
 
 
 @contextmanager

@@ -65,7 +65,11 @@ def test_metadata_is_what_torchao_flatten_writes():
     }
     data, metadata = flatten_tensor_state_dict(state)
     ours = ao_fmt.checkpoint_metadata(
-        [("blocks.0.q.weight", (32, 64)), ("blocks.0.q.bias", None), ("scale_shift_table", None)]
+        [
+            ("blocks.0.q.weight", (32, 64), ao_fmt.options_type.from_type(None)),
+            ("blocks.0.q.bias", None, None),
+            ("scale_shift_table", None, None),
+        ]
     )
     assert {k: json.loads(v) for k, v in ours.items()} == {k: json.loads(v) for k, v in metadata.items()}
     assert {"blocks.0.q._weight_qdata", "blocks.0.q._weight_scale"} <= set(data)

@@ -98,7 +98,11 @@ def test_metadata_is_what_torchao_flatten_writes():
     }
     data, metadata = flatten_tensor_state_dict(state)
     ours = ao_fmt.checkpoint_metadata(
-        [("blocks.0.q.weight", (32, 64)), ("blocks.0.q.bias", None), ("scale_shift_table", None)]
+        [
+            ("blocks.0.q.weight", (32, 64), ao_fmt.options_type.from_type(None)),
+            ("blocks.0.q.bias", None, None),
+            ("scale_shift_table", None, None),
+        ]
     )
     assert ours == metadata  # string for string
     parts = ao_fmt.encode(w)

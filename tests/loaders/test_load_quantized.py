@@ -49,7 +49,9 @@ def _quantized_modules(checkpoint: Path, fmt) -> dict[str, tuple[dict[str, torch
         }
     tensors = load_all(checkpoint)
     markers = {k.removesuffix(".comfy_quant"): t for k, t in tensors.items() if k.endswith(".comfy_quant")}
-    if markers:  # ComfyUI's: each layer's layout is its marker's (one file may mix them), read as ComfyUI reads it
+    if (
+        markers
+    ):  # ComfyUI's: each layer's layout is its marker's (one file may mix them), read as ComfyUI reads it
         found = {}
         for m, marker in markers.items():
             options = _comfy.layout_of_marker(json.loads(marker.numpy().tobytes()))

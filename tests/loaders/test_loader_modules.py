@@ -253,7 +253,9 @@ NEW_SCHEMES = [
     pytest.param(ComfyFP8Linear, NO_OPTIONS, id="comfy_fp8"),
     pytest.param(Int8Linear, NO_OPTIONS, id="comfy_int8"),
     pytest.param(Int8Linear, ComfyOptions("int8_convrot"), id="comfy_int8-convrot"),
-    pytest.param(NVFP4Linear, NO_OPTIONS, id="comfy_nvfp4"),  # off Blackwell: the weight decoded, on both sides
+    pytest.param(
+        NVFP4Linear, NO_OPTIONS, id="comfy_nvfp4"
+    ),  # off Blackwell: the weight decoded, on both sides
     pytest.param(MXFP8Linear, NO_OPTIONS, id="comfy_mxfp8"),
     *(
         pytest.param(GGUFLinear, GgufOptions(t), id=f"gguf-{t}")

@@ -78,6 +78,11 @@ def test_an_nvfp4_file_mixed_with_mxfp8_layers(small_wan, tmp_path):
     mxfp8 = {m for m, layout in layouts.items() if layout == "mxfp8"}
     assert mxfp8 == {m for m in layouts if m.startswith("blocks.0.") or m.endswith(".ffn.2")}
     assert set(layouts.values()) == {"nvfp4", "mxfp8"}
+    # the header's `_quantization_metadata` (ComfyUI's QUANTIZATION.md), which ComfyUI's `convert_old_quants`
+    # turns into the layers' markers: the very markers the file holds
+    with safe_open(_file(out), "pt") as f:
+        documented = json.loads(f.metadata()["_quantization_metadata"])
+    assert documented == {"format_version": "1.0", "layers": _markers(_file(out))}
     manifest = read_json(out / "quantize_manifest.json")
     types = {k.removeprefix("./").removesuffix(".weight"): t["type"] for k, t in manifest["tensors"].items()}
     assert types == layouts
