@@ -22,6 +22,13 @@
      ``--recipe wan-gguf-q8_0.yaml`` and ``--recipe wan-gguf-q4_k_m.yaml``, with their peers (this script's
      ``--gguf-peer`` mode): gguf-py's quantize + GGUFWriter for Q8_0, ggml's own quantizer on one thread +
      GGUFWriter for the K-quant mix;
+   * the newer ComfyUI formats: ``--recipe wan-comfy-nvfp4.yaml`` (mixed: NVFP4, MXFP8 for block 0 and every
+     ffn.2), ``--recipe wan-comfy-mxfp8.yaml``, ``--recipe wan-comfy-int8-convrot.yaml`` and this script's
+     ``wan-comfy-nvfp4-all.yaml`` (NVFP4 on every block Linear, written beside the outputs), each with its peer
+     (this script's ``--ck-peer`` mode): each shard read whole, every tensor the recipe quantizes passed whole to
+     comfy-kitchen's eager quantizer for its type (``TensorCoreNVFP4Layout.quantize(w.float())``,
+     ``TensorCoreMXFP8Layout.quantize(w.float())``, ``quantize_int8_convrot_weight(w.float(), 256)``), the shard
+     written with ``save_file`` and fsynced; and ``--recipe wan-torchao-int8.yaml`` where it is bundled;
    * ``bitsandbytes quantize_4bit``, the peer for nf4 (this script's ``--bnb-nf4`` mode): each shard
      read whole, every tensor wan-nf4.yaml quantizes passed through bitsandbytes' own
      ``quantize_4bit(blocksize=64, compress_statistics=True, quant_type="nf4")`` in bf16, the shard
@@ -59,6 +66,21 @@ RECIPE = "wan-fp8.yaml"
 TORCHAO_RECIPE = "wan-torchao-fp8.yaml"
 NF4_RECIPE = "wan-nf4.yaml"
 COMFY_RECIPES = ("wan-comfy-fp8.yaml", "wan-comfy-int8.yaml")  # one ComfyUI file, native names
+#: the ComfyUI formats with comfy-kitchen's eager quantizer, run whole on each tensor, as their peer
+CK_RECIPES = ("wan-comfy-nvfp4.yaml", "wan-comfy-mxfp8.yaml", "wan-comfy-int8-convrot.yaml")
+#: pure NVFP4 (no MXFP8 layers): a recipe of this script's, written beside the outputs
+NVFP4_ALL = "wan-comfy-nvfp4-all.yaml"
+NVFP4_ALL_TEXT = """name: wan-comfy-nvfp4-all
+description: bench_convert.py's pure NVFP4 case, every Linear of the blocks in NVFP4.
+format: comfy_nvfp4
+targets:
+  - 'blocks\\.\\d+\\.(self_attn|cross_attn)\\.(q|k|v|o|k_img|v_img)'
+  - 'blocks\\.\\d+\\.ffn\\.(0|2)'
+checks:
+  min_sqnr_db: 16
+  min_cosine: 0.98
+"""
+TORCHAO_INT8_RECIPE = "wan-torchao-int8.yaml"
 GGUF_RECIPES = ("wan-gguf-q8_0.yaml", "wan-gguf-q4_k_m.yaml")
 GGUF_PEER = "gguf-py quantize + GGUFWriter (Q8_0 peer)"
 GGML_PEER = "ggml quantize_chunk, one thread, + GGUFWriter (K-quant mix peer)"
@@ -307,6 +329,69 @@ def gguf_peer(src: Path, out: Path, recipe: str) -> None:
     fsync_file(out)
 
 
+def ck_peer_name(recipe: str) -> str:
+    return f"comfy-kitchen eager, whole tensors ({Path(recipe).name} peer)"
+
+
+def ck_peer(src: Path, out: Path, recipe: str) -> None:
+    """The peer for the ComfyUI NVFP4 / MXFP8 / ConvRot recipes: comfy-kitchen's eager quantizer for each tensor's
+    type, on the whole tensor in float32, over the tensors the recipe quantizes, shard by shard (the output keys
+    and parts of `quantize convert`; the marker as ComfyUI's own ``state_dict`` writes it)."""
+    import json
+
+    import torch
+    from comfy_kitchen.backends.eager.quantization import quantize_int8_convrot_weight
+    from comfy_kitchen.tensor import TensorCoreMXFP8Layout, TensorCoreNVFP4Layout
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from quantize.plan import make_plan
+    from quantize.recipes import load_recipe
+
+    def marker(conf: dict) -> torch.Tensor:
+        return torch.tensor(list(json.dumps(conf).encode("utf-8")), dtype=torch.uint8)
+
+    def quantize(w: torch.Tensor, qtype: str) -> dict[str, torch.Tensor]:
+        if qtype == "nvfp4":
+            q, params = TensorCoreNVFP4Layout.quantize(w.float())
+            return {
+                "weight": q,
+                "weight_scale": params.block_scale,
+                "weight_scale_2": params.scale,
+                "comfy_quant": marker({"format": "nvfp4"}),
+            }
+        if qtype == "mxfp8":
+            q, params = TensorCoreMXFP8Layout.quantize(w.float())
+            return {
+                "weight": q,
+                "weight_scale": params.scale.view(torch.uint8),
+                "comfy_quant": marker({"format": "mxfp8"}),
+            }
+        if qtype == "int8_convrot":
+            q, scale = quantize_int8_convrot_weight(w.float(), 256)
+            conf = {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": 256}
+            return {"weight": q, "weight_scale": scale, "comfy_quant": marker(conf)}
+        raise SystemExit(f"--ck-peer: no comfy-kitchen peer for type {qtype!r}")
+
+    (component,) = make_plan(src, load_recipe(recipe).recipe).components
+    plans = {t.name: t for t in component.tensors}
+    for shard in source_shards(src):
+        dest = out / shard.relative_to(src)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tensors = {}
+        with safe_open(shard, framework="pt") as f:
+            for name in f.keys():
+                t, tp = f.get_tensor(name), plans[name]
+                if not tp.quantize:
+                    tensors[tp.output_name] = t
+                    continue
+                keys = {part: spec.name for part, spec in zip(tp.parts, tp.outputs, strict=True)}
+                tensors.update({keys[part]: v for part, v in quantize(t, tp.qtype).items()})
+        save_file(tensors, dest)
+        del tensors
+        fsync_file(dest)
+
+
 def fsync_file(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -343,6 +428,19 @@ def make_cases(
         for recipe in (TORCHAO_RECIPE, NF4_RECIPE, *COMFY_RECIPES, *GGUF_RECIPES):
             argv = [*quantize_command(), "convert", str(src), str(out), "--recipe", recipe, "--overwrite"]
             cases.append(Case(f"convert --recipe {recipe}", argv, out))
+        (scratch / NVFP4_ALL).write_text(NVFP4_ALL_TEXT)
+        for recipe in (*CK_RECIPES, str(scratch / NVFP4_ALL)):
+            name = Path(recipe).name
+            argv = [*quantize_command(), "convert", str(src), str(out), "--recipe", recipe, "--overwrite"]
+            cases.append(Case(f"convert --recipe {name}", argv, out))
+            peer = scratch / "ck-peer"
+            argv = [sys.executable, __file__, "--ck-peer", recipe, str(src), str(peer)]
+            cases.append(Case(ck_peer_name(name), argv, peer))
+        from quantize.recipes import bundled_recipes
+
+        if TORCHAO_INT8_RECIPE in bundled_recipes():
+            argv = [*quantize_command(), "convert", str(src), str(out), "--recipe", TORCHAO_INT8_RECIPE]
+            cases.append(Case(f"convert --recipe {TORCHAO_INT8_RECIPE}", [*argv, "--overwrite"], out))
         peer = scratch / "bnb-nf4"
         cases.append(Case(BNB_PEER, [sys.executable, __file__, "--bnb-nf4", str(src), str(peer)], peer))
         for name, recipe in ((GGUF_PEER, GGUF_RECIPES[0]), (GGML_PEER, GGUF_RECIPES[1])):
@@ -536,6 +634,30 @@ def gguf_note(results: list[Result]) -> str | None:
     return "gguf: " + "; ".join(lines) + ". The quantized blocks are identical (tests/formats/test_gguf.py)."
 
 
+def ck_note(results: list[Result]) -> str | None:
+    """ComfyUI NVFP4 / MXFP8 / ConvRot: our converter against comfy-kitchen's eager quantizer run whole, medians of
+    the same run."""
+    by_name = {r.case.name: r for r in results}
+    lines = []
+    for recipe in (*CK_RECIPES, NVFP4_ALL):
+        ours, peer = by_name.get(f"convert --recipe {recipe}"), by_name.get(ck_peer_name(recipe))
+        if ours and peer:
+            speed = peer.median_s / ours.median_s
+            lines.append(
+                f"`{recipe}` {ours.median_s:.1f} s against {peer.median_s:.1f} s "
+                f"({f'{speed:.2f}x faster' if speed >= 1 else f'{1 / speed:.2f}x slower'}; peak RSS "
+                f"{gb(ours.peak_rss)} vs {gb(peer.peak_rss)} GB)"
+            )
+    if not lines:
+        return None
+    return (
+        "ComfyUI NVFP4 / MXFP8 / ConvRot against comfy-kitchen's eager quantizer run whole on the same tensors "
+        "(`TensorCoreNVFP4Layout.quantize(w.float())`, `TensorCoreMXFP8Layout.quantize(w.float())`, "
+        "`quantize_int8_convrot_weight(w.float(), 256)`; this script's `--ck-peer` mode, one shard held at a "
+        f"time): {'; '.join(lines)}. `{NVFP4_ALL}` is this script's: NVFP4 on every block Linear, no MXFP8 layer."
+    )
+
+
 def llmc_note(results: list[Result]) -> str | None:
     """fp8: our converter against llm-compressor's model_free_ptq, medians of the same run."""
     by_name = {r.case.name: r for r in results}
@@ -611,7 +733,7 @@ def report(
     title = (
         "Convert with a LoRA merged: the cost of `--lora` against the same conversion without it"
         if lora_only
-        else "Convert: every format vs. plain read-and-write (and bitsandbytes for nf4)"
+        else "Convert: every format vs. plain read-and-write (and the reference quantizers as peers)"
     )
     lines = [
         *section_head(title, command, data_dir),
@@ -634,6 +756,7 @@ def report(
     notes = (
         peer_note(results),
         gguf_note(results),
+        ck_note(results),
         llmc_note(results),
         lora_note(results),
         startup_note(results),
@@ -675,6 +798,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bnb-nf4", nargs=2, type=Path, metavar=("SRC", "OUT"), help="internal: the nf4 peer")
     p.add_argument("--gguf-peer", nargs=3, metavar=("RECIPE", "SRC", "OUT"), help="internal: the gguf peers")
     p.add_argument(
+        "--ck-peer", nargs=3, metavar=("RECIPE", "SRC", "OUT"), help="internal: the comfy-kitchen peers"
+    )
+    p.add_argument(
         "--fp8-only", action="store_true", help="skip the torchao_fp8, nf4, comfy and bitsandbytes cases"
     )
     p.add_argument(
@@ -699,6 +825,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.gguf_peer:
         recipe, src, out = args.gguf_peer
         gguf_peer(Path(src), Path(out), recipe)
+        return
+    if args.ck_peer:
+        recipe, src, out = args.ck_peer
+        ck_peer(Path(src), Path(out), recipe)
         return
     command = display_command([sys.executable, *sys.argv])
     data_dir = args.data_dir.absolute()

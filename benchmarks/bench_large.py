@@ -6,6 +6,8 @@ The source (dim 5120, ffn 13824, 40 blocks, random bf16 weights, 1 GB shards, ab
 generated once under ``bench-data/`` when the disk has room for it and one converted output; each
 format is converted ``--runs`` times in its own process (wall time, peak RSS from ``os.wait4``). No
 read-and-write baseline here: its copy would need another 28 GB; the 1.3B section has the ratios.
+``--recipes R ...`` measures only those (the ones not bundled are skipped); with ``--write``, their rows replace
+or join the section's, whose other rows stay as the earlier run measured them (its header kept beside them).
 
 With ``--forward``, the streamed forward pass on the same source instead, into its own section:
 ``quantize sensitivity SRC --recipe wan-fp8.yaml --max-size 19GB`` (the source pass with each layer's
@@ -54,7 +56,13 @@ RECIPES = (
     "wan-comfy-int8.yaml",
     "wan-gguf-q8_0.yaml",
     "wan-gguf-q4_k_m.yaml",
+    "wan-comfy-nvfp4.yaml",
+    "wan-comfy-mxfp8.yaml",
+    "wan-comfy-int8-convrot.yaml",
+    "wan-torchao-int8.yaml",
 )
+COLUMNS = ["case", "time min / median / max (s)", "peak RSS (GB)", "GB/s", "output (GB)"]
+TITLE = "## Convert at 14B scale (memory flat in model size)"
 
 
 def enough_disk(data_dir: Path, have_source: bool) -> bool:
@@ -63,12 +71,43 @@ def enough_disk(data_dir: Path, have_source: bool) -> bool:
     return shutil.disk_usage(data_dir).free / 1e9 > need * 1.1
 
 
+def bundled(recipe: str) -> bool:
+    """Whether `recipe` is bundled (read from the folder: this process stays small, see `main`)."""
+    return (REPO / "recipes" / recipe).is_file()
+
+
+def earlier_run(doc: Path | None) -> tuple[dict[str, list[str]], list[str]]:
+    """The rows of the section's table, by case, and its header (from its first "Run" line to the table)."""
+    text = doc.read_text() if doc is not None and doc.exists() else ""
+    start, end = text.find(START), text.find(END)
+    if not 0 <= start < end:
+        return {}, []
+    lines = text[start:end].splitlines()
+    rows = {}
+    for line in lines:
+        if line.startswith("| convert "):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            rows[cells[0]] = cells
+    first = next((i for i, line in enumerate(lines) if line.startswith("Run ")), None)
+    table = next((i for i, line in enumerate(lines) if line.startswith("| case")), None)
+    head = lines[first:table] if first is not None and table is not None else []
+    while head and not head[-1].strip():
+        head.pop()
+    return rows, head
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", type=int, default=1)
     p.add_argument("--data-dir", type=Path, default=REPO / "bench-data")
     p.add_argument("--write", type=Path, help="update this markdown file's large-model section")
     p.add_argument("--forward", action="store_true", help="measure sensitivity and verify --forward instead")
+    p.add_argument(
+        "--recipes",
+        nargs="+",
+        metavar="RECIPE",
+        help="only these (default: every format's); --write keeps the section's other rows",
+    )
     p.add_argument("--generate", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.generate:
@@ -94,9 +133,13 @@ def main(argv: list[str] | None = None) -> None:
     scratch = data_dir / "scratch-large"
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir()
+    recipes = [r for r in (args.recipes or RECIPES) if bundled(r)]
+    skipped = sorted(set(args.recipes or RECIPES) - set(recipes))
+    if skipped:
+        log(f"not bundled, skipped: {', '.join(skipped)}")
     rows, peaks = [], []
     try:
-        for recipe in RECIPES:
+        for recipe in recipes:
             out = scratch / "out"
             walls, rss = [], []
             for run in range(args.runs):
@@ -124,21 +167,36 @@ def main(argv: list[str] | None = None) -> None:
             )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    run_line = (
+        f"Run {datetime.date.today().isoformat()} with `{display_command([sys.executable, *sys.argv])}`"
+    )
+    measured = {row[0] for row in rows}
+    old_rows, old_head = earlier_run(args.write) if args.recipes else ({}, [])
+    kept = {name: row for name, row in old_rows.items() if name not in measured}
+    if kept:  # a partial run: its rows in the table's order, the earlier run's others as they were
+        order = [f"convert --recipe {r}" for r in RECIPES]
+        by_name = {**kept, **{row[0]: row for row in rows}}
+        rows = [by_name[n] for n in order if n in by_name] + [r for n, r in by_name.items() if n not in order]
+        peaks += [float(row[2]) * 1e9 for row in kept.values()]
+        names = sorted(measured, key=order.index)
+        run_line += f": the rows of {', '.join(n.removeprefix('convert --recipe ') for n in names)}"
+        old_head = ["", "The other rows: " + old_head[0].removeprefix("The other rows: "), *old_head[1:]]
+    else:
+        old_head = []
     verdict = "met" if max(peaks) <= RSS_TARGET else "NOT met"
     body = "\n".join(
         [
-            "## Convert at 14B scale (memory flat in model size)",
+            TITLE,
             "",
-            f"Run {datetime.date.today().isoformat()} with `{display_command([sys.executable, *sys.argv])}`.",
+            f"{run_line}.",
             "",
             *(f"- {line}" for line in machine_lines(data_dir)),
             f"- Source: Wan2.1-14B-shaped (dim 5120, ffn 13824, 40 blocks), random bf16, 1 GB shards, "
             f"{gb(source_bytes(src))} GB; page cache partly warm (the machine has less RAM than twice the source). "
             f"{args.runs} run(s) each.",
+            *old_head,
             "",
-            markdown_table(
-                rows, ["case", "time min / median / max (s)", "peak RSS (GB)", "GB/s", "output (GB)"]
-            ),
+            markdown_table(rows, COLUMNS),
             "",
             f"Peak RSS target at 14B scale <= {RSS_TARGET / 1e9:.1f} GB: {verdict} (highest {gb(max(peaks))} GB; "
             "the 1.3B section above: the same code, a tenth of the model).",

@@ -153,6 +153,7 @@ SCHEMES = (
     Scheme("ComfyFP8Linear", "ComfyFP8Linear", "fp8 `_scaled_mm`, per-tensor scale"),
     Scheme("Int8Linear", "Int8Linear", "int8 `torch._int_mm`, W8A8"),
     Scheme("Float8Linear", "Float8Linear", "torchao `Float8Tensor`"),
+    Scheme("TorchaoInt8Linear", "TorchaoInt8Linear", "int8 `torch._int_mm`, torchao's W8A8"),
     Scheme("GGUFLinear Q8_0", "GGUFLinear", "decode + matmul", "Q8_0", has_fast_kernel=False),
     Scheme("NF4Linear", "NF4Linear", "bitsandbytes `matmul_4bit`"),
     Scheme("GGUFLinear Q4_K", "GGUFLinear", "decode + matmul", "Q4_K", has_fast_kernel=False),
