@@ -12,7 +12,16 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["TILE_ROWS", "TILE_COLS", "blocked_shape", "to_blocked", "from_blocked", "roundup"]
+__all__ = [
+    "TILE_ROWS",
+    "TILE_COLS",
+    "blocked_shape",
+    "padded_shape",
+    "padded",
+    "to_blocked",
+    "from_blocked",
+    "roundup",
+]
 
 TILE_ROWS = 128
 TILE_COLS = 4
@@ -20,6 +29,19 @@ TILE_COLS = 4
 
 def roundup(n: int, m: int) -> int:
     return -(-n // m) * m
+
+
+def padded_shape(rows: int, cols: int, block: int) -> tuple[int, int]:
+    """A weight's shape padded to whole blocks of `block` in both dims, as comfy-kitchen's layouts pad it."""
+    return roundup(rows, block), roundup(cols, block)
+
+
+def padded(x: torch.Tensor, block: int) -> torch.Tensor:
+    """2-D `x` with zeros appended to whole blocks of `block` in both dims (`x` itself where none are needed)."""
+    rows, cols = padded_shape(*x.shape, block)
+    if (rows, cols) == tuple(x.shape):
+        return x
+    return torch.nn.functional.pad(x, (0, cols - x.shape[1], 0, rows - x.shape[0]))
 
 
 def blocked_shape(rows: int, cols: int) -> tuple[int, int]:

@@ -38,10 +38,6 @@ E4M3_MAX = 448.0
 E8M0_BIAS = 127
 
 
-def _padded(rows: int, cols: int) -> tuple[int, int]:
-    return _blocked.roundup(rows, BLOCK), _blocked.roundup(cols, BLOCK)
-
-
 class ComfyMxfp8(_comfy.ComfyFormat):
     NAME = "comfy_mxfp8"
     ROW_SEPARABLE = True
@@ -51,7 +47,7 @@ class ComfyMxfp8(_comfy.ComfyFormat):
 
     def parts(self, shape: tuple[int, ...], options: FormatOptions = NO_OPTIONS) -> dict[str, PartSpec]:
         self.layout(options)
-        rows, cols = _padded(*shape)
+        rows, cols = _blocked.padded_shape(*shape, BLOCK)
         return {
             WEIGHT: ("F8_E4M3", (rows, cols)),
             SCALE: ("U8", _blocked.blocked_shape(rows, cols // BLOCK)),
@@ -69,9 +65,8 @@ class ComfyMxfp8(_comfy.ComfyFormat):
             raise ValueError(f"comfy_mxfp8 quantizes 2-D weights, got shape {list(weight.shape)}")
         own = self.layout(options)
         x = weight.float()
-        rows, cols = _padded(*x.shape)
-        if (rows, cols) != tuple(x.shape):
-            x = torch.nn.functional.pad(x, (0, cols - x.shape[1], 0, rows - x.shape[0]))
+        x = _blocked.padded(x, BLOCK)
+        rows, cols = x.shape
         blocks = x.view(rows, cols // BLOCK, BLOCK)
         amax = blocks.abs().amax(dim=-1)
         if not bool(torch.isfinite(amax).all()):

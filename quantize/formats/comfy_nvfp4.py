@@ -70,10 +70,6 @@ _MIDPOINTS = (
 )
 
 
-def _padded(rows: int, cols: int) -> tuple[int, int]:
-    return _blocked.roundup(rows, BLOCK), _blocked.roundup(cols, BLOCK)
-
-
 class ComfyNvfp4(_comfy.ComfyFormat):
     NAME = "comfy_nvfp4"
     ROW_SEPARABLE = True
@@ -83,7 +79,7 @@ class ComfyNvfp4(_comfy.ComfyFormat):
 
     def parts(self, shape: tuple[int, ...], options: FormatOptions = NO_OPTIONS) -> dict[str, PartSpec]:
         self.layout(options)
-        rows, cols = _padded(*shape)
+        rows, cols = _blocked.padded_shape(*shape, BLOCK)
         return {
             WEIGHT: ("U8", (rows, cols // 2)),
             SCALE: ("F8_E4M3", _blocked.blocked_shape(rows, cols // BLOCK)),
@@ -119,9 +115,8 @@ class ComfyNvfp4(_comfy.ComfyFormat):
         x = weight.float()
         if scale is None:
             scale = self.weight_options([x], own)["scale"]
-        rows, cols = _padded(*x.shape)
-        if (rows, cols) != tuple(x.shape):
-            x = torch.nn.functional.pad(x, (0, cols - x.shape[1], 0, rows - x.shape[0]))
+        x = _blocked.padded(x, BLOCK)
+        rows, cols = x.shape
         blocks = x.view(rows, cols // BLOCK, BLOCK)
         block_scale = (blocks.abs().amax(dim=-1) / E2M1_MAX / scale).clamp_(max=E4M3_MAX)
         stored = block_scale.to(torch.float8_e4m3fn)

@@ -21,16 +21,14 @@ weight in bf16, we refuse it at planning time so the recipe says what happens.
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
 
 import torch
 
-from . import format_info
 from ._e4m3 import FP8_MAX, dequantize_rows, quantize_rows, row_absmax
-from ._torchao import torchao
-from .base import Format, MetadataEntry, NonFiniteWeightError, PartSpec, UnsupportedShapeError
+from ._torchao import TorchaoFormat, torchao
+from .base import NonFiniteWeightError, PartSpec, UnsupportedShapeError
 from .options import NO_OPTIONS, FormatOptions
 
 __all__ = ["FORMAT", "TorchaoFp8", "QDATA", "SCALE", "to_float8_tensor"]
@@ -40,7 +38,7 @@ SCALE = "_weight_scale"
 HP_DTYPE = torch.bfloat16  # the precision torchao's PerRow config quantizes from
 
 
-class TorchaoFp8(Format):
+class TorchaoFp8(TorchaoFormat):
     NAME = "torchao_fp8"
     ROW_SEPARABLE = True
 
@@ -74,22 +72,12 @@ class TorchaoFp8(Format):
         """qdata.float() * scale, cast to `dtype`; only `rows` [r0, r1) of it if given."""
         return dequantize_rows(parts[QDATA], parts[SCALE], dtype, rows)
 
-    def quantization_config(self, kept_linears: list[str]) -> dict:
-        """diffusers' ``TorchAoConfig(Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())).to_dict()``."""
-        return {
-            "quant_method": format_info(self.NAME).quant_method,
-            "quant_type": {"default": copy.deepcopy(_CONFIG_DICT)},
-            "modules_to_not_convert": sorted(kept_linears) or None,
-        }
+    def config_dict(self) -> dict:
+        """``Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())``, as torchao's ``config_to_dict`` writes it."""
+        return _CONFIG_DICT
 
-    def checkpoint_metadata(self, tensors: list[MetadataEntry]) -> dict[str, str]:
-        """Every shard's torchao metadata: `tensors` lists (checkpoint name, weight shape if quantized else None,
-        options)."""
-        metadata = {}
-        for name, shape, _ in tensors:
-            metadata[name] = _weight_json(shape[1]) if shape is not None else json.dumps({"_type": "Tensor"})
-        metadata["tensor_names"] = json.dumps([name for name, _, _ in tensors])
-        return metadata
+    def weight_json(self, in_features: int) -> str:
+        return _weight_json(in_features)
 
 
 @functools.cache

@@ -22,16 +22,14 @@ torchao holds any 2-D shape (on CUDA its int8 matmul falls back where cuBLAS can
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
 
 import torch
 
-from . import format_info
 from ._e4m3 import row_absmax
-from ._torchao import torchao
-from .base import Format, MetadataEntry, NonFiniteWeightError, PartSpec
+from ._torchao import TorchaoFormat, torchao
+from .base import NonFiniteWeightError, PartSpec
 from .options import NO_OPTIONS, FormatOptions
 
 __all__ = ["FORMAT", "TorchaoInt8", "QDATA", "SCALE", "ZERO_POINT", "quantize_rows", "to_int8_tensor"]
@@ -44,7 +42,7 @@ HALF_RANGE = 127.5  # torchao's symmetric divisor: (quant_max - quant_min) / 2 f
 MIN_SCALE = torch.finfo(torch.float32).eps  # torchao's floor for a scale (2⁻²³, exact in bf16)
 
 
-class TorchaoInt8(Format):
+class TorchaoInt8(TorchaoFormat):
     NAME = "torchao_int8"
     ROW_SEPARABLE = True
 
@@ -79,22 +77,12 @@ class TorchaoInt8(Format):
             q, scale, zero = (t[rows[0] : rows[1]] for t in (q, scale, zero))
         return q.float().sub_(zero).mul_(scale).to(dtype)
 
-    def quantization_config(self, kept_linears: list[str]) -> dict:
-        """diffusers' ``TorchAoConfig(Int8DynamicActivationInt8WeightConfig()).to_dict()`` (PerRow, symmetric)."""
-        return {
-            "quant_method": format_info(self.NAME).quant_method,
-            "quant_type": {"default": copy.deepcopy(_CONFIG_DICT)},
-            "modules_to_not_convert": sorted(kept_linears) or None,
-        }
+    def config_dict(self) -> dict:
+        """``Int8DynamicActivationInt8WeightConfig()``, as torchao's ``config_to_dict`` writes it."""
+        return _CONFIG_DICT
 
-    def checkpoint_metadata(self, tensors: list[MetadataEntry]) -> dict[str, str]:
-        """Every shard's torchao metadata: `tensors` lists (checkpoint name, weight shape if quantized else None,
-        options)."""
-        metadata = {}
-        for name, shape, _ in tensors:
-            metadata[name] = _weight_json(shape[1]) if shape is not None else json.dumps({"_type": "Tensor"})
-        metadata["tensor_names"] = json.dumps([name for name, _, _ in tensors])
-        return metadata
+    def weight_json(self, in_features: int) -> str:
+        return _weight_json(in_features)
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
