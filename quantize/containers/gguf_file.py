@@ -61,8 +61,14 @@ def file_type(cp: ComponentPlan) -> int:
 def key_values(cp: ComponentPlan) -> dict[str, str | int]:
     arch = None if cp.family is None else cp.family.gguf_architecture
     if arch is None:
-        what = "a model of no known family" if cp.family is None else cp.family.title
-        raise InputError(f"{cp.component.dir}: {what} has no GGUF architecture: GGUF files need one")
+        if cp.family is None:
+            raise InputError(
+                f"{cp.component.dir}: a model of no known family has no GGUF architecture: GGUF files need one"
+            )
+        raise InputError(
+            f"{cp.component.dir}: {cp.family.title} has no GGUF architecture ({cp.family.no_gguf_why}): "
+            "convert it to another format (quantize recipes --for lists them)"
+        )
     return {
         "general.architecture": arch,
         "general.quantization_version": QUANTIZATION_VERSION,

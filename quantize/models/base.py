@@ -189,6 +189,8 @@ class Family:
     diffusers_marks: tuple[str, ...] = ()
     #: GGUF ``general.architecture`` (what ComfyUI-GGUF and llama.cpp tools read); None: no GGUF output
     gguf_architecture: str | None = None
+    #: why it has none, in words (what the refusal at plan time says): which reader lacks it
+    no_gguf_why: str = "no GGUF reader this tool writes for knows it"
     #: prefixes its LoRA keys carry in the wild (stripped, any of them, in any order)
     lora_prefixes: tuple[str, ...] = ()
     #: what a block's modulation table is called in its namings (a LoRA's ``diff_m`` adds to it)
