@@ -305,7 +305,8 @@ def _has_scaled_mm(device: torch.device, out_dtype: torch.dtype, rowwise: bool) 
     try:
         a = torch.zeros(16, 16, device=device).to(FP8_DTYPE)
         scale = torch.ones(16, 1, device=device) if rowwise else torch.ones((), device=device)
-        torch._scaled_mm(a, a.t(), scale_a=scale, scale_b=scale.t(), out_dtype=out_dtype)
+        mm = torch._scaled_mm if rowwise else _tensorwise_scaled_mm
+        mm(a, a.t(), scale_a=scale, scale_b=scale.t(), bias=None, out_dtype=out_dtype)
     except (
         Exception
     ):  # RuntimeError, NotImplementedError, TypeError; ValueError from some CUDA builds' checks
@@ -342,10 +343,30 @@ def _scaled_mm_with_bias(
     not supported when out_dtype is set to Float32"): there it is added after, as torchao does."""
     bias = None if bias is None else bias.to(out_dtype)
     fused = bias is None or not (a.is_cuda and out_dtype == torch.float32)
-    y = torch._scaled_mm(
-        a, b, scale_a=scale_a, scale_b=scale_b, bias=bias if fused else None, out_dtype=out_dtype
-    )
+    mm = _tensorwise_scaled_mm if scale_a.dim() == 0 and scale_b.dim() == 0 else torch._scaled_mm
+    y = mm(a, b, scale_a=scale_a, scale_b=scale_b, bias=bias if fused else None, out_dtype=out_dtype)
     return y if fused else y + bias
+
+
+def _tensorwise_scaled_mm(a, b, *, scale_a, scale_b, bias, out_dtype) -> torch.Tensor:
+    """One scale per operand, the op comfy-kitchen's `TensorCoreFP8Layout` linear calls (reference:
+    ``comfy_kitchen.scaled_mm_v2.scaled_mm_v2``): `F.scaled_mm` with tensor-wise recipes and no fast accumulation
+    where torch has it (2.10 on), else `torch._scaled_mm`. The two are separate kernels that may sum in another
+    order on some CPUs, so the float32 outputs agree with ComfyUI's bit for bit only through the same one."""
+    if not hasattr(F, "scaled_mm"):
+        return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, bias=bias, out_dtype=out_dtype)
+    tensorwise = F.ScalingType.TensorWise
+    return F.scaled_mm(
+        a,
+        b,
+        scale_a=scale_a,
+        scale_recipe_a=tensorwise,
+        scale_b=scale_b,
+        scale_recipe_b=tensorwise,
+        bias=bias,
+        output_dtype=out_dtype,
+        use_fast_accum=False,
+    )
 
 
 class FP8Linear(QuantizedLinear):
