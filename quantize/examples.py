@@ -86,6 +86,7 @@ def write_example(
             model.tensors,
             dtype=dtype,
             max_shard_size=max_shard_size,
+            stem=model.stem,
             config=model.config,
             seed=seed + i,
         )

@@ -90,11 +90,6 @@ def test_quantize_imports_nothing_of_loaders():
 def test_the_families_import_no_converter_verify_cli_or_format():
     modules = _imported("import quantize.models")
     quantize = [m for m in modules if m.startswith("quantize.")]
-    assert set(quantize) <= {
-        "quantize.models",
-        "quantize.models.base",
-        "quantize.models.wan",
-        "quantize.models.kandinsky5",
-        "quantize.errors",
-    }, quantize
+    # the package's own modules (a family each, the base, meta) and the errors: nothing of the converter's stages
+    assert all(m.startswith("quantize.models") or m == "quantize.errors" for m in quantize), quantize
     assert "torch" not in modules

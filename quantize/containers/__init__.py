@@ -131,5 +131,8 @@ def component_stem(component: str) -> str:
 def write_config(out_dir: Path, cp: ComponentPlan, fmt: Format) -> Path:
     """The component's config.json: the source's config with the format's quantization_config."""
     path = out_dir / CONFIG_NAME
-    write_file(path, config_text(config_with_quantization(fmt, cp.component.config, cp.kept_linears())))
+    config = cp.component.config
+    if config is None and cp.family is not None:  # a release without config.json: its family's for it
+        config = cp.family.release_config(cp.component.tensors, cp.component.dir)
+    write_file(path, config_text(config_with_quantization(fmt, config, cp.kept_linears())))
     return path

@@ -26,7 +26,9 @@ from .base import (
     SourceLayout,
 )
 from .kandinsky5 import KANDINSKY5
+from .skyreels_v2 import SKYREELS_V2
 from .wan import WAN
+from .wan_vace import WAN_VACE
 
 __all__ = [
     "FAMILIES",
@@ -52,7 +54,7 @@ __all__ = [
 ]
 
 #: every family the tool knows, in the order detection asks them
-FAMILIES: tuple[Family, ...] = (WAN, KANDINSKY5)
+FAMILIES: tuple[Family, ...] = (WAN_VACE, SKYREELS_V2, WAN, KANDINSKY5)
 #: the family `quantize example` (and `examples.write_example`) makes when none is named
 DEFAULT_FAMILY: str = WAN.name
 
@@ -73,10 +75,11 @@ def family_of_class(config_class: str | None) -> Family | None:
 def family_of(config_class: str | None, names: Iterable[str]) -> Family | None:
     """The family of a model whose config names `config_class` and whose tensors are `names`: by the class
     when one family is registered by it, else by the names' marks; None when no family knows it."""
-    by_class = family_of_class(config_class)
+    names = list(names)
+    # by the class, each family seeing the names too (a variant's release may name its base's class)
+    by_class = next((f for f in FAMILIES if config_class is not None and f.owns(config_class, names)), None)
     if by_class is not None:
         return by_class
-    names = list(names)
     return next((f for f in FAMILIES if f.naming(names) is not None), None)
 
 

@@ -164,11 +164,12 @@ class ModelInputs:
 @dataclass(frozen=True)
 class ExampleModel:
     """One model of an example checkpoint: its folder (``.``: the root), tensors (name, shape) in module order,
-    and config.json."""
+    config.json (None: a release that has none), and the stem of its safetensors file names."""
 
     component: str
     tensors: list[tuple[str, tuple[int, ...]]]
-    config: dict
+    config: dict | None
+    stem: str = "diffusion_pytorch_model"
 
 
 class Family:
@@ -311,6 +312,11 @@ class Family:
         """`diffusers_class`'s config for a native config.json (one of `native_classes`), what the config does not
         say read off the tensor shapes."""
         raise InputError(f"{where}: {self.title} has no original config this tool can run")
+
+    def release_config(self, tensors: Mapping[str, TensorInfo], where: Path) -> dict | None:
+        """The config.json of a release that ships none (`diffusers_class`'s, read off the tensor shapes): what a
+        checkpoint converted from it is written with, so that it loads as that class. None: no such release."""
+        return None
 
     # --- the card --------------------------------------------------------------------------------
 

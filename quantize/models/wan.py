@@ -31,55 +31,99 @@ if TYPE_CHECKING:
 
     from ..read.checkpoint import Component, TensorInfo
 
-__all__ = ["WAN", "Wan", "WanShape", "NAMES"]
+__all__ = [
+    "WAN",
+    "Wan",
+    "WanShape",
+    "NAMES",
+    "BLOCK_MODULES",
+    "ROOT_MODULES",
+    "VARIANT_MARKS",
+    "wan_naming",
+    "wan_tensors",
+    "wan_config",
+    "wan_block_tensors",
+]
+
+#: diffusers module -> native module, outside the blocks (every Wan variant has these)
+ROOT_MODULES = {
+    "patch_embedding": "patch_embedding",
+    "condition_embedder.time_embedder.linear_1": "time_embedding.0",
+    "condition_embedder.time_embedder.linear_2": "time_embedding.2",
+    "condition_embedder.text_embedder.linear_1": "text_embedding.0",
+    "condition_embedder.text_embedder.linear_2": "text_embedding.2",
+    "condition_embedder.time_proj": "time_projection.1",
+    "condition_embedder.image_embedder.norm1": "img_emb.proj.0",
+    "condition_embedder.image_embedder.ff.net.0.proj": "img_emb.proj.1",
+    "condition_embedder.image_embedder.ff.net.2": "img_emb.proj.3",
+    "condition_embedder.image_embedder.norm2": "img_emb.proj.4",
+    "proj_out": "head.head",
+}
+
+#: inside a block: diffusers module -> native module (a VACE block has these too, and its two projections)
+BLOCK_MODULES = {
+    **{f"attn1.{d}": f"self_attn.{n}" for d, n in (("to_q", "q"), ("to_k", "k"), ("to_v", "v"))},
+    "attn1.to_out.0": "self_attn.o",
+    "attn1.norm_q": "self_attn.norm_q",
+    "attn1.norm_k": "self_attn.norm_k",
+    **{f"attn2.{d}": f"cross_attn.{n}" for d, n in (("to_q", "q"), ("to_k", "k"), ("to_v", "v"))},
+    "attn2.to_out.0": "cross_attn.o",
+    "attn2.norm_q": "cross_attn.norm_q",
+    "attn2.norm_k": "cross_attn.norm_k",
+    "attn2.add_k_proj": "cross_attn.k_img",
+    "attn2.add_v_proj": "cross_attn.v_img",
+    "attn2.norm_added_k": "cross_attn.norm_k_img",
+    "norm1": "norm1",
+    "norm2": "norm3",
+    "norm3": "norm2",
+    "ffn.net.0.proj": "ffn.0",
+    "ffn.net.2": "ffn.2",
+}
 
 NAMES = BlockNames(
-    root_modules={
-        "patch_embedding": "patch_embedding",
-        "condition_embedder.time_embedder.linear_1": "time_embedding.0",
-        "condition_embedder.time_embedder.linear_2": "time_embedding.2",
-        "condition_embedder.text_embedder.linear_1": "text_embedding.0",
-        "condition_embedder.text_embedder.linear_2": "text_embedding.2",
-        "condition_embedder.time_proj": "time_projection.1",
-        "condition_embedder.image_embedder.norm1": "img_emb.proj.0",
-        "condition_embedder.image_embedder.ff.net.0.proj": "img_emb.proj.1",
-        "condition_embedder.image_embedder.ff.net.2": "img_emb.proj.3",
-        "condition_embedder.image_embedder.norm2": "img_emb.proj.4",
-        "proj_out": "head.head",
-    },
+    root_modules=ROOT_MODULES,
     root_tensors={"scale_shift_table": "head.modulation"},
-    blocks=(
-        Blocks(
-            "blocks",
-            "blocks",
-            modules={
-                **{f"attn1.{d}": f"self_attn.{n}" for d, n in (("to_q", "q"), ("to_k", "k"), ("to_v", "v"))},
-                "attn1.to_out.0": "self_attn.o",
-                "attn1.norm_q": "self_attn.norm_q",
-                "attn1.norm_k": "self_attn.norm_k",
-                **{f"attn2.{d}": f"cross_attn.{n}" for d, n in (("to_q", "q"), ("to_k", "k"), ("to_v", "v"))},
-                "attn2.to_out.0": "cross_attn.o",
-                "attn2.norm_q": "cross_attn.norm_q",
-                "attn2.norm_k": "cross_attn.norm_k",
-                "attn2.add_k_proj": "cross_attn.k_img",
-                "attn2.add_v_proj": "cross_attn.v_img",
-                "attn2.norm_added_k": "cross_attn.norm_k_img",
-                "norm1": "norm1",
-                "norm2": "norm3",
-                "norm3": "norm2",
-                "ffn.net.0.proj": "ffn.0",
-                "ffn.net.2": "ffn.2",
-            },
-            tensors={"scale_shift_table": "modulation"},
-        ),
-    ),
+    blocks=(Blocks("blocks", "blocks", modules=BLOCK_MODULES, tensors={"scale_shift_table": "modulation"}),),
 )
+
+#: tensor-name prefixes only Wan's variants have (each a family of its own, asked before Wan): VACE's control
+#: blocks, Animate's motion and face encoders and face adapter, SkyReels-V2's fps conditioning. Wan claims no model
+#: that has one of them, so that a variant's source is detected as the variant alone.
+VARIANT_MARKS = (
+    "vace_blocks.",
+    "vace_patch_embedding.",
+    "motion_encoder.",
+    "face_encoder.",
+    "face_adapter.",
+    "pose_patch_embedding.",
+    "fps_embedding.",
+    "fps_projection.",
+)
+
+_NATIVE_MARKS = ("head.modulation", "blocks.0.self_attn.")
+_DIFFUSERS_MARKS = ("condition_embedder.", "blocks.0.attn1.")
+
+
+def wan_naming(names, native=_NATIVE_MARKS, diffusers=_DIFFUSERS_MARKS) -> str | None:
+    """Which Wan naming `names` follow (``native``, ``diffusers``, ``mixed`` or None), by Wan's marks whatever
+    else they hold: what a variant's names are, once its own marks said it is the variant."""
+    names = list(names)
+    is_native = any(n.startswith(native) for n in names)
+    is_diffusers = any(n.startswith(diffusers) for n in names)
+    if is_native and is_diffusers:
+        return "mixed"
+    return "native" if is_native else "diffusers" if is_diffusers else None
+
 
 _EXPERTS = ("high_noise_model", "low_noise_model")
 _CAMERA_MARKS = ("patch_embedding_wancamctrl.", "c2ws_hidden_states_layer1.")
 
 
 # --- a forward pass's inputs -----------------------------------------------------------------------
+
+#: the latent channels of Wan2.2's VAE (TI2V-5B's in_dim and out_dim), whose pipeline expands the timestep to one
+#: per latent token (``expand_timesteps``): the first frame's tokens, the image, at 0
+TI2V_CHANNELS = 48
 
 
 def _keys(config: dict) -> tuple[str, ...]:
@@ -108,6 +152,10 @@ def _random(config: dict, g: torch.Generator) -> dict[str, torch.Tensor]:
         timestep=torch.tensor([500]),
         encoder_hidden_states=torch.randn(1, 8, config["text_dim"], generator=g),
     )
+    if (
+        config["in_channels"] == TI2V_CHANNELS
+    ):  # Wan2.2 TI2V: one timestep per latent token (2 * 8 * 8 of them)
+        inputs["timestep"] = torch.randint(0, 1000, (1, 2 * 8 * 8), generator=g)
     if config.get("image_dim"):
         inputs["encoder_hidden_states_image"] = torch.randn(1, 4, config["image_dim"], generator=g)
     return inputs
@@ -141,6 +189,7 @@ class WanShape:
     freq_dim: int = 256
     image_dim: int | None = None  # 1280 for I2V models (img_emb, k_img, v_img)
     camera: bool = False  # LingBot-World's camera/action layers
+    model_type: str | None = None  # config.json's, when not t2v/i2v (Wan2.2 TI2V's "ti2v")
 
 
 #: folder layouts of the examples: component subfolders ("." is the root), I2V parts, camera layers
@@ -149,6 +198,8 @@ _LAYOUTS = {
     "i2v": {"components": ["."], "image": True, "camera": False},
     "a14b": {"components": list(_EXPERTS), "image": False, "camera": False},
     "lingbot": {"components": list(_EXPERTS), "image": False, "camera": True},
+    # Wan2.2 TI2V-5B: one model, Wan2.2's 48-channel latents in and out, text and image to video
+    "ti2v": {"components": ["."], "image": False, "camera": False, "channels": TI2V_CHANNELS},
 }
 
 
@@ -174,16 +225,7 @@ def wan_tensors(s: WanShape) -> list[tuple[str, tuple[int, ...]]]:
         t += _linear("c2ws_hidden_states_layer1", d, d) + _linear("c2ws_hidden_states_layer2", d, d)
     for i in range(s.num_layers):
         b = f"blocks.{i}"
-        for attn in ("self_attn", "cross_attn"):
-            for p in ("q", "k", "v", "o"):
-                t += _linear(f"{b}.{attn}.{p}", d, d)
-            t += [(f"{b}.{attn}.norm_q.weight", (d,)), (f"{b}.{attn}.norm_k.weight", (d,))]
-        if s.image_dim:
-            t += _linear(f"{b}.cross_attn.k_img", d, d) + _linear(f"{b}.cross_attn.v_img", d, d)
-            t += [(f"{b}.cross_attn.norm_k_img.weight", (d,))]
-        t += [(f"{b}.norm3.weight", (d,)), (f"{b}.norm3.bias", (d,))]
-        t += _linear(f"{b}.ffn.0", s.ffn_dim, d) + _linear(f"{b}.ffn.2", d, s.ffn_dim)
-        t += [(f"{b}.modulation", (1, 6, d))]
+        t += wan_block_tensors(s, b)
         if s.camera:
             for p in ("cam_injector_layer1", "cam_injector_layer2", "cam_scale_layer", "cam_shift_layer"):
                 t += _linear(f"{b}.{p}", d, d)
@@ -196,12 +238,28 @@ def wan_tensors(s: WanShape) -> list[tuple[str, tuple[int, ...]]]:
     return t
 
 
+def wan_block_tensors(s: WanShape, b: str) -> list[tuple[str, tuple[int, ...]]]:
+    """Names and shapes of one original Wan attention block called `b` (``blocks.3``), in module order."""
+    d = s.dim
+    t: list[tuple[str, tuple[int, ...]]] = []
+    for attn in ("self_attn", "cross_attn"):
+        for p in ("q", "k", "v", "o"):
+            t += _linear(f"{b}.{attn}.{p}", d, d)
+        t += [(f"{b}.{attn}.norm_q.weight", (d,)), (f"{b}.{attn}.norm_k.weight", (d,))]
+    if s.image_dim:
+        t += _linear(f"{b}.cross_attn.k_img", d, d) + _linear(f"{b}.cross_attn.v_img", d, d)
+        t += [(f"{b}.cross_attn.norm_k_img.weight", (d,))]
+    t += [(f"{b}.norm3.weight", (d,)), (f"{b}.norm3.bias", (d,))]
+    t += _linear(f"{b}.ffn.0", s.ffn_dim, d) + _linear(f"{b}.ffn.2", d, s.ffn_dim)
+    return t + [(f"{b}.modulation", (1, 6, d))]
+
+
 def wan_config(s: WanShape) -> dict:
     """config.json as the original Wan releases write it."""
     return {
         "_class_name": "WanModel",
         "_diffusers_version": "0.30.0",
-        "model_type": "i2v" if s.image_dim else "t2v",
+        "model_type": s.model_type or ("i2v" if s.image_dim else "t2v"),
         "dim": s.dim,
         "eps": 1e-06,
         "ffn_dim": s.ffn_dim,
@@ -220,8 +278,8 @@ class Wan(Family):
     diffusers_class = "WanTransformer3DModel"
     native_classes = ("WanModel",)
     names = NAMES
-    native_marks = ("head.modulation", "blocks.0.self_attn.")
-    diffusers_marks = ("condition_embedder.", "blocks.0.attn1.")
+    native_marks = _NATIVE_MARKS
+    diffusers_marks = _DIFFUSERS_MARKS
     gguf_architecture = "wan"
     modulation_names = ("modulation", "scale_shift_table")
     lora_prefixes = (
@@ -274,9 +332,27 @@ class Wan(Family):
         "small": WanShape(dim=256, ffn_dim=768, num_layers=4, num_heads=2),
         "1.3b": WanShape(dim=1536, ffn_dim=8960, num_layers=30, num_heads=12),
         "14b": WanShape(dim=5120, ffn_dim=13824, num_layers=40, num_heads=40),
+        # Wan2.2 TI2V-5B (with --layout ti2v: 48 channels in and out)
+        "5b": WanShape(dim=3072, ffn_dim=14336, num_layers=30, num_heads=24),
     }
     example_layouts = tuple(_LAYOUTS)
     default_preset = "small"
+
+    def naming(self, names) -> str | None:
+        """Wan's namings (`Family.naming`), and None for a model with a variant's tensors (`VARIANT_MARKS`): that
+        is the variant's, not Wan's."""
+        names = list(names)
+        if any(n.startswith(VARIANT_MARKS) for n in names):
+            return None
+        return super().naming(names)
+
+    def owns(self, config_class: str | None, names) -> bool:
+        """Its classes, or its names; not a model that carries a variant's tensors whatever its config says (a
+        variant's release may name Wan's ``WanModel``)."""
+        names = list(names)
+        if any(n.startswith(VARIANT_MARKS) for n in names):
+            return False
+        return super().owns(config_class, names)
 
     def layouts(self, folder: Path, open_: Callable[[str], Component | None]) -> list[SourceLayout]:
         found = []
@@ -296,7 +372,7 @@ class Wan(Family):
                 why = f"Wan, diffusers layout ({self.diffusers_class} in transformer/)"
                 found.append(self.layout(why, "wan-diffusers"))
         root = open_(".")
-        if root is not None:
+        if root is not None and not _variant_config(root):
             if self.naming(root.tensors) == "native":
                 why = f"Wan2.1/2.2 {_kind(root)}, original names, one model at the root"
                 found.append(self.layout(why, "wan"))
@@ -354,11 +430,14 @@ class Wan(Family):
             )
         spec = _LAYOUTS[layout]
         image = spec["image"]
+        channels = spec.get("channels", 16)
         shape = replace(
             self.presets[preset],
             image_dim=1280 if image else None,
-            in_dim=36 if image else 16,
+            in_dim=36 if image else channels,
+            out_dim=channels,
             camera=spec["camera"],
+            model_type="ti2v" if channels == TI2V_CHANNELS else None,
         )
         return shape, spec
 
@@ -384,6 +463,15 @@ class Wan(Family):
                     (f"{module}.alpha", (), "F32"),
                 ]
         return tensors
+
+
+#: config.json fields only a variant's release writes (SkyReels-V2's own ``WanModel`` config has
+#: ``inject_sample_info``; VACE's ``vace_layers``): such a folder is the variant's, not Wan's
+VARIANT_CONFIG_KEYS = ("inject_sample_info", "vace_layers", "vace_in_dim")
+
+
+def _variant_config(comp: Component) -> bool:
+    return any(k in (comp.config or {}) for k in VARIANT_CONFIG_KEYS)
 
 
 def _kind(comp: Component) -> str:

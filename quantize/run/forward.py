@@ -24,7 +24,7 @@ layers) sees it as that runtime would: with its static input scale (`convert --c
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +35,7 @@ from .. import dtypes
 from ..encode import row_chunks
 from ..errors import InputError
 from ..formats import Format, format_for
-from ..models import FAMILIES, Family, ModelInputs, family_of_class
+from ..models import FAMILIES, Family, ModelInputs, family_of, family_of_class
 from ..plan import ComponentPlan, TensorPlan
 from ..process import release_free_memory
 from ..read.checkpoint import CONFIG_NAME, Component, read_rows, read_tensor
@@ -145,10 +145,12 @@ class Runnable:
         return self.family.inputs
 
 
-def _runnable_family(config: dict | None, where: Path) -> Family:
-    """The family whose diffusers class (or original release) `config` names; `InputError` otherwise."""
+def _runnable_family(config: dict | None, where: Path, names: Iterable[str] = ()) -> Family:
+    """The family whose diffusers class (or original release) `config` names, or, where it names no class (a
+    release without config.json), the family of the tensor `names`; `InputError` otherwise."""
     name = (config or {}).get("_class_name")
-    family = family_of_class(name)
+    # a class no family is registered by runs nothing; one that is, by the family that owns the model's names too
+    family = family_of(name, names) if name is None or family_of_class(name) is not None else None
     if family is None:
         runs = ", ".join(
             f"{f.diffusers_class}{''.join(f' / {n}' for n in f.native_classes)}" for f in FAMILIES
@@ -163,8 +165,8 @@ def require_known_models(source: SourceFolder, inputs: Path | None = None) -> No
     families = {}
     for rel in source.components:
         component = source.component(rel)
-        family = _runnable_family(component.config, component.dir)
-        if component.config.get("_class_name") in family.native_classes:
+        family = _runnable_family(component.config, component.dir, component.tensors)
+        if (component.config or {}).get("_class_name") != family.diffusers_class:
             family.runnable_names(list(component.tensors), component.dir)
         families[family.name] = family
     if inputs is not None:
@@ -178,9 +180,9 @@ def require_known_models(source: SourceFolder, inputs: Path | None = None) -> No
 
 def runnable(cp: ComponentPlan) -> Runnable:
     """How to run the component `cp` plans; `InputError` naming the config or tensor when we cannot."""
-    config = {k: v for k, v in cp.component.config.items() if k != "quantization_config"}
+    config = {k: v for k, v in (cp.component.config or {}).items() if k != "quantization_config"}
     where = cp.component.dir
-    family = _runnable_family(config, where)
+    family = _runnable_family(config, where, cp.component.tensors)
     if config.get("_class_name") == family.diffusers_class:
         return Runnable(family, config, {tp.name: tp for tp in cp.tensors})
     renamed = family.runnable_names([tp.name for tp in cp.tensors], where)

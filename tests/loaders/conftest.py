@@ -30,8 +30,8 @@ MODELS = {
         models.kandinsky5_inputs,
     ),
 }
-#: the formats each model converts to: Kandinsky 5 has no native names, so none of ComfyUI's or GGUF's
-MODEL_FORMATS = {"wan": FORMATS, "kandinsky5": SOURCE_NAMED}
+#: the formats each model converts to: Kandinsky 5 has no GGUF architecture ComfyUI-GGUF reads
+MODEL_FORMATS = {"wan": FORMATS, "kandinsky5": [f for f in FORMATS if f != "gguf"]}
 #: (model, format) for every checkpoint a model has
 CASES = [(model, fmt) for model, formats in MODEL_FORMATS.items() for fmt in formats]
 _WAN_RECIPES = {
@@ -48,18 +48,14 @@ _WAN_RECIPES = {
 
 
 def recipe_for(model: str, fmt: str, where: Path) -> Path:
-    """The bundled recipe for this model and format; Kandinsky 5's is torchao's with the format changed."""
+    """The bundled recipe for this model and format (Kandinsky 5's diffusers-layout default for it)."""
     if model == "wan":
         name = _WAN_RECIPES[fmt]
-        text = bundled_recipes()[name + ".yaml"]
     else:
-        if fmt not in SOURCE_NAMED:
-            raise ValueError(f"Kandinsky 5 has no native names: no {fmt} checkpoint of it")
-        name = f"kandinsky5-{fmt}"
-        text = bundled_recipes()["kandinsky5-torchao-fp8.yaml"]
-        text = text.replace("name: kandinsky5-torchao-fp8", f"name: {name}").replace(
-            "format: torchao_fp8", f"format: {fmt}"
-        )
+        if fmt not in MODEL_FORMATS[model]:
+            raise ValueError(f"Kandinsky 5 has no GGUF architecture: no {fmt} checkpoint of it")
+        name = get_family("kandinsky5").default_recipes["kandinsky5"][fmt]
+    text = bundled_recipes()[name + ".yaml"]
     path = where / f"{name}.yaml"
     path.write_text(text)
     return path

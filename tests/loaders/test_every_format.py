@@ -44,7 +44,7 @@ from loaders.modules import (
 from quantize.errors import InputError
 from quantize.formats import format_for, format_info, get_format
 from quantize.formats.options import GgufOptions
-from quantize.models import get_family
+from quantize.models import FAMILIES, get_family
 from quantize.read.checkpoint import open_component, read_tensor
 from quantize.run.forward import forward_sqnr_db, load_inputs
 from tests import diffusers_models as models
@@ -344,9 +344,10 @@ def _every_name_foreign(tensors):
     """Names of no family (and a config class of none): nothing to rename through."""
     for key in list(tensors):
         tensors["model." + key] = tensors.pop(key)
+    known = re.escape(", ".join(f.title for f in FAMILIES))
     return (
         r"its config names 'SomeTransformer' and its tensor names \(e\.g\. 'model\.[^']+'\) are of no model family "
-        r"this tool knows \(Wan, Kandinsky 5\); the model is a Wan model"
+        rf"this tool knows \({known}\); the model is a Wan model"
     )
 
 

@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+"""Every family's ComfyUI and GGUF files in the REAL ComfyUI and ComfyUI-GGUF, on the CPU: detection and loading.
+
+    python3 benchmarks/comfyui_families.py COMFYUI_DIR COMFYUI_GGUF_DIR WORK_DIR [--families F,F] [--only REGEX]
+
+`../shared/tools/comfyui_check.py` checks Wan (detection, keys, quantized layers, and a forward against bf16);
+this runs its environment and its loading (`import_comfy`, `Runner.load`, `Runner.quantized_layers`, imported
+from that file) over the other families, whose forwards ComfyUI conditions in family-specific ways. For each
+family, example layout and native-named format (the ones ComfyUI reads: comfy_fp8, comfy_int8, comfy_nvfp4,
+comfy_mxfp8, gguf):
+
+  - `quantize example --family F --layout L` writes the source, `quantize convert --format FMT` its file (a plan-time
+    refusal, exit 2, is reported as such and counts as passed when the family names no GGUF architecture);
+  - ComfyUI loads the file as its nodes do (Load Diffusion Model / Unet Loader (GGUF)) and must detect the
+    family's model class (`EXPECTED`), log no missing / unexpected / left-over keys, and hold every layer the file
+    stores quantized as a quantized tensor of the file's layout or GGML type, and no other;
+  - the bf16 source (merged into one file, its own names) is loaded the same way: the example's dimensions are
+    ones ComfyUI detects.
+
+Prints one line per case and a SUMMARY line. Exit 0: every case passed; 1: one failed; 2: set-up failed.
+Not part of `make test` (ComfyUI is not on PyPI); run it on every change to a family's names or examples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CHECK = REPO.parent / "shared" / "tools" / "comfyui_check.py"
+
+#: family -> example layouts to try -> the ComfyUI model classes (comfy/supported_models.py) that may detect it
+EXPECTED = {
+    "ltx2": {"*": {"LTXAV", "LTXV"}},
+    "hunyuanvideo15": {"*": {"HunyuanVideo15"}},
+    "minimax_h3": {"*": {"MiniMaxH3"}},
+    "kandinsky5": {"*": {"Kandinsky5"}},
+    "wan_vace": {"*": {"WAN21_Vace"}},
+    "wan_animate": {"*": {"WAN22_Animate", "WAN_Animate2"}},
+    "skyreels_v2": {"*": {"WAN21_T2V", "WAN21_I2V"}},
+    "wan": {"ti2v": {"WAN22_T2V"}},
+}
+FORMATS = ["comfy_fp8", "comfy_int8", "comfy_nvfp4", "comfy_mxfp8", "gguf"]
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("comfyui", type=Path)
+    p.add_argument("comfyui_gguf", type=Path)
+    p.add_argument("work", type=Path)
+    p.add_argument("--quantize", default=str(REPO / ".venv" / "bin" / "quantize"))
+    p.add_argument(
+        "--families", default=None, help="comma-separated family names (default: every one in EXPECTED)"
+    )
+    p.add_argument("--only", default=None, help="regex on case ids")
+    p.add_argument("--venv", type=Path, default=None)
+    p.add_argument("--no-venv", action="store_true")
+    a = p.parse_args()
+    a.comfyui, a.comfyui_gguf, a.work = a.comfyui.resolve(), a.comfyui_gguf.resolve(), a.work.resolve()
+    a.venv = (a.venv or a.work / "venv").resolve()
+    a.min_sqnr = 0.0
+    return a
+
+
+def _check_module():
+    spec = importlib.util.spec_from_file_location("comfyui_check", CHECK)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _merged(folder: Path, out: Path) -> Path:
+    """The bf16 source's tensors in one safetensors file (its own names): what ComfyUI's loader is given."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    for f in sorted(folder.rglob("*.safetensors")):
+        with safe_open(str(f), "pt") as h:
+            tensors.update({k: h.get_tensor(k).contiguous() for k in h.keys()})
+    save_file(tensors, out)
+    return out
+
+
+def _case(runner, check, case_id: str, path: Path, expected: set[str]) -> dict:
+    r = dict(id=case_id, ok=False)
+    runner.cap.records.clear()
+    t0 = time.time()
+    try:
+        patcher = runner.load(case_id, path)
+        m = patcher.model
+        r["class"] = type(m.model_config).__name__
+        logs = list(runner.cap.records)
+        for key, mark in (
+            ("missing", "unet missing"),
+            ("unexpected", "unet unexpected"),
+            ("leftover", "left over keys"),
+        ):
+            r[key] = sum((check._keys_in(x) for x in logs if x.startswith(mark)), [])
+        want, found = runner.quantized_layers(patcher, path)
+        r["q"] = f"{len(found)}/{len(want)}"
+        r["q_mismatch"] = sorted(k for k in set(want) | set(found) if want.get(k) != found.get(k))
+        r["layouts"] = sorted(set(found.values()))
+        del patcher, m
+    except Exception as e:  # noqa: BLE001
+        r["error"] = f"{type(e).__name__}: {str(e).strip()[:400]} [{check.where(e, runner.roots)}]"
+    r["secs"] = time.time() - t0
+    runner.mm.unload_all_models()
+    gc.collect()
+    r["ok"] = (
+        "error" not in r
+        and r["class"] in expected
+        and not r["missing"]
+        and not r["unexpected"]
+        and not r["leftover"]
+        and not r["q_mismatch"]
+    )
+    return r
+
+
+def _line(r: dict) -> str:
+    s = f"{'PASS' if r['ok'] else 'FAIL':4} {r['id']:58} "
+    if "refused" in r:
+        return s + f"refused at plan time: {r['refused']}"
+    if r.get("class"):
+        s += f"{r['class']} missing {len(r['missing'])} unexpected {len(r['unexpected'])} leftover {len(r['leftover'])} "
+        s += f"quant {r['q']} {','.join(r['layouts']) or '-'} "
+    if "error" in r:
+        s += f"ERROR {r['error']}"
+    for k in ("missing", "unexpected", "leftover", "q_mismatch"):
+        if r.get(k):
+            s += f"\n       {k}: {r[k][:8]}"
+    return s.rstrip()
+
+
+def main() -> int:
+    args = parse_args()
+    sys.path.insert(0, str(REPO))
+    check = _check_module()
+    if not args.no_venv and os.path.realpath(sys.prefix) != os.path.realpath(args.venv):
+        py = check.ensure_venv(args)
+        os.execv(
+            str(py),
+            [str(py), os.path.abspath(__file__), *sys.argv[1:], "--no-venv", "--venv", str(args.venv)],
+        )
+    for sub in ("fam-src", "fam-out", "fam-ref", "models", "logs"):
+        shutil.rmtree(args.work / sub, ignore_errors=True)
+        (args.work / sub).mkdir(parents=True)
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    mm, folder_paths, nodes, gg = check.import_comfy(args)
+    runner = check.Runner(args, mm, folder_paths, nodes, gg)
+    from quantize.models import get_family
+
+    print(
+        f"ComfyUI {check.tree_rev(args.comfyui)}, ComfyUI-GGUF {check.tree_rev(args.comfyui_gguf)}",
+        flush=True,
+    )
+    only = re.compile(args.only) if args.only else None
+    families = args.families.split(",") if args.families else list(EXPECTED)
+    results = []
+    for family in families:
+        by_layout = EXPECTED[family]
+        fam = get_family(family)
+        layouts = [lay for lay in fam.example_layouts if lay in by_layout] or (
+            list(fam.example_layouts) if "*" in by_layout else []
+        )
+        for layout in layouts:
+            expected = by_layout.get(layout, by_layout.get("*", set()))
+            src = args.work / "fam-src" / f"{family}-{layout}"
+            p = subprocess.run(
+                [args.quantize, "example", str(src), "--family", family, "--layout", layout],
+                capture_output=True,
+                text=True,
+            )
+            if p.returncode:
+                r = dict(
+                    id=f"{family}/{layout}/example", ok=False, error=(p.stdout + p.stderr).strip()[-300:]
+                )
+                results.append(r)
+                print(_line(r), flush=True)
+                continue
+            natives = [c for c in sorted({f.parent for f in src.rglob("*.safetensors")})]
+            for comp in natives:
+                rel = comp.relative_to(src).as_posix() or "."
+                cid = f"{family}/{layout}/{rel}/bf16-source"
+                if only and not only.search(cid):
+                    continue
+                ref = _merged(
+                    comp, args.work / "fam-ref" / f"{family}-{layout}-{rel.replace('/', '_')}.safetensors"
+                )
+                r = _case(runner, check, cid, ref, expected)
+                results.append(r)
+                print(_line(r), flush=True)
+            for fmt in FORMATS:
+                cid = f"{family}/{layout}/{fmt}"
+                if only and not only.search(cid):
+                    continue
+                out = args.work / "fam-out" / f"{family}-{layout}-{fmt}"
+                p = subprocess.run(
+                    [args.quantize, "convert", str(src), str(out), "--format", fmt],
+                    capture_output=True,
+                    text=True,
+                )
+                (args.work / "logs" / f"{family}-{layout}-{fmt}.log").write_text(p.stdout + p.stderr)
+                if p.returncode:
+                    text = (p.stdout + p.stderr).strip().splitlines()[-1:] or [""]
+                    refusal = p.returncode == 2 and fmt == "gguf" and fam.gguf_architecture is None
+                    r = dict(id=cid, ok=refusal, refused=text[0][:300])
+                    results.append(r)
+                    print(_line(r), flush=True)
+                    continue
+                files = sorted(out.rglob("*.gguf" if fmt == "gguf" else "*.safetensors"))
+                for f in files:
+                    r = _case(runner, check, f"{cid}/{f.relative_to(out).as_posix()}", f, expected)
+                    results.append(r)
+                    print(_line(r), flush=True)
+    failed = [r for r in results if not r["ok"]]
+    print(f"SUMMARY {len(results) - len(failed)}/{len(results)} passed", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
