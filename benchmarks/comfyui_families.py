@@ -41,11 +41,11 @@ CHECK = REPO.parent / "shared" / "tools" / "comfyui_check.py"
 EXPECTED = {
     "ltx2": {"*": {"LTXAV", "LTXV"}},
     "hunyuanvideo15": {"*": {"HunyuanVideo15"}},
-    "minimax_h3": {"*": {"MiniMaxH3"}},
+    "minimax-h3": {"*": {"MiniMaxH3"}},
     "kandinsky5": {"*": {"Kandinsky5"}},
-    "wan_vace": {"*": {"WAN21_Vace"}},
-    "wan_animate": {"*": {"WAN22_Animate", "WAN_Animate2"}},
-    "skyreels_v2": {"*": {"WAN21_T2V", "WAN21_I2V"}},
+    "wan-vace": {"*": {"WAN21_Vace"}},
+    "wan-animate": {"*": {"WAN22_Animate", "WAN_Animate2"}},
+    "skyreels-v2": {"*": {"WAN21_T2V", "WAN21_I2V"}},
     "wan": {"ti2v": {"WAN22_T2V"}},
 }
 FORMATS = ["comfy_fp8", "comfy_int8", "comfy_nvfp4", "comfy_mxfp8", "gguf"]

@@ -301,6 +301,13 @@ class Family:
         )
         return _renamed(names, self.diffusers_name, where, lacking)
 
+    def why_no(self, fmt: str) -> str | None:
+        """Why this family has no output in format `fmt` whatever the layout, in words (None: no such reason):
+        what `convert --format` says when no bundled recipe exists."""
+        if fmt == "gguf" and self.gguf_architecture is None:
+            return f"{self.title} has no GGUF architecture ({self.no_gguf_why})"
+        return None
+
     # --- running it ------------------------------------------------------------------------------
 
     @property

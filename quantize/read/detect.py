@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..formats import FORMAT_INFO
-from ..models import FAMILIES, SourceLayout, default_recipes
+from ..models import FAMILIES, SourceLayout, default_recipes, get_family
 from .checkpoint import Component, open_component
 
 __all__ = ["SourceLayout", "DEFAULT_RECIPES", "detect_layouts", "recipe_for_format"]
@@ -87,7 +87,9 @@ def recipe_for_format(folder: Path, fmt: str) -> tuple[str, SourceLayout]:
             parameters=("recipe",),
         )
     there = sorted({f"{r} ({f})" for lay in layouts for f, r in DEFAULT_RECIPES[lay.name].items()})
+    reasons = {why for lay in layouts if (why := get_family(lay.family).why_no(fmt))}
     raise InputError(
-        f"{folder}: no bundled {fmt} recipe for {_layout_words(layouts)}; for this layout there are: "
+        f"{folder}: no bundled {fmt} recipe for {_layout_words(layouts)}"
+        f"{''.join(f' ({why})' for why in sorted(reasons))}; for this layout there are: "
         f"{', '.join(there)} (or write a recipe: quantize recipes NAME prints one to start from)"
     )
