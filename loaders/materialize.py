@@ -4,7 +4,10 @@ Every format `quantize convert` writes loads: the diffusers-layout formats (shar
 (one safetensors file) and GGUF (one ``.gguf``), in either naming. A checkpoint in the family's native names
 (ComfyUI's and GGUF's files, or a converted original release) goes into the family's diffusers class through
 the family's one name table, read the other way (`models.Family.names`); a checkpoint whose names are the
-model's loads as it is. A checkpoint of several models (Wan2.2 A14B's two experts) loads each.
+model's loads as it is. A checkpoint of several models (Wan2.2 A14B's two experts) loads each. A native tensor
+that stacks several of the class's (a fused q/k/v projection, `models.Stack`) gives each Linear its row ranges:
+of every part that has the weight's rows (a view of the file when the range is one), the whole of the parts
+that belong to the whole weight (a per-tensor scale, ComfyUI's marker).
 
 1. The skeleton: a class is built from the checkpoint's config.json (an original release's config is made the
    diffusers class's by its family) with its parameters on the meta device (buffers it computes itself, such
@@ -32,7 +35,7 @@ from torch import nn
 from quantize import dtypes
 from quantize.errors import InputError
 from quantize.formats import Format, FormatOptions, format_for, format_of_config, quantized_parts
-from quantize.models import FAMILIES, Family, family_of
+from quantize.models import FAMILIES, Family, Stack, family_of, stack_rows
 from quantize.models.meta import parameters_on_meta
 from quantize.read.checkpoint import CONFIG_NAME, Component, TensorInfo, open_component, read_tensor
 from quantize.read.files import read_json_object
@@ -264,7 +267,8 @@ class _Entry:
     name: str
     module: nn.Module
     parent: nn.Module | None
-    tensors: dict[str, TensorInfo] = field(default_factory=dict)  # local name -> source
+    #: local name -> source: a tensor, or the row ranges of a stacked one that are it, in order
+    tensors: dict[str, TensorInfo | tuple[TensorInfo, ...]] = field(default_factory=dict)
     quantized: type[QuantizedLinear] | None = None
     options: FormatOptions | None = None
 
@@ -275,6 +279,9 @@ class _Names:
 
     rename: Callable[[str], str | None]  # model tensor name -> checkpoint name (None: it has none)
     why: str  # what the renaming is, for messages ("" when the names are the model's)
+    #: model tensor name -> the checkpoint tensor stacking it (None: not stacked), and that one's `Stack`
+    stacked_into: Callable[[str], str | None] = lambda key: None
+    stack_of: Callable[[str], Stack | None] = lambda key: None
 
     def key(self, model_key: str, comp: Component) -> str:
         key = self.rename(model_key)
@@ -302,7 +309,8 @@ def _checkpoint_names(model: nn.Module, comp: Component, family: Family | None) 
     if stored == own or stored not in ("native", "diffusers") or own not in ("native", "diffusers"):
         return _SAME
     if stored == "native":
-        return _Names(family.native_name, f"{family.title}'s native names, which the checkpoint has")
+        why = f"{family.title}'s native names, which the checkpoint has"
+        return _Names(family.native_name, why, family.names.stacked_into, family.names.native_stack)
     return _Names(
         family.diffusers_name, f"diffusers' {family.diffusers_class} names, which the checkpoint has"
     )
@@ -312,13 +320,19 @@ def _match(model: nn.Module, comp: Component, fmt: Format, names: _Names) -> dic
     keys = dict(comp.tensors)
     plan: dict[str, _Entry] = {}
     modules = dict(model.named_modules())
+    cut_from: set[str] = set()  # the stacked tensors Linears took row ranges of
     for name, module in modules.items():
         entry = _Entry(name, module, modules[name.rpartition(".")[0]] if name else None)
         already = isinstance(module, QuantizedLinear)
         options = None
+        stacked = names.stacked_into(f"{name}.weight") if isinstance(module, nn.Linear) else None
+        if stacked is not None and not already:
+            _cut_entry(entry, stacked, names, comp.tensors, fmt, comp, cut_from)
+            plan[name] = entry
+            continue
         if already or isinstance(module, nn.Linear):
             stored = names.module(name, comp)
-            options = _stored_options(stored, module, keys, fmt, comp)
+            options = _stored_options(stored, (module.out_features, module.in_features), keys, fmt, comp)
         layer_fmt = fmt if options is None else format_for(fmt, options)  # a mixed ComfyUI file's own layout
         if already and module.FORMAT is not layer_fmt:
             raise CheckpointMismatchError(
@@ -348,6 +362,8 @@ def _match(model: nn.Module, comp: Component, fmt: Format, names: _Names) -> dic
                     entry.tensors[local] = _take(keys, names, name, local, t, comp)
         if entry.tensors:
             plan[name] = entry
+    for key in cut_from:
+        keys.pop(key, None)
     if keys:
         extra = sorted(keys)
         raise CheckpointMismatchError(
@@ -361,11 +377,83 @@ def _persistent_buffers(module: nn.Module):
     return [(k, b) for k, b in module._buffers.items() if k not in module._non_persistent_buffers_set]
 
 
+def _cut_entry(
+    entry: _Entry,
+    stacked: str,
+    names: _Names,
+    keys: dict[str, TensorInfo],
+    fmt: Format,
+    comp: Component,
+    cut_from: set[str],
+) -> None:
+    """Linear `entry` as row ranges of the checkpoint's stacked weight `stacked` (and of its stacked bias)."""
+    linear, name = entry.module, entry.name
+    info = keys.get(stacked)
+    if info is None:
+        raise CheckpointMismatchError(
+            f"{comp.dir}: the model's {name + '.weight'!r} ({stacked!r} in {names.why}) is not in the checkpoint"
+        )
+    rows = info.shape[0]
+    try:
+        ranges = stack_rows(names.stack_of(stacked), rows)[f"{name}.weight"]
+    except ValueError as e:
+        raise CheckpointMismatchError(f"{comp.dir}: {stacked!r}: {e}") from None
+    stored = stacked[: -len(".weight")]
+    options = _stored_options(stored, (rows, linear.in_features), keys, fmt, comp)
+    parts = {"weight": (stacked, None)}
+    layer_fmt = fmt
+    if options is not None:
+        layer_fmt = format_for(fmt, options)
+        entry.quantized, entry.options = module_for(layer_fmt), options
+        parts = quantized_parts(fmt, stored, (rows, linear.in_features), options)
+        block = layer_fmt.ROW_BLOCK
+        if not layer_fmt.ROW_SEPARABLE or any(a % block for r in ranges for a in r):
+            raise CheckpointMismatchError(
+                f"{comp.dir}: {stacked!r} ({layer_fmt.NAME}) cannot be cut into {name!r}: its parts are not "
+                f"stored in row ranges of {block} that its q/k/v boundaries fall on"
+            )
+    for part, (key, _) in parts.items():
+        part_info = keys[key]
+        cut_from.add(key)
+        whole = part in layer_fmt.WEIGHT_PARTS and options is not None
+        entry.tensors[part] = part_info if whole else _row_ranges(part_info, ranges, rows, comp)
+    if linear.bias is not None:
+        bias = names.stacked_into(f"{name}.bias")
+        if bias is None or bias not in keys:
+            raise CheckpointMismatchError(
+                f"{comp.dir}: the model's {name + '.bias'!r} has no stacked bias in the checkpoint ({bias!r})"
+            )
+        cut_from.add(bias)
+        entry.tensors["bias"] = _row_ranges(keys[bias], ranges, rows, comp)
+
+
+def _row_ranges(
+    info: TensorInfo, ranges: tuple[tuple[int, int], ...], rows: int, comp: Component
+) -> tuple[TensorInfo, ...]:
+    """Row ranges of a stored tensor whose dim 0 is a stacked weight's `rows`: each its byte range."""
+    if not info.shape or info.shape[0] != rows:
+        raise CheckpointMismatchError(
+            f"{comp.dir}: {info.name!r} is {info.dtype}{list(info.shape)}: not {rows} rows to cut"
+        )
+    row_bytes = info.nbytes // rows
+    return tuple(
+        TensorInfo(
+            info.name,
+            info.dtype,
+            (b - a, *info.shape[1:]),
+            info.file,
+            info.start + a * row_bytes,
+            info.start + b * row_bytes,
+        )
+        for a, b in ranges
+    )
+
+
 def _stored_options(
-    stored: str, linear: nn.Module, keys: dict[str, TensorInfo], fmt: Format, comp: Component
+    stored: str, shape: tuple[int, int], keys: dict[str, TensorInfo], fmt: Format, comp: Component
 ) -> FormatOptions | None:
-    """The options the checkpoint holds Linear `stored` in (all of `fmt`'s parts, as specified), or None
-    where it holds it as a plain weight."""
+    """The options the checkpoint holds Linear `stored` of `shape` [out, in] in (all of `fmt`'s parts, as
+    specified), or None where it holds it as a plain weight."""
 
     def dtype_of(part: str) -> str | None:
         info = keys.get(f"{stored}.{part}")
@@ -383,7 +471,7 @@ def _stored_options(
     if options is None:
         return None
     try:
-        specs = quantized_parts(fmt, stored, (linear.out_features, linear.in_features), options)
+        specs = quantized_parts(fmt, stored, shape, options)
     except ValueError:  # the format cannot hold this shape: it must be kept
         return None
     present = {p: keys.get(key) for p, (key, _) in specs.items()}
@@ -400,7 +488,7 @@ def _stored_options(
             want = f"{dtype}{list(shape) if shape is not None else ''}"
             raise CheckpointMismatchError(
                 f"{comp.dir}: {key!r} is {info.dtype}{list(info.shape)}; Linear {stored!r} "
-                f"[{linear.out_features}, {linear.in_features}] in {format_for(fmt, options).NAME} needs {want}"
+                f"{list(shape)} in {format_for(fmt, options).NAME} needs {want}"
             )
     return options
 
@@ -451,23 +539,30 @@ def _materialize(
         elif entry.quantized is not None:  # a loaded model filled again: computes as this call says
             entry.module.compute = compute
     jobs = [(entry, local, info) for entry in group for local, info in entry.tensors.items()]
-    tensors = reader.read_group([info for _, _, info in jobs], owner=model)
-    for (entry, local, info), t in zip(jobs, tensors, strict=True):
+    pieces = iter(reader.read_group([i for _, _, info in jobs for i in _pieces(info)], owner=model))
+    for entry, local, info in jobs:
+        parts = [next(pieces) for _ in _pieces(info)]
+        t = parts[0] if len(parts) == 1 else torch.cat(parts)  # a stacked tensor's ranges, joined: a copy
+        info = _pieces(info)[0] if len(parts) == 1 else None  # None: not a view of the file
         module = entry.module
         if isinstance(module, QuantizedLinear) and local in module.part_attrs:
-            if reader.host == "mmap" and reader.device is None:
+            if reader.host == "mmap" and reader.device is None and info is not None:
                 remember_source(module, module.part_attrs[local], t, info)
             module.set_part(local, t)
             continue
         cast = _kept_dtype(f"{entry.name}.{local}", t, dtype, keep_fp32)
         if cast is not None and cast != t.dtype:
             t = t.to(cast)
-        elif reader.host == "mmap" and reader.device is None:
+        elif reader.host == "mmap" and reader.device is None and info is not None:
             remember_source(module, local, t, info)
         if local in module._parameters:
             module._parameters[local] = nn.Parameter(t, requires_grad=False)
         else:
             module._buffers[local] = t
+
+
+def _pieces(info: TensorInfo | tuple[TensorInfo, ...]) -> tuple[TensorInfo, ...]:
+    return info if isinstance(info, tuple) else (info,)
 
 
 def _replace(entry: _Entry, new: nn.Module) -> None:
@@ -483,7 +578,7 @@ def _source_dtype(plan: dict[str, _Entry], fmt: Format) -> torch.dtype | None:
     if not fmt.WIDENS_KEPT:
         return None
     linears = {
-        dtypes.by_name(entry.tensors["weight"].dtype).torch
+        dtypes.by_name(_pieces(entry.tensors["weight"])[0].dtype).torch
         for entry in plan.values()
         if entry.quantized is None and isinstance(entry.module, nn.Linear) and "weight" in entry.tensors
     }

@@ -45,7 +45,7 @@ from .publish.manifest import MANIFEST_NAME, RECIPE_NAME
 from .read.checkpoint import CONFIG_NAME, Component, TensorInfo
 from .read.files import read_json_object
 from .read.source import SourceFolder, local_source
-from .read.tensor_source import TensorSource
+from .read.tensor_source import StackedSource, TensorSource
 from .recipes import Recipe
 from .steps import TensorStep, check_order
 
@@ -103,6 +103,13 @@ class TensorPlan:
     def module(self) -> str:
         """The source module name (what recipe patterns match)."""
         return module_name(self.info.name)
+
+    @property
+    def source_modules(self) -> tuple[str, ...]:
+        """The source modules whose tensors it is: its own, or a stacked tensor's parts' (`StackedSource`)."""
+        if isinstance(self.source, StackedSource):
+            return tuple(dict.fromkeys(module_name(s.info.name) for s, _, _ in self.source.segments))
+        return (self.module,)
 
     @property
     def output_module(self) -> str:
@@ -301,25 +308,50 @@ def plan_component(
     matches = dict.fromkeys([*recipe.targets, *recipe.ignore, *recipe.types], 0)
     compiled = [re.compile(p) for p in matches]
     where = f"{component.dir}"
-    rename = names.renamer(list(component.tensors), where)
+    names_in = list(component.tensors)
+    stacks = names.stacker(names_in, where)
+    stack_of = {n: out for out, stack in stacks.items() for n, _, _ in stack}
+    rename = names.renamer(names_in, where)
     changes = [step.transforms_for(component.rel, component.tensors) for step in steps]
-    plans = []
-    for info in component.tensors.values():
+
+    def source_of(info: TensorInfo) -> TensorSource:
+        return TensorSource(info, tuple(c[info.name] for c in changes if info.name in c))
+
+    def fate(info: TensorInfo) -> tuple[str | None, str | None, str | None]:
+        """(target, ignore pattern, type) of one source tensor, counting the patterns it matches."""
         key = module_name(info.name)
         for p in compiled:
             if p.fullmatch(key):
                 matches[p.pattern] += 1
-        target = _first_match(targets, key)
-        ignored = _first_match(ignores, key)
-        source = TensorSource(info, tuple(c[info.name] for c in changes if info.name in c))
-        out_name = rename(info.name)
+        target, ignored = _first_match(targets, key), _first_match(ignores, key)
         typed_as = next(((p.pattern, t) for p, t in typed if p.fullmatch(key)), None) if target else None
         if typed_as is not None and typed_as[1] == KEPT:  # `types` keeps it, as `ignore` would
-            ignored = ignored or typed_as[0]
+            ignored, typed_as = ignored or typed_as[0], None
+        return target, ignored, None if typed_as is None else typed_as[1]
+
+    plans = []
+    for info in component.tensors.values():
+        if info.name in stack_of:  # planned once, where its stack's first tensor is
+            out_name = stack_of.pop(info.name)
+            if out_name not in stacks:
+                continue
+            stack = stacks.pop(out_name)
+            fates = {n: fate(component.tensors[n]) for n, _, _ in stack}
+            (target, ignored, type_), *others = dict.fromkeys(fates.values())
+            if others:
+                raise InputError(
+                    f"{where}: tensors {', '.join(repr(n) for n in fates)} are stacked into {out_name!r}, so the "
+                    "recipe must treat them alike (the same target, ignore and type for each)"
+                )
+            source = _stacked_source(component, stack, out_name, source_of, where)
+            info = source.info
+        else:
+            target, ignored, type_ = fate(info)
+            source, out_name = source_of(info), rename(info.name)
         if target is not None and ignored is None:
             _check_quantizable(info, target, where)
             # checked when the recipe was validated
-            options = options_type.from_type(recipe.type if typed_as is None else typed_as[1])
+            options = options_type.from_type(recipe.type if type_ is None else type_)
             plans.append(_quantized_plan(source, target, out_name, fmt, options, where))
         else:
             plans.append(_kept_plan(source, ignored, out_name, fmt, recipe.keep_dtype))
@@ -332,6 +364,20 @@ def plan_component(
         )
     _check_no_key_collision(component, plans)
     return ComponentPlan(component, tuple(plans), matches, family)
+
+
+def _stacked_source(component: Component, stack, out_name: str, source_of, where: str) -> StackedSource:
+    """The rows of `stack`'s tensors, in its order, as one source named `out_name`."""
+    segments = []
+    for name, part, parts in stack:
+        src = source_of(component.tensors[name])
+        if src.rows % parts:
+            raise InputError(
+                f"{where}: tensor {name!r} has {src.rows} rows: {out_name!r} takes {parts} equal parts"
+            )
+        n = src.rows // parts
+        segments.append((src, part * n, (part + 1) * n))
+    return StackedSource.of(out_name, segments, where)
 
 
 def _quantized_plan(

@@ -32,7 +32,11 @@ if TYPE_CHECKING:
 __all__ = [
     "ROLES",
     "Renamer",
+    "Stack",
+    "Stacker",
     "NameTable",
+    "Rows",
+    "stack_rows",
     "IDENTITY",
     "Blocks",
     "BlockNames",
@@ -47,6 +51,17 @@ ROLES = ("source", "native")
 
 Renamer = Callable[[str], str]
 
+#: one tensor made of several: its equal row ranges in order, each (tensor name, part, parts) = the rows of part
+#: `part` of `parts` equal ranges of that tensor (the whole: part 0 of 1). A fused projection's native weight is
+#: the stack of diffusers' to_q, to_k and to_v: ((".to_q.weight", 0, 1), (".to_k.weight", 0, 1), ...)
+Stack = tuple[tuple[str, int, int], ...]
+#: (component's tensor names, where) -> each output tensor made by stacking source tensors -> its `Stack`
+Stacker = Callable[[Sequence[str], str], dict[str, Stack]]
+
+
+def _no_stacks(names: Sequence[str], where: str) -> dict[str, Stack]:
+    return {}
+
 
 @dataclass(frozen=True)
 class NameTable:
@@ -54,15 +69,34 @@ class NameTable:
 
     `renamer(names, where)` looks at a component's tensor names (which naming they follow) and returns the
     renaming for that component, or raises `InputError` naming `where` when they have no form in this table.
+    `stacker(names, where)` gives the output tensors that stack several source tensors' rows (a native fused
+    projection written from diffusers' separate ones); their sources are not renamed one by one.
     """
 
     name: str
     renamer: Callable[[Sequence[str], str], Renamer]
     description: str
+    stacker: Stacker = _no_stacks
 
 
 def _identity(names: Sequence[str], where: str) -> Renamer:
     return lambda name: name
+
+
+def stack_rows(stack: Stack, rows: int) -> dict[str, tuple[tuple[int, int], ...]]:
+    """Each tensor of `stack` -> the row ranges of the stacked tensor (`rows` rows) that hold it, in its own row
+    order: what a stacked tensor is cut into to give each of its tensors back.
+
+    >>> stack_rows(((".v", 1, 2), (".q", 0, 1), (".v", 0, 2)), 6)
+    {'.v': ((4, 6), (0, 2)), '.q': ((2, 4),)}
+    """
+    if rows % len(stack):
+        raise ValueError(f"{rows} rows do not split into {len(stack)} equal parts")
+    n = rows // len(stack)
+    ranges: dict[str, dict[int, tuple[int, int]]] = {}
+    for i, (name, part, _parts) in enumerate(stack):
+        ranges.setdefault(name, {})[part] = (i * n, (i + 1) * n)
+    return {name: tuple(by_part[p] for p in sorted(by_part)) for name, by_part in ranges.items()}
 
 
 #: the names as stored: what every family (and a model of no known family) has
@@ -81,6 +115,19 @@ class Blocks:
     native: str
     modules: Mapping[str, str]
     tensors: Mapping[str, str] = field(default_factory=dict)
+    #: native module -> the diffusers rows it stacks, in order (a fused projection; `Rows`)
+    stacked: Mapping[str, tuple[Rows, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Rows of one diffusers module's tensors in a stacked native one: part `part` of `parts` equal row ranges
+    (the whole: part 0 of 1). MiniMax-H3's native ``mlp.fc1`` is diffusers' ``ff.net.0.proj`` with its halves
+    swapped: ``(Rows("ff.net.0.proj", 1, 2), Rows("ff.net.0.proj", 0, 2))``."""
+
+    module: str
+    part: int = 0
+    parts: int = 1
 
 
 @dataclass(frozen=True)
@@ -105,6 +152,15 @@ class BlockNames:
         object.__setattr__(
             self, "_to_diffusers", (backward, inverse(self.root_modules), inverse(self.root_tensors))
         )
+        # diffusers module (in a block) -> the native module stacking it, for each list of blocks
+        object.__setattr__(
+            self,
+            "_stacked_in",
+            [
+                (_prefix(b.diffusers), b.native, {r.module: m for m, rows in b.stacked.items() for r in rows})
+                for b in self.blocks
+            ],
+        )
 
     def native(self, diffusers_name: str) -> str | None:
         """The native name of a diffusers tensor name, or None when it has none."""
@@ -113,6 +169,30 @@ class BlockNames:
     def diffusers(self, native_name: str) -> str | None:
         """The diffusers name of a native tensor name, or None: `native` read the other way."""
         return _rename(native_name, *self._to_diffusers)
+
+    def native_stack(self, native_name: str) -> Stack | None:
+        """The diffusers tensors a stacked native tensor is made of (`Stack`), or None: not a stacked one."""
+        for b in self.blocks:
+            block = _prefix(b.native).fullmatch(native_name)
+            if block is None:
+                continue
+            for leaf in _LEAVES:
+                rows = b.stacked.get(block[2].removesuffix(leaf)) if block[2].endswith(leaf) else None
+                if rows:
+                    prefix = f"{b.diffusers}.{block[1]}."
+                    return tuple((f"{prefix}{r.module}{leaf}", r.part, r.parts) for r in rows)
+        return None
+
+    def stacked_into(self, diffusers_name: str) -> str | None:
+        """The stacked native tensor a diffusers tensor is part of, or None."""
+        for pattern, native_prefix, stacked in self._stacked_in:
+            block = pattern.fullmatch(diffusers_name)
+            if block is None:
+                continue
+            for leaf in _LEAVES:
+                if block[2].endswith(leaf) and block[2].removesuffix(leaf) in stacked:
+                    return f"{native_prefix}.{block[1]}.{stacked[block[2].removesuffix(leaf)]}{leaf}"
+        return None
 
 
 def _prefix(block: str) -> re.Pattern:
@@ -261,7 +341,12 @@ class Family:
         if role == "source":
             return IDENTITY
         if role == "native" and self.names is not None:
-            return NameTable(f"{self.name}_native", self._native_renamer, f"{self.title}'s original names")
+            return NameTable(
+                f"{self.name}_native",
+                self._native_renamer,
+                f"{self.title}'s original names",
+                self._native_stacks,
+            )
         raise InputError(
             f"{where + ': ' if where else ''}{fmt} writes a model's {role} names, and {self.title} has none in this tool yet: "
             f"convert {self.title} to another format (quantize recipes lists them)"
@@ -286,10 +371,39 @@ class Family:
             f"has no native {self.title} name (not a {self.diffusers_class} tensor diffusers maps from the "
             f"original {self.title} names): this format writes native {self.title} names"
         )
-        return _renamed(names, self.native_name, where, lacking).__getitem__
+        stacked = {n for stack in self._native_stacks(names, where).values() for n, _, _ in stack}
+        return _renamed([n for n in names if n not in stacked], self.native_name, where, lacking).__getitem__
+
+    def _native_stacks(self, names: Sequence[str], where: str) -> dict[str, Stack]:
+        """The native tensors a diffusers-named model's tensors stack into (its fused projections), each with
+        its `Stack` of those tensors; `InputError` naming one a stack lacks."""
+        if self.names is None or self.naming(names) != "diffusers":
+            return {}
+        present, stacks = set(names), {}
+        for name in names:
+            native = self.names.stacked_into(name)
+            if native is None or native in stacks:
+                continue
+            stack = self.names.native_stack(native)
+            lacking = next((n for n, _, _ in stack if n not in present), None)
+            if lacking is not None:
+                raise InputError(
+                    f"{where}: tensor {lacking!r} is missing: {self.title}'s native {native!r} stacks it with "
+                    f"{name!r}"
+                )
+            stacks[native] = stack
+        return stacks
+
+    def runnable_stacks(self, names: Sequence[str]) -> dict[str, Stack]:
+        """Each native tensor of `names` that stacks several of the diffusers class's (a fused projection) ->
+        its `Stack`: what a forward pass cuts it into."""
+        if self.names is None:
+            return {}
+        return {n: stack for n in names if (stack := self.names.native_stack(n)) is not None}
 
     def runnable_names(self, names: Sequence[str], where: Path) -> dict[str, str]:
-        """Native tensor name -> the diffusers class's parameter name, or `InputError` naming one it lacks."""
+        """Native tensor name -> the diffusers class's parameter name, or `InputError` naming one it lacks; the
+        stacked ones are left out (`runnable_stacks` says what they are cut into)."""
         if self.naming(names) != "native":
             raise InputError(
                 f"{where}: config.json names {'/'.join(self.native_classes)} but the tensors do not have "
@@ -299,7 +413,8 @@ class Family:
             f"has no counterpart in diffusers' {self.diffusers_class} (a {self.title} variant it does not "
             "implement): this model cannot be run for a forward pass"
         )
-        return _renamed(names, self.diffusers_name, where, lacking)
+        stacked = self.runnable_stacks(names)  # cut into the class's tensors instead (`runnable_stacks`)
+        return _renamed([n for n in names if n not in stacked], self.diffusers_name, where, lacking)
 
     def why_no(self, fmt: str) -> str | None:
         """Why this family has no output in format `fmt` whatever the layout, in words (None: no such reason):

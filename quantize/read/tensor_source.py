@@ -8,6 +8,10 @@ step would change them. Converter, verify and forward read through it, so a step
 
 The steps that give tensors their transforms are `steps.TensorStep`s, given to the plan.
 
+A `StackedSource` is one output tensor made of row ranges of several source tensors, in order (a native fused
+projection written from diffusers' separate ones: `models.Stack`); each range is read through its own tensor's
+source, steps applied, so a LoRA on diffusers' ``to_q`` merges into the q rows of the stacked weight.
+
 >>> # source = TensorSource(info); rows = source.read_rows(0, 16)
 """
 
@@ -19,9 +23,10 @@ from typing import Protocol
 
 import torch
 
+from ..errors import InputError
 from .checkpoint import TensorInfo, copy_tensor_bytes, read_rows
 
-__all__ = ["Transform", "TensorSource"]
+__all__ = ["Transform", "TensorSource", "StackedSource"]
 
 
 class Transform(Protocol):
@@ -73,3 +78,69 @@ class TensorSource:
                 f"{self.info.name}: changed by {self.transforms[0].label}; read it with read_rows"
             )
         copy_tensor_bytes(self.info, write)
+
+
+@dataclass(frozen=True)
+class StackedSource(TensorSource):
+    """One tensor stacking row ranges of others along dim 0: `segments` = (source, r0, r1) in order. Its `info`
+    names the stacked tensor (`name`), with the stacked shape, the segments' dtype, and the first one's file."""
+
+    segments: tuple[tuple[TensorSource, int, int], ...] = ()
+
+    @classmethod
+    def of(cls, name: str, segments: list[tuple[TensorSource, int, int]], where: str) -> StackedSource:
+        """The stack of `segments`, which must agree in dtype and in every dim but the first (`InputError`
+        naming the first that does not, and `where`)."""
+        first = segments[0][0].info
+        for source, _, _ in segments[1:]:
+            info = source.info
+            if info.dtype != first.dtype or info.shape[1:] != first.shape[1:]:
+                raise InputError(
+                    f"{where}: tensor {info.name!r} is {info.dtype}{list(info.shape)} and {first.name!r} "
+                    f"{first.dtype}{list(first.shape)}: {name!r} cannot stack them"
+                )
+        rows = sum(r1 - r0 for _, r0, r1 in segments)
+        nbytes = sum((r1 - r0) * (s.info.nbytes // max(1, s.rows)) for s, r0, r1 in segments)
+        info = TensorInfo(name, first.dtype, (rows, *first.shape[1:]), first.file, 0, nbytes)
+        return cls(info, (), tuple(segments))
+
+    @property
+    def changed(self) -> bool:
+        return any(source.changed for source, _, _ in self.segments)
+
+    def _pieces(self, r0: int, r1: int) -> list[tuple[TensorSource, int, int]]:
+        """The (source, its rows a..b) that rows [r0, r1) of the stack are, in order."""
+        pieces, at = [], 0
+        for source, s0, s1 in self.segments:
+            lo, hi = max(r0, at), min(r1, at + s1 - s0)
+            if lo < hi:
+                pieces.append((source, s0 + lo - at, s0 + hi - at))
+            at += s1 - s0
+        return pieces
+
+    def read_rows(self, r0: int, r1: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+        parts = [source.read_rows(a, b, dtype) for source, a, b in self._pieces(r0, r1)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def copy_bytes(self, write: Callable[[memoryview, int], None]) -> None:
+        """The stored bytes of each range in turn (rows are contiguous, so a range is one byte range)."""
+        if self.changed:
+            raise ValueError(
+                f"{self.info.name}: a stacked tensor is changed by a step; read it with read_rows"
+            )
+        at = 0
+        for source, r0, r1 in self.segments:
+            info = source.info
+            row_bytes = info.nbytes // max(1, source.rows)
+            start = info.start + r0 * row_bytes
+            part = TensorInfo(
+                info.name,
+                info.dtype,
+                (r1 - r0, *info.shape[1:]),
+                info.file,
+                start,
+                start + (r1 - r0) * row_bytes,
+            )
+            base = at
+            copy_tensor_bytes(part, lambda chunk, offset, base=base: write(chunk, base + offset))
+            at += part.nbytes

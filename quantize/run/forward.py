@@ -3,7 +3,9 @@
 A component is run as its model family's diffusers class (`models.Family.diffusers_class`), found by the class
 its config names; a model of the family's original release (`Family.native_classes`) is run as that class too, its
 config derived from the original one and the tensor shapes (`Family.diffusers_config`), its tensors renamed
-through the family's one name table (`Family.runnable_names`).
+through the family's one name table (`Family.runnable_names`). A stacked tensor (a native fused projection,
+`Family.runnable_stacks`; or one a conversion stacks from diffusers' separate ones, `read.StackedSource`) is cut
+into the class's parameters by row ranges (`Runnable.rows`).
 
 The model is built with every parameter on the meta device (`models.meta.parameters_on_meta`). A forward
 pass (`StreamedModel.forward`) is given where each parameter's float32 values come from (`Weights`): the
@@ -26,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -35,11 +37,12 @@ from .. import dtypes
 from ..encode import row_chunks
 from ..errors import InputError
 from ..formats import Format, format_for
-from ..models import FAMILIES, Family, ModelInputs, family_of, family_of_class
+from ..models import FAMILIES, Family, ModelInputs, family_of, family_of_class, stack_rows
 from ..plan import ComponentPlan, TensorPlan
 from ..process import release_free_memory
 from ..read.checkpoint import CONFIG_NAME, Component, read_rows, read_tensor
 from ..read.source import SourceFolder
+from ..read.tensor_source import StackedSource
 from ..recipes import Recipe
 
 __all__ = [
@@ -135,6 +138,20 @@ class Runnable:
     family: Family
     config: dict
     plans: dict[str, TensorPlan]  # model parameter name -> the planned source tensor
+    #: model parameter name -> the row ranges of its planned tensor that are it, in order (a stacked tensor's
+    #: share); a parameter not here is its whole tensor
+    rows: dict[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+
+    def cut(self, name: str, whole: torch.Tensor) -> torch.Tensor:
+        """Parameter `name`'s values out of its whole planned tensor's (`whole`)."""
+        ranges = self.rows.get(name)
+        if ranges is None:
+            return whole
+        return (
+            torch.cat([whole[a:b] for a, b in ranges])
+            if len(ranges) > 1
+            else whole[ranges[0][0] : ranges[0][1]]
+        )
 
     @property
     def class_name(self) -> str:
@@ -183,11 +200,35 @@ def runnable(cp: ComponentPlan) -> Runnable:
     config = {k: v for k, v in (cp.component.config or {}).items() if k != "quantization_config"}
     where = cp.component.dir
     family = _runnable_family(config, where, cp.component.tensors)
+    plans: dict[str, TensorPlan] = {}
+    rows: dict[str, tuple[tuple[int, int], ...]] = {}
     if config.get("_class_name") == family.diffusers_class:
-        return Runnable(family, config, {tp.name: tp for tp in cp.tensors})
-    renamed = family.runnable_names([tp.name for tp in cp.tensors], where)
-    plans = {renamed[tp.name]: tp for tp in cp.tensors}
-    return Runnable(family, family.diffusers_config(config, cp.component.tensors, where), plans)
+        for tp in cp.tensors:
+            if isinstance(tp.source, StackedSource):  # diffusers' tensors, stacked by the conversion
+                for name, ranges in _segment_rows(tp.source).items():
+                    plans[name], rows[name] = tp, ranges
+            else:
+                plans[tp.name] = tp
+        return Runnable(family, config, plans, rows)
+    names = [tp.name for tp in cp.tensors]
+    renamed, stacks = family.runnable_names(names, where), family.runnable_stacks(names)
+    for tp in cp.tensors:
+        if tp.name in stacks:  # a native fused tensor: the class's tensors are its row ranges
+            for name, ranges in stack_rows(stacks[tp.name], tp.source.rows).items():
+                plans[name], rows[name] = tp, ranges
+        else:
+            plans[renamed[tp.name]] = tp
+    return Runnable(family, family.diffusers_config(config, cp.component.tensors, where), plans, rows)
+
+
+def _segment_rows(source: StackedSource) -> dict[str, tuple[tuple[int, int], ...]]:
+    """Each stacked tensor -> the row ranges of the stack that hold it, in its own row order."""
+    found: dict[str, list[tuple[int, int, int]]] = {}
+    at = 0
+    for seg, r0, r1 in source.segments:
+        found.setdefault(seg.info.name, []).append((r0, at, at + r1 - r0))
+        at += r1 - r0
+    return {name: tuple((a, b) for _, a, b in sorted(spans)) for name, spans in found.items()}
 
 
 # --- where the values come from --------------------------------------------------------------------
@@ -213,7 +254,35 @@ def source_weights(run: Runnable) -> Weights:
 
     def weight(name: str) -> torch.Tensor:
         source = run.plans[name].source
-        return float32_in_rows(source.info.shape, lambda r0, r1: source.read_rows(r0, r1, torch.float32))
+        shape = source.info.shape
+        ranges = run.rows.get(name)
+        if ranges is None:
+            return float32_in_rows(shape, lambda r0, r1: source.read_rows(r0, r1, torch.float32))
+        parts = [
+            float32_in_rows(
+                (b - a, *shape[1:]), lambda r0, r1, a=a: source.read_rows(a + r0, a + r1, torch.float32)
+            )
+            for a, b in ranges
+        ]
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+    return weight
+
+
+def whole_then_cut(run: Runnable, whole: Callable[[TensorPlan], torch.Tensor]) -> Weights:
+    """Parameters from `whole(tp)`, each planned tensor's values in float32, cut to each parameter's rows; the
+    last one kept, since a stacked tensor's parameters are asked for one after another (q, k, v)."""
+    last: list = [None, None]
+
+    def weight(name: str) -> torch.Tensor:
+        tp = run.plans[name]
+        if last[0] is not tp:
+            last[:] = [tp, None]  # the previous one freed first
+            last[1] = whole(tp)
+        values = run.cut(name, last[1])
+        if name not in run.rows:
+            last[:] = [None, None]  # a whole tensor is not asked for twice: not kept
+        return values
 
     return weight
 
@@ -221,8 +290,7 @@ def source_weights(run: Runnable) -> Weights:
 def stored_weights(run: Runnable, stored: Component, fmt: Format) -> Weights:
     """A converted checkpoint's tensors decoded by its format (kept ones as stored), under the model's names."""
 
-    def weight(name: str) -> torch.Tensor:
-        tp = run.plans[name]
+    def whole(tp: TensorPlan) -> torch.Tensor:
         if not tp.quantize:
             info = stored.tensors[tp.output().name]
             return float32_in_rows(info.shape, lambda r0, r1: read_rows(info, r0, r1, torch.float32))
@@ -232,7 +300,7 @@ def stored_weights(run: Runnable, stored: Component, fmt: Format) -> Weights:
         }
         return format_for(fmt, tp.options).decoded(parts, tp.info.shape, torch.float32, options=tp.options)
 
-    return weight
+    return whole_then_cut(run, whole)
 
 
 def as_stored(tp: TensorPlan) -> torch.Tensor:

@@ -49,6 +49,7 @@ from .forward import (
     named_failure,
     runnable,
     source_weights,
+    whole_then_cut,
 )
 
 __all__ = [
@@ -96,9 +97,10 @@ class Layer:
 
     component: str
     module: str  # the source module name (what recipe patterns match)
-    param: str  # its weight's name in the model that runs it
+    param: str  # its weight's name in the model that runs it (a stacked tensor's: its first part's)
     rungs: list[Rung]
     plans: list[TensorPlan]  # the tensor as each rung plans it
+    pattern: str = ""  # the recipe pattern that names exactly its source tensors (empty: the module's)
     signal: float = 0.0  # |X·Wᵀ|²
     noise: list[float] = field(default_factory=list)  # |X·(W − Q(W))ᵀ|², per rung
     weight_sqnr: list[float | None] = field(default_factory=list)  # None: exact
@@ -193,10 +195,13 @@ def _require_every_layer_ran(found: list[Layer], cp: ComponentPlan, run: Runnabl
 
 
 def _layers(cp: ComponentPlan, run: Runnable, fmt: Format, recipe: Recipe, all_rungs: bool) -> list[Layer]:
-    found = []
+    """One layer per quantized tensor. A stacked one (a fused projection) is several parameters of the model,
+    which see the same input: it is measured on its first part's Linear, as a whole."""
+    found, seen = [], set()
     for param, tp in run.plans.items():
-        if not tp.quantize:
+        if not tp.quantize or tp.name in seen:
             continue
+        seen.add(tp.name)
         ladder_ = ladder(fmt, tp.options) if all_rungs else [Rung(tp.options)]
         plans = [
             tp if i == 0 else replanned(tp, fmt, recipe.keep_dtype, r.options, keep=r.keep)
@@ -205,7 +210,8 @@ def _layers(cp: ComponentPlan, run: Runnable, fmt: Format, recipe: Recipe, all_r
         for r in ladder_:
             if not r.keep:
                 fmt.check_available(r.options)
-        found.append(Layer(cp.rel, tp.module, param.removesuffix(".weight"), ladder_, plans))
+        pattern = "|".join(re.escape(m) for m in tp.source_modules)
+        found.append(Layer(cp.rel, tp.module, param.removesuffix(".weight"), ladder_, plans, pattern=pattern))
     return found
 
 
@@ -227,12 +233,8 @@ def planned_weights(
     """Every tensor as a conversion under the plan (with `changes`: model param -> replanned tensor) would store
     it, decoded to float32: equal, bit for bit, to what `verify --forward` decodes from the converted files.
     With a `pool`, each weight's row chunks are encoded on its threads."""
-    changes = changes or {}
-
-    def weight(name: str) -> torch.Tensor:
-        return _decoded(changes.get(name, run.plans[name]), fmt, pool)
-
-    return weight
+    swapped = {run.plans[param].name: tp for param, tp in (changes or {}).items()}  # by planned tensor
+    return whole_then_cut(run, lambda tp: _decoded(swapped.get(tp.name, tp), fmt, pool))
 
 
 def rung_noise(
@@ -240,11 +242,21 @@ def rung_noise(
 ) -> tuple[float, float | None]:
     """|X·(W − Q(W))ᵀ|² for the weight as `tp` plans it (Q(W): what `convert` would store, decoded), and the
     weight SQNR (None: exact). Streamed in row chunks of W (encoded on `pool`): no copy of the whole weight."""
-    noise = 0.0
+    return _rung(tp, fmt, x, pool)[:2]
+
+
+def _rung(
+    tp: TensorPlan, fmt: Format, x: torch.Tensor, pool: ChunkPool | None = None, with_signal: bool = False
+) -> tuple[float, float | None, float]:
+    """`rung_noise`, and `with_signal` |X·Wᵀ|² over the same chunks (the whole planned tensor's: a stacked one's
+    parts' Linears each hold only their own rows)."""
+    noise = signal = 0.0
 
     def seen(r0: int, r1: int, w: torch.Tensor, q: torch.Tensor) -> None:
-        nonlocal noise
+        nonlocal noise, signal
         noise += float(torch.linalg.vector_norm(x @ (q - w).T)) ** 2
+        if with_signal:
+            signal += float(torch.linalg.vector_norm(x @ w.T)) ** 2
 
     if tp.quantize:
         stats = encode_and_measure(tp, fmt, lambda parts, rows: parts, seen, pool)
@@ -256,7 +268,7 @@ def rung_noise(
             q = w.to(stored).float()
             seen(r0, r1, w, q)
             stats.add(w, q)
-    return noise, stats.sqnr_db
+    return noise, stats.sqnr_db, signal
 
 
 @contextmanager
@@ -282,14 +294,12 @@ def _capture(layer: Layer, fmt: Format, pool: ChunkPool):
 
     def hook(module: torch.nn.Module, x: torch.Tensor) -> None:
         x2 = x.reshape(-1, x.shape[-1]).float()
-        w = module.weight
-        for r0, r1 in row_chunks(*w.shape):  # |X·Wᵀ|², never the whole output at once
-            layer.signal += float(torch.linalg.vector_norm(x2 @ w[r0:r1].T)) ** 2
-        found = [rung_noise(tp, fmt, x2, pool) for tp in layer.plans]
-        for i, (noise, _) in enumerate(found):
+        found = [_rung(tp, fmt, x2, pool, with_signal=i == 0) for i, tp in enumerate(layer.plans)]
+        layer.signal += found[0][2]  # |X·Wᵀ|² of the whole planned tensor, taken with its first rung
+        for i, (noise, _, _) in enumerate(found):
             layer.noise[i] += noise
         if not layer.weight_sqnr:
-            layer.weight_sqnr = [sqnr for _, sqnr in found]
+            layer.weight_sqnr = [sqnr for _, sqnr, _ in found]
 
     return hook
 
@@ -503,7 +513,7 @@ def proposed_recipe(
         if not c.level:
             continue
         rung = c.layers[0].rungs[c.level]
-        pattern = re.escape(c.module)
+        pattern = c.layers[0].pattern or re.escape(c.module)
         if rung.keep:
             ignore.append(pattern)
         elif rung.options.type_name is not None:
