@@ -23,11 +23,15 @@ from .base import (
     Family,
     ModelInputs,
     NameTable,
+    Rows,
     SourceLayout,
+    Stack,
+    stack_rows,
 )
 from .kandinsky5 import KANDINSKY5
 from .skyreels_v2 import SKYREELS_V2
 from .wan import WAN
+from .wan_animate import WAN_ANIMATE
 from .wan_vace import WAN_VACE
 
 __all__ = [
@@ -37,6 +41,9 @@ __all__ = [
     "IDENTITY",
     "Family",
     "NameTable",
+    "Rows",
+    "Stack",
+    "stack_rows",
     "BlockNames",
     "Blocks",
     "SourceLayout",
@@ -54,7 +61,7 @@ __all__ = [
 ]
 
 #: every family the tool knows, in the order detection asks them
-FAMILIES: tuple[Family, ...] = (WAN_VACE, SKYREELS_V2, WAN, KANDINSKY5)
+FAMILIES: tuple[Family, ...] = (WAN_VACE, SKYREELS_V2, WAN_ANIMATE, WAN, KANDINSKY5)
 #: the family `quantize example` (and `examples.write_example`) makes when none is named
 DEFAULT_FAMILY: str = WAN.name
 

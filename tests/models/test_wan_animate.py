@@ -1,0 +1,500 @@
+"""Wan2.2 Animate (`WanAnimateTransformer3DModel`) as a family of its own.
+
+Oracle: diffusers' single-file converter for this class, ``convert_wan_transformer_to_diffusers`` (its
+``single_file_model.py`` maps ``WanAnimateTransformer3DModel`` to it; ``convert_wan_animate_2_transformer_to_diffusers``
+is for ``WanAnimate2Transformer3DModel``, another model). ComfyUI's rule (``comfy/model_detection.py``, the 'Wan 2.1'
+branch: ``model_type`` "animate" by ``face_adapter.fuser_blocks.0.k_norm.weight``; ``comfy/ldm/wan/model_animate.py``
+``AnimateWanModel``, which fixes the motion and face encoders) is spelled in `comfyui_animate`; ComfyUI-GGUF's
+``IMG_ARCH_LIST`` holds ``wan``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import gguf
+import pytest
+import torch
+from safetensors import safe_open
+
+from quantize.models import FAMILIES, family_of, get_family
+from quantize.models.wan_animate import not_one_to_one
+from quantize.plan import make_plan
+from quantize.read.checkpoint import TensorInfo, open_component, read_tensor
+from quantize.read.detect import detect_layouts
+from quantize.recipes import load_recipe
+from quantize.run.forward import forward_sqnr_db, load_inputs
+from tests.conftest import run_cli
+from tests.loaders.test_every_format import FAST_MARGIN_DB
+from tests.models.test_wan_variants import _bf16_floor
+
+ANIMATE = get_family("wan-animate")
+FORMATS = [
+    "fp8_channel", "torchao_fp8", "torchao_int8", "nf4",
+    "comfy_fp8", "comfy_int8", "comfy_nvfp4", "comfy_mxfp8", "gguf",
+]  # fmt: skip
+NATIVE_FORMATS = [f for f in FORMATS if f.startswith("comfy_") or f == "gguf"]
+SOURCE_FORMATS = [f for f in FORMATS if f not in NATIVE_FORMATS]
+COMFY_PARTS = (".comfy_quant", ".weight_scale", ".weight_scale_2", ".input_scale")
+#: kind -> (example layout, detected layout)
+LAYOUTS = {"native": ("animate", "wan-animate"), "diffusers": ("diffusers", "wan-animate-diffusers")}
+CONVS = "motion_encoder.enc.net_app.convs"
+
+
+def _infos(model) -> dict[str, TensorInfo]:
+    return {n: TensorInfo(n, "BF16", s, Path("x"), 0, 0) for n, s in model.tensors}
+
+
+# -- ComfyUI's detection and model, as comfy/model_detection.py and comfy/ldm/wan/model_animate.py write them -------
+
+
+def comfyui_animate(state: dict) -> dict:
+    """ComfyUI's 'Wan 2.1' branch on a state dict's names and shapes (name -> shape), for an Animate model."""
+    assert "head.modulation" in state, "ComfyUI tells Wan by head.modulation"
+    dim = state["head.modulation"][-1]
+
+    def count(prefix):
+        return next(n for n in range(10**4) if not any(k.startswith(f"{prefix}{n}.") for k in state))
+
+    assert len(state["patch_embedding.weight"]) == 5
+    assert (
+        "face_adapter.fuser_blocks.0.k_norm.weight" in state
+    )  # before the I2V test: an Animate is not an I2V
+    return {
+        "dim": dim,
+        "out_dim": state["head.head.weight"][0] // 4,
+        "num_heads": dim // 128,
+        "ffn_dim": state["blocks.0.ffn.0.weight"][0],
+        "num_layers": count("blocks."),
+        "in_dim": state["patch_embedding.weight"][1],
+        "model_type": "animate",
+    }
+
+
+def comfyui_animate_shapes(dim: int, num_layers: int) -> dict[str, tuple[int, ...]]:
+    """What ``AnimateWanModel`` builds besides Wan's I2V, whatever the checkpoint: every shape it fixes."""
+    heads = dim // 128
+    t: dict[str, tuple[int, ...]] = {"pose_patch_embedding.weight": (dim, 16, 1, 2, 2)}
+    # EncoderApp: ConvLayer(3, 32, 1), ResBlock(32, 64), ... ResBlock(512, 512) x3, EqualConv2d(512, 512, 4)
+    t[f"{CONVS}.0.0.weight"], t[f"{CONVS}.0.1.bias"] = (32, 3, 1, 1), (1, 32, 1, 1)
+    chans = [(32, 64), (64, 128), (128, 256), (256, 512), (512, 512), (512, 512), (512, 512)]
+    for i, (cin, cout) in enumerate(chans, start=1):
+        t |= {
+            f"{CONVS}.{i}.conv1.0.weight": (cin, cin, 3, 3),
+            f"{CONVS}.{i}.conv1.1.bias": (1, cin, 1, 1),  # FusedLeakyReLU
+            f"{CONVS}.{i}.conv2.0.kernel": (4, 4),  # Blur's buffer
+            f"{CONVS}.{i}.conv2.1.weight": (cout, cin, 3, 3),
+            f"{CONVS}.{i}.conv2.2.bias": (1, cout, 1, 1),
+            f"{CONVS}.{i}.skip.0.kernel": (4, 4),
+            f"{CONVS}.{i}.skip.1.weight": (cout, cin, 1, 1),
+        }
+    t[f"{CONVS}.8.weight"] = (512, 512, 4, 4)
+    for j in range(5):  # Encoder.fc: 4 x EqualLinear(512, 512), EqualLinear(512, motion_dim=20)
+        t[f"motion_encoder.enc.fc.{j}.weight"] = (20 if j == 4 else 512, 512)
+        t[f"motion_encoder.enc.fc.{j}.bias"] = (20 if j == 4 else 512,)
+    t["motion_encoder.dec.direction.weight"] = (512, 20)
+    for i in range(num_layers // 5):  # FaceAdapter(num_adapter_layers=num_layers // 5), FaceBlock
+        b = f"face_adapter.fuser_blocks.{i}"
+        t |= {f"{b}.linear1_kv.weight": (2 * dim, dim), f"{b}.linear1_kv.bias": (2 * dim,)}
+        for lin in ("linear1_q", "linear2"):
+            t |= {f"{b}.{lin}.weight": (dim, dim), f"{b}.{lin}.bias": (dim,)}
+        t |= {f"{b}.q_norm.weight": (dim // heads,), f"{b}.k_norm.weight": (dim // heads,)}
+    # FaceEncoder(in_dim=512, hidden_dim=dim, num_heads=4)
+    t |= {
+        "face_encoder.conv1_local.conv.weight": (4096, 512, 3),
+        "face_encoder.conv1_local.conv.bias": (4096,),
+    }
+    for c in ("conv2", "conv3"):
+        t |= {f"face_encoder.{c}.conv.weight": (1024, 1024, 3), f"face_encoder.{c}.conv.bias": (1024,)}
+    t |= {"face_encoder.out_proj.weight": (dim, 1024), "face_encoder.out_proj.bias": (dim,)}
+    return t | {"face_encoder.padding_tokens": (1, 1, 1, dim)}
+
+
+# -- the name table, through diffusers' own converter ----------------------------------------------------------
+
+
+def test_animate_is_asked_before_wan():
+    names = [f.name for f in FAMILIES]
+    assert names.index("wan-animate") < names.index("wan")
+
+
+def test_every_name_round_trips_through_diffusers_own_converter_and_the_rest_is_refused():
+    import diffusers
+    from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+
+    (model,) = ANIMATE.example("tiny", "animate")
+    g = torch.Generator().manual_seed(0)
+    native = {n: torch.randn(s, generator=g) for n, s in model.tensors}
+    oracle = convert_wan_transformer_to_diffusers(dict(native))
+    with torch.device("meta"):
+        built = diffusers.WanAnimateTransformer3DModel.from_config(
+            ANIMATE.diffusers_config(model.config, _infos(model), Path("x"))
+        )
+    state = {k: tuple(v.shape) for k, v in built.state_dict().items()}
+    kernels = {n for n in native if n.endswith(".kernel")}
+    assert set(oracle) == set(state) | kernels and len(kernels) == 14  # the converter leaves the blur kernels
+    odd = {"kv": 0, "bias": 0, "kernel": 0}
+    for name, value in native.items():
+        ours = ANIMATE.diffusers_name(name)
+        if ours is not None:  # one tensor, one name: the converter's, the same values
+            assert oracle[ours] is value and state[ours] == tuple(value.shape), name
+            assert ANIMATE.native_name(ours) == name
+            continue
+        assert not_one_to_one(name) is not None, name  # the only ones left out, each refused by what it is
+        if ".linear1_kv." in name:  # split in halves into to_k and to_v
+            k, v = (
+                oracle[name.replace("fuser_blocks.", "").replace("linear1_kv", p)] for p in ("to_k", "to_v")
+            )
+            assert torch.equal(torch.cat([k, v]), value)
+            odd["kv"] += 1
+        elif name.endswith(".bias"):  # [1, C, 1, 1] -> [C]
+            (mapped,) = [k for k, t in oracle.items() if t.data_ptr() == value.data_ptr()]
+            assert value.shape[::2] == (1, 1) and oracle[mapped].shape == (value.shape[1],)
+            assert mapped.endswith(".act_fn.bias") and not_one_to_one(mapped) is not None
+            odd["bias"] += 1
+        else:
+            assert name in oracle and name not in state  # no place in diffusers' class
+            odd["kernel"] += 1
+    assert odd == {"kv": 2, "bias": 15, "kernel": 14}
+    # the other way: every diffusers tensor has its native name, but the halves and the reshaped biases
+    for key in state:
+        assert (ANIMATE.native_name(key) is None) == (not_one_to_one(key) is not None), key
+    # the converter the class is not mapped to gives other names (its model, WanAnimate2, has no Wan naming)
+    from diffusers.loaders.single_file_utils import convert_wan_animate_2_transformer_to_diffusers
+
+    assert "condition_embedder.time_proj.weight" not in convert_wan_animate_2_transformer_to_diffusers(
+        dict(native)
+    )
+
+
+@pytest.mark.parametrize(
+    ("config_class", "names", "family"),
+    [
+        ("WanAnimateModel", [], "wan-animate"),
+        ("WanAnimateTransformer3DModel", [], "wan-animate"),
+        ("WanModel", ["head.modulation", "face_adapter.fuser_blocks.0.linear1_q.weight"], "wan-animate"),
+        ("WanModel", ["head.modulation", "blocks.0.self_attn.q.weight"], "wan"),
+        (None, ["head.modulation", "pose_patch_embedding.weight", "motion_encoder.dec.direction.weight"], "wan-animate"),
+        (None, ["condition_embedder.time_proj.weight", "face_adapter.0.to_q.weight"], "wan-animate"),
+        (None, ["head.modulation", "img_emb.proj.1.weight"], "wan"),
+    ],
+)  # fmt: skip
+def test_family_by_class_and_by_names(config_class, names, family):
+    assert family_of(config_class, names).name == family
+
+
+def test_wan_claims_no_animate_model():
+    wan = get_family("wan")
+    for layout in ("animate", "diffusers"):
+        (model,) = ANIMATE.example("tiny", layout)
+        assert wan.naming(dict(model.tensors)) is None and not wan.owns("WanModel", dict(model.tensors))
+
+
+# -- examples: what ComfyUI builds ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small", "14b"])
+def test_examples_have_what_comfyui_builds(preset):
+    (model,) = ANIMATE.example(preset, "animate")
+    state, config = dict(model.tensors), model.config
+    detected = comfyui_animate(state)
+    assert config["_class_name"] == "WanAnimateModel" and detected["in_dim"] == config["in_dim"] == 36
+    assert detected["dim"] == config["dim"] and detected["num_heads"] == config["num_heads"]  # 128-wide heads
+    assert state["text_embedding.0.weight"][1] == 4096 and state["time_embedding.0.weight"][1] == 256
+    assert state["img_emb.proj.1.weight"] == (1280, 1280) and detected["num_layers"] % 5 == 0
+    fixed = comfyui_animate_shapes(detected["dim"], detected["num_layers"])
+    assert {k: state[k] for k in fixed} == fixed
+    if preset == "14b":
+        assert (detected["dim"], detected["num_layers"], detected["ffn_dim"]) == (5120, 40, 13824)
+
+
+def test_the_diffusers_example_is_the_class_built_from_the_release():
+    (release,) = ANIMATE.example("tiny", "animate")
+    (model,) = ANIMATE.example("tiny", "diffusers")
+    renamed = {ANIMATE.diffusers_name(n) for n, _ in release.tensors} - {None}
+    assert model.component == "transformer" and renamed <= {n for n, _ in model.tensors}
+    assert model.config["_class_name"] == "WanAnimateTransformer3DModel" and model.config["in_channels"] == 36
+
+
+# -- layouts, recipes ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> dict[str, Path]:
+    """sources["native" | "diffusers"]: the tiny example, as `quantize example` writes it."""
+    root = tmp_path_factory.mktemp("animate")
+    made = {}
+    for kind, (layout, _) in LAYOUTS.items():
+        made[kind] = root / layout
+        run_cli(
+            "example",
+            made[kind],
+            "--family",
+            "wan-animate",
+            "--preset",
+            "tiny",
+            "--layout",
+            layout,
+            check=True,
+        )
+    return made
+
+
+@pytest.mark.parametrize("kind", list(LAYOUTS))
+def test_each_layout_is_detected_as_animate_alone_and_finds_its_recipes(sources, kind):
+    src, layout = sources[kind], LAYOUTS[kind][1]
+    (found,) = detect_layouts(src)
+    assert (found.name, found.family) == (layout, "wan-animate")
+    listed = run_cli("recipes", "--for", src, check=True).stdout
+    defaults = {
+        line.split("│")[1].strip(): line.split("│")[3].strip()
+        for line in listed.splitlines()
+        if "--format" in line
+    }
+    formats = FORMATS if kind == "native" else SOURCE_FORMATS
+    assert defaults == {f"{ANIMATE.default_recipes[layout][f]}.yaml": f"--format {f}" for f in formats}
+    plan = run_cli("plan", src, "--format", "fp8_channel", check=True)
+    assert plan.stdout.splitlines()[0].startswith(
+        f"recipe {ANIMATE.default_recipes[layout]['fp8_channel']}: "
+    )
+
+
+#: what each recipe quantizes, spelled again here: (fp8 split, full split) by naming
+SPLIT = {
+    "native": (
+        r"blocks\.\d+\.((self|cross)_attn\.(q|k|v|o|k_img|v_img)|ffn\.0)|face_adapter\.fuser_blocks\.\d+\.linear1_(q|kv)",
+        r"blocks\.\d+\.((self|cross)_attn\.(q|k|v|o|k_img|v_img)|ffn\.(0|2))|face_adapter\.fuser_blocks\.\d+\.linear1_(q|kv)",
+    ),
+    "diffusers": (
+        r"blocks\.\d+\.(attn[12]\.(to_q|to_k|to_v|to_out\.0|add_k_proj|add_v_proj)|ffn\.net\.0\.proj)|face_adapter\.\d+\.to_[qkv]",
+        r"blocks\.\d+\.(attn[12]\.(to_q|to_k|to_v|to_out\.0|add_k_proj|add_v_proj)|ffn\.net\.(0\.proj|2))|face_adapter\.\d+\.to_[qkv]",
+    ),
+}  # fmt: skip
+FULL = {"nf4", "comfy_nvfp4", "comfy_mxfp8", "gguf"}
+
+
+@pytest.mark.parametrize("kind", list(LAYOUTS))
+def test_each_bundled_recipe_quantizes_the_blocks_and_the_adapter_inputs_and_keeps_the_rest(sources, kind):
+    layout = LAYOUTS[kind][1]
+    for fmt, recipe in ANIMATE.default_recipes[layout].items():
+        (cp,) = make_plan(sources[kind], load_recipe(recipe).recipe).components
+        linears = {k.removesuffix(".weight") for k, t in cp.component.tensors.items() if k.endswith(".weight") and len(t.shape) == 2}  # fmt: skip
+        quantized = {t.module: t for t in cp.tensors if t.quantize}
+        want = {m for m in linears if re.fullmatch(SPLIT[kind][fmt in FULL], m)}
+        if fmt == "torchao_fp8":  # its dynamic per-row activation scale is 0 on the zero face frame's rows
+            want -= {
+                m
+                for m in want
+                if re.fullmatch(r"face_adapter\.(fuser_blocks\.\d+\.linear1_kv|\d+\.to_[kv])", m)
+            }
+        assert set(quantized) == want, fmt
+        kept = linears - set(quantized)
+        out = "face_adapter.fuser_blocks.0.linear2" if kind == "native" else "face_adapter.0.to_out"
+        assert out in kept and "face_encoder.out_proj" in kept
+        assert {m for m in kept if m.startswith("motion_encoder.")} == {m for m in linears if m.startswith("motion_encoder.")}  # fmt: skip
+        if fmt == "comfy_nvfp4":
+            mxfp8 = {m for m, t in quantized.items() if t.options.type_name == "mxfp8"}
+            down = re.compile(r"blocks\.(0\..*|\d+\.ffn\.2)|face_adapter\.fuser_blocks\.0\..*")
+            assert mxfp8 == {m for m in quantized if down.fullmatch(m)}
+
+
+# -- every format -----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def converted(sources, tmp_path_factory):
+    made: dict[tuple[str, str], Path] = {}
+
+    def get(kind: str, fmt: str) -> Path:
+        if (kind, fmt) not in made:
+            out = tmp_path_factory.mktemp(f"animate-{kind}-{fmt}") / "out"
+            run_cli("convert", sources[kind], out, "--format", fmt, check=True)
+            made[kind, fmt] = out
+        return made[kind, fmt]
+
+    return get
+
+
+def _reference(src: Path):
+    """The diffusers-layout source in float32 as WanAnimateTransformer3DModel."""
+    import diffusers
+
+    comp = open_component(src, "transformer")
+    model = diffusers.WanAnimateTransformer3DModel.from_config(comp.config).eval()
+    model.load_state_dict({k: read_tensor(i).float() for k, i in comp.tensors.items()}, strict=True)
+    return model
+
+
+@pytest.fixture(scope="module")
+def reference(sources):
+    model = _reference(sources["diffusers"])
+    x = load_inputs(None, ANIMATE, model.config)
+    with torch.no_grad():
+        want = model(**ANIMATE.inputs.call(model.config, x))[0]
+        bf16 = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in x.items()}
+        floor = _bf16_floor(model, want, ANIMATE.inputs.call(model.config, bf16))
+    return model.config, x, want, floor
+
+
+@pytest.mark.parametrize("fmt", SOURCE_FORMATS)
+def test_every_diffusers_format_verifies_with_a_forward_and_our_loader_runs_it(
+    sources, converted, reference, fmt
+):
+    """verify --forward through WanAnimateTransformer3DModel, then our loader's eager reference in float32 gives
+    verify's own figure, and its fast path in bf16 stays near it."""
+    import diffusers
+
+    from loaders import load_quantized
+
+    out = converted("diffusers", fmt)
+    proc = run_cli("verify", out, "--source", sources["diffusers"], "--forward", "--json", check=True)
+    (reported,) = [v["output_sqnr_db"] for v in json.loads(proc.stdout)["forward"].values()]
+    config, x, want, floor = reference
+    cls = diffusers.WanAnimateTransformer3DModel
+    with torch.no_grad():
+        exact = load_quantized(cls, out, dtype=torch.float32, compute="dequantize")
+        assert round(forward_sqnr_db(want, exact(**ANIMATE.inputs.call(config, x))[0]), 3) == reported
+        fast = load_quantized(cls, out, dtype=torch.bfloat16)
+        bf16 = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in x.items()}
+        y = fast(**ANIMATE.inputs.call(config, bf16))[0].float()
+    # below both verify's figure and what bf16 arithmetic alone allows (the floor: the source run in bf16), by
+    # FAST_MARGIN_DB at most, as the Wan loaders' test measures it
+    fast_db = forward_sqnr_db(want, y)
+    assert reported > 15 and min(reported, floor) - FAST_MARGIN_DB < fast_db < reported + 1, (
+        reported,
+        floor,
+        fast_db,
+    )
+
+
+def _native_file(out: Path) -> Path:
+    (path,) = [p for p in out.iterdir() if p.suffix in (".safetensors", ".gguf")]
+    return path
+
+
+def _state(path: Path) -> dict[str, tuple[int, ...]]:
+    if path.suffix == ".gguf":
+        return {t.name: tuple(int(d) for d in reversed(t.shape)) for t in gguf.GGUFReader(path).tensors}
+    with safe_open(path, "pt") as f:
+        return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_release_converts_to_every_format_and_verifies(sources, converted, fmt):
+    assert run_cli("verify", converted("native", fmt), "--source", sources["native"]).returncode == 0
+
+
+@pytest.mark.parametrize("fmt", NATIVE_FORMATS)
+def test_comfy_and_gguf_files_hold_what_comfyui_detects_and_builds(converted, fmt):
+    (release,) = ANIMATE.example("tiny", "animate")
+    names = dict(release.tensors)
+    path = _native_file(converted("native", fmt))
+    state = _state(path)
+    assert {n for n in state if not n.endswith(COMFY_PARTS)} == set(names)  # every native name, no other
+    if fmt == "gguf":  # quantized weights are bytes there: the rule reads the kept tensors' shapes
+        assert gguf.GGUFReader(path).fields["general.architecture"].contents() == "wan"  # ComfyUI-GGUF's
+        assert state[f"{CONVS}.0.1.bias"] == (1, 32, 1, 1)  # F32, as stored: ComfyUI's FusedLeakyReLU
+        state = {k: names[k] for k in state}
+    else:
+        with safe_open(path, "pt") as f:
+            markers = {k.removesuffix(".comfy_quant") for k in f.keys() if k.endswith(".comfy_quant")}
+        assert "face_adapter.fuser_blocks.0.linear1_kv" in markers
+        assert not any(
+            m.startswith(("motion_encoder.", "face_encoder.")) or m.endswith("linear2") for m in markers
+        )
+    detected = comfyui_animate(state)
+    assert detected == comfyui_animate(names)
+    fixed = comfyui_animate_shapes(detected["dim"], detected["num_layers"])
+    assert {k: state[k] for k in fixed} == fixed
+
+
+def test_a_forward_of_the_release_is_refused_naming_the_fused_tensor(sources, converted):
+    import diffusers
+
+    from loaders import CheckpointMismatchError, load_quantized
+
+    proc = run_cli("verify", converted("native", "comfy_fp8"), "--source", sources["native"], "--forward")
+    assert proc.returncode == 2 and "linear1_kv" in proc.stderr and "diffusers' names only" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    with pytest.raises(
+        CheckpointMismatchError, match=r"(act_fn\.bias|to_[kv]\.weight)' has no name in Wan Animate's native"
+    ):
+        load_quantized(diffusers.WanAnimateTransformer3DModel, converted("native", "gguf"))
+
+
+def test_native_names_from_the_diffusers_layout_are_refused_naming_the_tensor(sources, tmp_path):
+    proc = run_cli("convert", sources["diffusers"], tmp_path / "out", "--format", "comfy_fp8")
+    assert proc.returncode == 2 and "written from the original release only" in proc.stderr
+    recipe = tmp_path / "gguf.yaml"
+    text = Path("recipes/wan-animate-diffusers-nf4.yaml").read_text()
+    recipe.write_text(
+        text.replace("format: nf4", "format: gguf\ntype: Q8_0").replace("copy_other_files: true\n", "")
+    )
+    proc = run_cli("convert", sources["diffusers"], tmp_path / "out", "--recipe", recipe)
+    assert proc.returncode == 2 and re.search(
+        r"'face_adapter\.0\.to_[kv]\.(weight|bias)' is half of", proc.stderr
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_torchao_output_loads_in_diffusers_from_pretrained_and_runs(converted):
+    import diffusers
+
+    comp = converted("diffusers", "torchao_fp8") / "transformer"
+    model = diffusers.WanAnimateTransformer3DModel.from_pretrained(comp, torch_dtype=torch.bfloat16)
+    x = load_inputs(None, ANIMATE, model.config)
+    x = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in x.items()}
+    with torch.no_grad():
+        y = model(**ANIMATE.inputs.call(model.config, x))[0]
+    assert y.shape[2:] == x["hidden_states"].shape[2:] and y.shape[1] == model.config.out_channels
+    assert torch.isfinite(y).all() and type(model.face_adapter[0].to_q.weight).__name__ == "Float8Tensor"
+    assert type(model.face_adapter[0].to_k.weight).__name__ == "Parameter"  # kept: see the recipe
+
+
+def test_torchao_fp8_activations_of_the_zero_face_frame_are_nan_in_diffusers(sources, tmp_path):
+    """Why the torchao_fp8 recipes keep the face adapter's to_k and to_v: their input's rows of the prepended zero
+    face frame are exactly zero, and torchao's dynamic per-row FP8 scale of such a row is 0 (NaN after)."""
+    import diffusers
+
+    recipe = tmp_path / "all.yaml"
+    text = Path("recipes/wan-animate-diffusers-torchao-fp8.yaml").read_text()
+    recipe.write_text(text.replace(r"'face_adapter\.\d+\.to_q'", r"'face_adapter\.\d+\.to_[qkv]'"))
+    run_cli("convert", sources["diffusers"], tmp_path / "out", "--recipe", recipe, check=True)
+    model = diffusers.WanAnimateTransformer3DModel.from_pretrained(
+        tmp_path / "out" / "transformer", torch_dtype=torch.bfloat16
+    )
+    x = load_inputs(None, ANIMATE, model.config)
+    x = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in x.items()}
+    seen = {}
+    model.face_adapter[0].to_k.register_forward_hook(lambda m, i, o: seen.update(x=i[0], y=o))
+    with torch.no_grad():
+        model(**ANIMATE.inputs.call(model.config, x))
+    zero = seen["x"].abs().amax(-1) == 0
+    assert zero.any() and torch.equal(zero, ~torch.isfinite(seen["y"]).all(-1))
+
+
+def test_the_release_gguf_loads_in_diffusers_from_single_file(sources, converted):
+    """diffusers' converter splits linear1_kv and reshapes the biases: the file loads. (Its forward needs the
+    motion encoder's 2-D weights, kept in the source's BF16, as plain tensors; diffusers' GGUF loader holds BF16
+    as packed bytes that only its Linears decode: it runs from an F32 release.)"""
+    import diffusers
+
+    model = diffusers.WanAnimateTransformer3DModel.from_single_file(
+        str(_native_file(converted("native", "gguf"))), config=str(sources["diffusers"]), subfolder="transformer",
+        quantization_config=diffusers.GGUFQuantizationConfig(compute_dtype=torch.bfloat16), torch_dtype=torch.bfloat16,
+    )  # fmt: skip
+    assert type(model.face_adapter[0].to_k.weight).__name__ == "GGUFParameter"
+    assert model.face_adapter[0].to_k.weight.shape[0] == model.face_adapter[0].to_v.weight.shape[0]
+    assert model.motion_encoder.conv_in.act_fn.bias.shape == (32,)
+
+
+def test_sensitivity_runs_through_animate_and_proposes_a_recipe(sources, tmp_path):
+    proposal = tmp_path / "proposal.yaml"
+    proc = run_cli(
+        "sensitivity", sources["diffusers"], "--format", "nf4", "--min-forward-sqnr", "25",
+        "--write-recipe", proposal, "--top", "3", check=True,
+    )  # fmt: skip
+    assert load_recipe(str(proposal)).recipe.format == "nf4"
+    assert float(re.search(r"forward SQNR of the recipe in [^:]+: ([-\d.]+) dB", proc.stdout)[1]) > 15
