@@ -10,7 +10,7 @@ family, example layout and native-named format (the ones ComfyUI reads: comfy_fp
 comfy_mxfp8, gguf):
 
   - `quantize example --family F --layout L` writes the source, `quantize convert --format FMT` its file (a plan-time
-    refusal, exit 2, is reported as such and counts as passed when the family names no GGUF architecture);
+    refusal, exit 2, is reported as such and counts as passed when the family says why it has no such output (`Family.why_no`));
   - ComfyUI loads the file as its nodes do (Load Diffusion Model / Unet Loader (GGUF)) and must detect the
     family's model class (`EXPECTED`), log no missing / unexpected / left-over keys, and hold every layer the file
     stores quantized as a quantized tensor of the file's layout or GGML type, and no other;
@@ -244,7 +244,7 @@ def main() -> int:
                 (args.work / "logs" / f"{family}-{layout}-{fmt}.log").write_text(p.stdout + p.stderr)
                 if p.returncode:
                     text = (p.stdout + p.stderr).strip().splitlines()[-1:] or [""]
-                    refusal = p.returncode == 2 and fmt == "gguf" and fam.gguf_architecture is None
+                    refusal = p.returncode == 2 and fam.why_no(fmt) is not None  # the family says why
                     r = dict(id=cid, ok=refusal, refused=text[0][:300])
                     results.append(r)
                     print(_line(r), flush=True)

@@ -207,13 +207,16 @@ def _first_match(patterns: list[re.Pattern], key: str) -> str | None:
     return None
 
 
-def _kept_spec(info: TensorInfo, output_name: str, keep_dtype: str, fmt: Format) -> TensorSpec:
+def _kept_spec(
+    info: TensorInfo, output_name: str, keep_dtype: str, fmt: Format, linear: bool | None = None
+) -> TensorSpec:
     """A kept tensor's output: what the recipe's keep_dtype makes of it, as the format stores that (gguf has its
-    own rule)."""
+    own rule). `linear`: whether it is a Linear layer's weight (None: any 2-D weight is)."""
     dt = info.dtype
     if keep_dtype != "source" and dt in dtypes.FLOAT_SOURCE_DTYPES:
         dt = KEEP_DTYPES[keep_dtype]
-    stored = fmt.kept_dtype(info.dtype, info.shape, _is_linear_weight(info), dt)
+    linear = _is_linear_weight(info) if linear is None else linear
+    stored = fmt.kept_dtype(info.dtype, info.shape, linear, dt)
     if stored is None:
         raise InputError(
             f"{info.file}: tensor {info.name!r} is {info.dtype}, which this format's files cannot hold"
@@ -221,11 +224,12 @@ def _kept_spec(info: TensorInfo, output_name: str, keep_dtype: str, fmt: Format)
     return TensorSpec(output_name, stored, info.shape)
 
 
-def _check_quantizable(info: TensorInfo, pattern: str, where: str) -> None:
-    if not _is_linear_weight(info):
+def _check_quantizable(info: TensorInfo, pattern: str, where: str, linear: bool | None = None) -> None:
+    if not (_is_linear_weight(info) if linear is None else linear):
         raise InputError(
             f"{where}: target '{pattern}' hits tensor {info.name!r} {info.dtype}{list(info.shape)}, which is not a 2-D "
-            "Linear weight (biases, norms, modulation tables and convolutions are never quantized): narrow the pattern"
+            "Linear weight (biases, norms, modulation tables, convolutions and a family's plain weight parameters "
+            "are never quantized): narrow the pattern"
         )
     if 0 in info.shape:
         raise InputError(
@@ -348,13 +352,14 @@ def plan_component(
         else:
             target, ignored, type_ = fate(info)
             source, out_name = source_of(info), rename(info.name)
+        linear = _is_linear_weight(info) and not (family is not None and family.plain_weight(info.name))
         if target is not None and ignored is None:
-            _check_quantizable(info, target, where)
+            _check_quantizable(info, target, where, linear)
             # checked when the recipe was validated
             options = options_type.from_type(recipe.type if type_ is None else type_)
             plans.append(_quantized_plan(source, target, out_name, fmt, options, where))
         else:
-            plans.append(_kept_plan(source, ignored, out_name, fmt, recipe.keep_dtype))
+            plans.append(_kept_plan(source, ignored, out_name, fmt, recipe.keep_dtype, linear))
     for options in dict.fromkeys(t.options for t in plans if t.quantize):
         fmt.check_available(options)  # an optional library a type needs (gguf's K-quants: ggml)
     _check_every_pattern_matches(component, recipe, matches)
@@ -393,9 +398,14 @@ def _quantized_plan(
 
 
 def _kept_plan(
-    source: TensorSource, pattern: str | None, out_name: str, fmt: Format, keep_dtype: str
+    source: TensorSource,
+    pattern: str | None,
+    out_name: str,
+    fmt: Format,
+    keep_dtype: str,
+    linear: bool | None = None,
 ) -> TensorPlan:
-    kept = _kept_spec(source.info, out_name, keep_dtype, fmt)
+    kept = _kept_spec(source.info, out_name, keep_dtype, fmt, linear)
     return TensorPlan(source, False, pattern, out_name, (kept,), ("",))
 
 

@@ -284,6 +284,10 @@ class Family:
     default_preset: str = "tiny"
     #: what the card says on two experts (None: the family has none)
     experts_note: str | None = None
+    #: name prefixes (in either naming) of 2-D weights the runtimes use as plain parameters, not as Linear layers
+    #: (Wan Animate's motion encoder: StyleGAN2's "equalized" layers scale them per call): never quantized, and
+    #: kept as any other non-Linear tensor is (a GGUF reader hands them to torch as they are stored: F32)
+    plain_weights: tuple[str, ...] = ()
 
     # --- recognizing it ------------------------------------------------------------------------
 
@@ -326,6 +330,10 @@ class Family:
         if isinstance(cls, str) and family_of_class(cls) is not None:
             return cls == self.diffusers_class
         return self.naming(comp.tensors) == "diffusers"
+
+    def plain_weight(self, name: str) -> bool:
+        """Whether tensor `name` is a 2-D weight its runtimes use as a plain parameter (`plain_weights`)."""
+        return bool(self.plain_weights) and name.startswith(self.plain_weights)
 
     # --- names -----------------------------------------------------------------------------------
 

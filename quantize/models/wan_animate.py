@@ -295,6 +295,10 @@ class WanAnimate(Family):
     gguf_architecture = "wan"  # ComfyUI-GGUF reads "wan"; ComfyUI then tells Animate by its face adapter
     modulation_names = WAN.modulation_names
     lora_prefixes = WAN.lora_prefixes
+    #: the motion encoder's "equalized" layers are plain parameters scaled per call in ComfyUI (``EqualLinear``)
+    #: and diffusers alike, not Linear layers: a GGUF file holds them as F32, which both read as they are (as
+    #: BF16 they come back as GGML's raw bytes, which only a Linear layer decodes: measured in ComfyUI)
+    plain_weights = ("motion_encoder.",)
     default_recipes = {
         "wan-animate": {
             "fp8_channel": "wan-animate-fp8",

@@ -475,10 +475,10 @@ def test_torchao_fp8_activations_of_the_zero_face_frame_are_nan_in_diffusers(sou
     assert zero.any() and torch.equal(zero, ~torch.isfinite(seen["y"]).all(-1))
 
 
-def test_the_release_gguf_loads_in_diffusers_from_single_file(sources, converted):
-    """diffusers' converter splits linear1_kv and reshapes the biases: the file loads. (Its forward needs the
-    motion encoder's 2-D weights, kept in the source's BF16, as plain tensors; diffusers' GGUF loader holds BF16
-    as packed bytes that only its Linears decode: it runs from an F32 release.)"""
+def test_the_release_gguf_loads_in_diffusers_from_single_file_and_runs(sources, converted):
+    """diffusers' converter splits linear1_kv and reshapes the biases: the file loads; and it runs, the motion
+    encoder's plain 2-D weights held in F32 (`plain_weights`: as BF16, diffusers' GGUF loader keeps them as packed
+    bytes that only its Linears decode)."""
     import diffusers
 
     model = diffusers.WanAnimateTransformer3DModel.from_single_file(
@@ -488,6 +488,14 @@ def test_the_release_gguf_loads_in_diffusers_from_single_file(sources, converted
     assert type(model.face_adapter[0].to_k.weight).__name__ == "GGUFParameter"
     assert model.face_adapter[0].to_k.weight.shape[0] == model.face_adapter[0].to_v.weight.shape[0]
     assert model.motion_encoder.conv_in.act_fn.bias.shape == (32,)
+    assert (
+        model.motion_encoder.motion_network[0].weight.dtype == torch.bfloat16
+    )  # F32 in the file, loaded as asked
+    x = load_inputs(None, ANIMATE, dict(model.config))
+    x = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in x.items()}
+    with torch.no_grad():
+        y = model(**ANIMATE.inputs.call(dict(model.config), x))[0]
+    assert torch.isfinite(y).all()
 
 
 def test_sensitivity_runs_through_animate_and_proposes_a_recipe(sources, tmp_path):
