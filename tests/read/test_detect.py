@@ -113,7 +113,8 @@ def _one_line_exit_2(proc) -> str:
 def test_format_refusals_are_one_line_listing_what_there_is(sources, tmp_path):
     line = _one_line_exit_2(run_cli("convert", sources["kandinsky5"], tmp_path / "o", "--format", "gguf"))
     assert "no bundled gguf recipe for kandinsky5" in line and "kandinsky5-torchao-fp8 (torchao_fp8)" in line
-    assert "(Kandinsky 5 has no GGUF architecture (ComfyUI-GGUF's loader reads only" in line  # the family says why
+    # the family says why
+    assert "(Kandinsky 5 has no GGUF architecture (ComfyUI-GGUF's loader reads only" in line
     line = _one_line_exit_2(run_cli("convert", sources["t2v"], tmp_path / "o", "--format", "fp9"))
     assert (
         "'fp9' is not a format (formats: comfy_fp8, comfy_int8, comfy_mxfp8, comfy_nvfp4, fp8_channel, gguf, nf4, torchao_fp8, torchao_int8)"
