@@ -48,9 +48,8 @@ def _families() -> list[str]:
 @click.option(
     "--layout",
     type=click.Choice(_all("example_layouts")),
-    default="t2v",
-    show_default=True,
-    help="Folder layout and extra layers.",
+    default=None,
+    help="Folder layout and extra layers [default: the family's first: t2v for wan].",
 )
 @click.option(
     "--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default="bfloat16", show_default=True
@@ -67,7 +66,7 @@ def example_cmd(
     output: Path,
     family: str,
     preset: str | None,
-    layout: str,
+    layout: str | None,
     dtype: str,
     max_shard_size: str,
     lora: Path | None,
@@ -83,6 +82,7 @@ def example_cmd(
     quiet_model_imports()  # a family built from diffusers' own class: what importing it pulls in stays quiet
     chosen = get_family(family)
     preset = preset or chosen.default_preset
+    layout = layout or chosen.example_layouts[0]
     for path in (output, lora):
         if path is not None and path.exists():
             raise OutputExistsError(f"{path}: already exists; remove it or pick another path")

@@ -177,3 +177,15 @@ def test_a_name_table_with_block_lists_named_otherwise_in_each_naming():
         assert table.native(diffusers_name) == native and table.diffusers(native) == diffusers_name
     assert table.native("transformer_blocks.0.proj_out.weight") is None  # a module of the other list
     assert table.native("single_transformer_blocks.x.proj_out.weight") is None  # no block number
+
+
+@pytest.mark.parametrize("family", [f.name for f in FAMILIES])
+def test_example_without_a_layout_writes_the_familys_first_and_is_detected_as_it(family, tmp_path):
+    from quantize.read.detect import detect_layouts
+    from tests.conftest import run_cli
+
+    fam = get_family(family)
+    tiny = "tiny" if "tiny" in fam.presets else fam.default_preset
+    proc = run_cli("example", tmp_path / "ex", "--family", family, "--preset", tiny, check=True)
+    assert f"-shaped {fam.example_layouts[0]} checkpoint" in proc.stdout
+    assert {lay.family for lay in detect_layouts(tmp_path / "ex")} == {family}
