@@ -26,7 +26,7 @@ that belong to the whole weight (a per-tensor scale, ComfyUI's marker).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -176,6 +176,8 @@ def _load_one(
     if family is None:
         _check_names_of_no_family(model, comp)
     names = _checkpoint_names(model, comp, family)
+    if family is not None and family.carried_parts:  # a release's other parts (its VAE): no part of the model
+        comp = replace(comp, tensors={k: t for k, t in comp.tensors.items() if not family.carried(k)})
     plan = _match(model, comp, fmt, names)
     keep_fp32 = tuple(getattr(model, "_keep_in_fp32_modules", None) or ())
     if dtype is None:

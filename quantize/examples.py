@@ -44,8 +44,10 @@ def write_random_checkpoint(
     stem: str = "diffusion_pytorch_model",
     config: dict | None = None,
     seed: int = 0,
+    metadata: dict[str, str] | None = None,
 ) -> list[Path]:
-    """Write random tensors as safetensors shards (+ index when more than one, + config.json)."""
+    """Write random tensors as safetensors shards (+ index when more than one, + config.json); each shard's
+    ``__metadata__`` holds `metadata` beside ``format``."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     dt = dtypes.by_torch(dtype).name
@@ -54,7 +56,7 @@ def write_random_checkpoint(
     names = shard_names(stem, len(groups), with_index=False)
     weight_map = {}
     for group, name in zip(groups, names, strict=True):
-        with ShardWriter(out_dir / name, group, SHARD_METADATA) as w:
+        with ShardWriter(out_dir / name, group, {**SHARD_METADATA, **(metadata or {})}) as w:
             for spec in group:
                 w.write(spec.name, _random(spec.name, spec.shape, dtype, seed))
         weight_map.update(dict.fromkeys((s.name for s in group), name))
@@ -89,6 +91,7 @@ def write_example(
             stem=model.stem,
             config=model.config,
             seed=seed + i,
+            metadata=dict(model.metadata or {}),
         )
     for rel, text in chosen.example_files().items():
         (out_dir / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -29,6 +29,7 @@ from .base import (
     stack_rows,
 )
 from .kandinsky5 import KANDINSKY5
+from .ltx2 import LTX2
 from .skyreels_v2 import SKYREELS_V2
 from .wan import WAN
 from .wan_animate import WAN_ANIMATE
@@ -61,7 +62,7 @@ __all__ = [
 ]
 
 #: every family the tool knows, in the order detection asks them
-FAMILIES: tuple[Family, ...] = (WAN_VACE, SKYREELS_V2, WAN_ANIMATE, WAN, KANDINSKY5)
+FAMILIES: tuple[Family, ...] = (WAN_VACE, SKYREELS_V2, WAN_ANIMATE, WAN, KANDINSKY5, LTX2)
 #: the family `quantize example` (and `examples.write_example`) makes when none is named
 DEFAULT_FAMILY: str = WAN.name
 

@@ -250,6 +250,8 @@ class ExampleModel:
     tensors: list[tuple[str, tuple[int, ...]]]
     config: dict | None
     stem: str = "diffusion_pytorch_model"
+    #: the file's ``__metadata__`` beside ``format`` as the release writes it (LTX-2's ``config``), or None
+    metadata: Mapping[str, str] | None = None
 
 
 class Family:
@@ -288,6 +290,11 @@ class Family:
     #: (Wan Animate's motion encoder: StyleGAN2's "equalized" layers scale them per call): never quantized, and
     #: kept as any other non-Linear tensor is (a GGUF reader hands them to torch as they are stored: F32)
     plain_weights: tuple[str, ...] = ()
+    #: name prefixes of tensors a release's one file holds beside the model (LTX-2's VAE, vocoder, text connectors):
+    #: carried as stored, no part of `diffusers_class` (a forward pass and the loader leave them out)
+    carried_parts: tuple[str, ...] = ()
+    #: keys of a source file's ``__metadata__`` its runtimes read (LTX-2's ``config``): carried into the output files
+    carried_metadata: tuple[str, ...] = ()
 
     # --- recognizing it ------------------------------------------------------------------------
 
@@ -334,6 +341,10 @@ class Family:
     def plain_weight(self, name: str) -> bool:
         """Whether tensor `name` is a 2-D weight its runtimes use as a plain parameter (`plain_weights`)."""
         return bool(self.plain_weights) and name.startswith(self.plain_weights)
+
+    def carried(self, name: str) -> bool:
+        """Whether tensor `name` is a part of the release carried beside the model (`carried_parts`)."""
+        return bool(self.carried_parts) and name.startswith(self.carried_parts)
 
     # --- names -----------------------------------------------------------------------------------
 

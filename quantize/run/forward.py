@@ -216,7 +216,7 @@ def runnable(cp: ComponentPlan) -> Runnable:
         if tp.name in stacks:  # a native fused tensor: the class's tensors are its row ranges
             for name, ranges in stack_rows(stacks[tp.name], tp.source.rows).items():
                 plans[name], rows[name] = tp, ranges
-        else:
+        elif not family.carried(tp.name):  # a release's other parts (its VAE) are no part of the class
             plans[renamed[tp.name]] = tp
     return Runnable(family, family.diffusers_config(config, cp.component.tensors, where), plans, rows)
 

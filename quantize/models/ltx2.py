@@ -1,0 +1,560 @@
+"""LTX-2 (Lightricks LTX-2 19B and its successors: audio and video in one transformer; diffusers'
+`LTX2VideoTransformer3DModel`): everything the tool knows of it.
+
+Layouts (`LTX2.layouts`): ``ltx2`` (the release as Lightricks ships it: ONE safetensors file, e.g.
+``ltx-2-19b-dev.safetensors``, no config.json, holding the transformer under ``model.diffusion_model.`` together with
+the video VAE (``vae.``), the audio VAE (``audio_vae.``), the vocoder (``vocoder.``), the text feature projection
+(``text_embedding_projection.``) and the two text-embedding connectors
+(``model.diffusion_model.{video,audio}_embeddings_connector.``); its ``__metadata__`` ``config`` holds the
+configuration ComfyUI builds the transformer, the VAE and the audio VAE from) and ``ltx2-diffusers`` (a diffusers
+``transformer/`` with ``LTX2VideoTransformer3DModel``'s config, or that folder itself).
+
+Only the transformer's Linears are ever converted; every other tensor of the release file (`Family.carried_parts`) is
+carried as stored, and its metadata ``config`` with it (`Family.carried_metadata`), so that a converted file is again
+one file ComfyUI's checkpoint loader takes (``comfy/sd.py``: the unet under ``model.diffusion_model.``, the VAE under
+``vae.``; the audio VAE node reads ``audio_vae.`` and ``vocoder.``; the text encoder loader reads the projection and
+the connectors).
+
+Names: the native ones are the release's, with its ``model.diffusion_model.`` prefix (``patchify_proj``,
+``adaln_single``, ``av_ca_a2v_gate_adaln_single``, per block ``scale_shift_table_a2v_ca_video``, ``attn1.q_norm``);
+diffusers' single-file converter (``convert_ltx2_transformer_to_diffusers``) is the tests' oracle. The connectors,
+which diffusers keeps in another component (``LTX2TextConnectors``), have no name in `LTX2VideoTransformer3DModel`:
+a native file carries them, never quantized; a diffusers ``transformer/`` has none to write.
+
+The dimensions ComfyUI fixes (``comfy/model_detection.py``, the 'Lightricks ltxv' branch: ``ltxav`` when
+``audio_adaln_single.linear.weight`` exists): it counts the blocks and reads ``attention_head_dim`` = the rows of
+``transformer_blocks.0.attn2.to_k`` // 32 (32 heads) and ``cross_attention_dim`` off its columns; everything else is
+``LTXAVModel``'s defaults (32 audio heads of 64, 128 latent channels in and out for video and audio, caption width
+3840, connectors of 30 heads of 128) unless the file's metadata ``config`` says otherwise under ``transformer``. The
+examples keep the 32 heads and 128 channels, and carry a metadata ``config`` naming the rest, as the release does.
+
+>>> LTX2.native_name("transformer_blocks.3.attn1.norm_q.weight")
+'model.diffusion_model.transformer_blocks.3.attn1.q_norm.weight'
+>>> LTX2.diffusers_name("model.diffusion_model.av_ca_a2v_gate_adaln_single.linear.bias")
+'av_cross_attn_video_a2v_gate.linear.bias'
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import InputError
+from .base import BlockNames, Blocks, ExampleModel, Family, ModelInputs, SourceLayout
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..read.checkpoint import Component, TensorInfo
+
+__all__ = ["LTX2", "Ltx2", "Ltx2Shape", "NAMES", "PREFIX", "CARRIED", "COMFYUI_HEADS"]
+
+#: where the release keeps the transformer (and its text connectors) in its one file
+PREFIX = "model.diffusion_model."
+#: what the release's file holds beside the transformer: carried as stored, never converted
+CARRIED = (
+    "vae.",
+    "audio_vae.",
+    "vocoder.",
+    "text_embedding_projection.",
+    f"{PREFIX}video_embeddings_connector.",
+    f"{PREFIX}audio_embeddings_connector.",
+)
+#: the heads ComfyUI builds video and audio attention with when the file's metadata names none
+COMFYUI_HEADS = 32
+
+# --- names ---------------------------------------------------------------------------------------------
+
+#: diffusers' adaLN-single modules -> the release's (the four audio-video cross-attention ones, LTX-2.3's prompt ones)
+_ADALN = {
+    "time_embed": "adaln_single",
+    "audio_time_embed": "audio_adaln_single",
+    "av_cross_attn_video_scale_shift": "av_ca_video_scale_shift_adaln_single",
+    "av_cross_attn_video_a2v_gate": "av_ca_a2v_gate_adaln_single",
+    "av_cross_attn_audio_scale_shift": "av_ca_audio_scale_shift_adaln_single",
+    "av_cross_attn_audio_v2a_gate": "av_ca_v2a_gate_adaln_single",
+    "prompt_adaln": "prompt_adaln_single",
+    "audio_prompt_adaln": "audio_prompt_adaln_single",
+}
+_ADALN_PARTS = ("emb.timestep_embedder.linear_1", "emb.timestep_embedder.linear_2", "linear")
+#: the six attentions of a block: video and audio self- and text cross-attention, audio-to-video, video-to-audio
+ATTENTIONS = ("attn1", "audio_attn1", "attn2", "audio_attn2", "audio_to_video_attn", "video_to_audio_attn")
+
+
+def _block_modules() -> dict[str, str]:
+    modules = {}
+    for a in ATTENTIONS:
+        for m in ("to_q", "to_k", "to_v", "to_out.0", "to_gate_logits"):
+            modules[f"{a}.{m}"] = f"{a}.{m}"
+        modules[f"{a}.norm_q"], modules[f"{a}.norm_k"] = f"{a}.q_norm", f"{a}.k_norm"
+    for ff in ("ff", "audio_ff"):
+        for m in ("net.0.proj", "net.2"):
+            modules[f"{ff}.{m}"] = f"{ff}.{m}"
+    return modules
+
+
+def _root_modules() -> dict[str, str]:
+    modules = {f"{d}.{m}": f"{PREFIX}{n}.{m}" for d, n in _ADALN.items() for m in _ADALN_PARTS}
+    modules |= {"proj_in": f"{PREFIX}patchify_proj", "audio_proj_in": f"{PREFIX}audio_patchify_proj"}
+    for m in ("caption_projection", "audio_caption_projection"):
+        modules |= {f"{m}.linear_{i}": f"{PREFIX}{m}.linear_{i}" for i in (1, 2)}
+    return modules | {m: f"{PREFIX}{m}" for m in ("proj_out", "audio_proj_out")}
+
+
+#: diffusers' names -> the release's (with its ``model.diffusion_model.`` prefix)
+NAMES = BlockNames(
+    root_modules=_root_modules(),
+    root_tensors={
+        t: f"{PREFIX}{t}"
+        for t in ("scale_shift_table", "audio_scale_shift_table", "keyframes_abs_pos_embedding")
+    },
+    blocks=(
+        Blocks(
+            "transformer_blocks",
+            f"{PREFIX}transformer_blocks",
+            modules=_block_modules(),
+            tensors={
+                "scale_shift_table": "scale_shift_table",
+                "audio_scale_shift_table": "audio_scale_shift_table",
+                "prompt_scale_shift_table": "prompt_scale_shift_table",
+                "audio_prompt_scale_shift_table": "audio_prompt_scale_shift_table",
+                "video_a2v_cross_attn_scale_shift_table": "scale_shift_table_a2v_ca_video",
+                "audio_a2v_cross_attn_scale_shift_table": "scale_shift_table_a2v_ca_audio",
+            },
+        ),
+    ),
+)
+
+#: what LTX-2 releases fix that their tensors do not say (diffusers' conversion of the 2.0 release; ComfyUI's
+#: ``LTXAVModel`` defaults): split RoPE in float64, a causal offset of 1, timesteps scaled by 1000, 1x1x1 patches
+RELEASE_CONSTANTS = {
+    "patch_size": 1,
+    "patch_size_t": 1,
+    "vae_scale_factors": [8, 32, 32],
+    "pos_embed_max_pos": 20,
+    "base_height": 2048,
+    "base_width": 2048,
+    "audio_patch_size": 1,
+    "audio_patch_size_t": 1,
+    "audio_scale_factor": 4,
+    "audio_pos_embed_max_pos": 20,
+    "audio_sampling_rate": 16000,
+    "audio_hop_length": 160,
+    "activation_fn": "gelu-approximate",
+    "qk_norm": "rms_norm_across_heads",
+    "norm_elementwise_affine": False,
+    "norm_eps": 1e-6,
+    "attention_bias": True,
+    "attention_out_bias": True,
+    "rope_theta": 10000.0,
+    "rope_double_precision": True,
+    "causal_offset": 1,
+    "timestep_scale_multiplier": 1000,
+    "cross_attn_timestep_scale_multiplier": 1000,
+    "rope_type": "split",
+}
+
+# --- a forward pass's inputs -------------------------------------------------------------------------------
+
+_KEYS = (
+    "hidden_states",
+    "audio_hidden_states",
+    "encoder_hidden_states",
+    "audio_encoder_hidden_states",
+    "timestep",
+    "audio_timestep",
+)
+
+
+def _text_widths(config: dict) -> tuple[int, int]:
+    """The widths of the video and audio text embeddings the transformer takes: the caption features (LTX-2.0
+    projects them itself), else the connectors' outputs, as wide as its cross-attention (LTX-2.3)."""
+    if config.get("use_prompt_embeddings", True):
+        return config["caption_channels"], config["caption_channels"]
+    return config["cross_attention_dim"], config["audio_cross_attention_dim"]
+
+
+def _shapes(config: dict) -> dict[str, tuple[tuple[int | None, ...], ...]]:
+    video, audio = _text_widths(config)
+    timestep = ((None,), (None, None))
+    return {
+        "hidden_states": ((None, None, config["in_channels"]),),
+        "audio_hidden_states": ((None, None, config["audio_in_channels"]),),
+        "encoder_hidden_states": ((None, None, video),),
+        "audio_encoder_hidden_states": ((None, None, audio),),
+        "timestep": timestep,
+        "audio_timestep": timestep,
+    }
+
+
+def _random(config: dict, g: torch.Generator) -> dict[str, torch.Tensor]:
+    """8 video tokens, 5 audio tokens, 6 text tokens each, a timestep of 500 (sigma 0.5, scaled by 1000)."""
+    import torch
+
+    video, audio = _text_widths(config)
+    return dict(
+        hidden_states=torch.randn(1, 8, config["in_channels"], generator=g),
+        audio_hidden_states=torch.randn(1, 5, config["audio_in_channels"], generator=g),
+        encoder_hidden_states=torch.randn(1, 6, video, generator=g),
+        audio_encoder_hidden_states=torch.randn(1, 6, audio, generator=g),
+        timestep=torch.full((1,), 500.0),
+        audio_timestep=torch.full((1,), 500.0),
+    )
+
+
+def _call(config: dict, t: dict[str, torch.Tensor]) -> dict:
+    """The tokens as frames of one latent pixel each (RoPE positions from the counts), sigma from the timestep."""
+    ts = t["timestep"]
+    sigma = ts.reshape(ts.shape[0], -1)[:, 0] / config.get("timestep_scale_multiplier", 1000)
+    return dict(
+        t,
+        sigma=sigma,
+        num_frames=t["hidden_states"].shape[1],
+        height=1,
+        width=1,
+        audio_num_frames=t["audio_hidden_states"].shape[1],
+        return_dict=False,
+    )
+
+
+_INPUTS = ModelInputs(keys=lambda config: _KEYS, shapes=_shapes, random=_random, call=_call, accepts=_KEYS)
+
+# --- examples ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ltx2Shape:
+    """The dimensions of an example LTX-2 (the 2.0 structure: caption projections in the transformer). ComfyUI's
+    32 heads for video and audio and 128 latent channels are kept; the head widths, the caption width and the
+    connectors' are named in the file's metadata ``config``, as the release names them."""
+
+    attention_head_dim: int
+    audio_attention_head_dim: int
+    caption_channels: int
+    connector_heads: int
+    connector_head_dim: int
+    num_layers: int = 48
+    connector_layers: int = 2
+    heads: int = COMFYUI_HEADS
+    audio_heads: int = COMFYUI_HEADS
+    in_channels: int = 128
+    audio_in_channels: int = 128
+    #: Gemma hidden states of this many layers, concatenated, are what text_embedding_projection takes (49)
+    text_layers: int = 49
+    #: the connectors' learnable registers (ComfyUI's Embeddings1DConnector: 128)
+    registers: int = 128
+
+    @property
+    def dim(self) -> int:
+        return self.heads * self.attention_head_dim
+
+    @property
+    def audio_dim(self) -> int:
+        return self.audio_heads * self.audio_attention_head_dim
+
+    def config(self) -> dict:
+        """`LTX2VideoTransformer3DModel`'s config for this shape."""
+        return {
+            "_class_name": LTX2.diffusers_class,
+            "in_channels": self.in_channels,
+            "out_channels": self.in_channels,
+            "num_attention_heads": self.heads,
+            "attention_head_dim": self.attention_head_dim,
+            "cross_attention_dim": self.dim,
+            "audio_in_channels": self.audio_in_channels,
+            "audio_out_channels": self.audio_in_channels,
+            "audio_num_attention_heads": self.audio_heads,
+            "audio_attention_head_dim": self.audio_attention_head_dim,
+            "audio_cross_attention_dim": self.audio_dim,
+            "num_layers": self.num_layers,
+            "caption_channels": self.caption_channels,
+            **RELEASE_CONSTANTS,
+        }
+
+    def comfyui_config(self) -> dict:
+        """The ``transformer`` section of the release's metadata ``config``, in ``LTXAVModel``'s argument names."""
+        return {
+            "num_attention_heads": self.heads,
+            "attention_head_dim": self.attention_head_dim,
+            "cross_attention_dim": self.dim,
+            "audio_num_attention_heads": self.audio_heads,
+            "audio_attention_head_dim": self.audio_attention_head_dim,
+            "audio_cross_attention_dim": self.audio_dim,
+            "in_channels": self.in_channels,
+            "audio_in_channels": self.audio_in_channels,
+            "caption_channels": self.caption_channels,
+            "num_layers": self.num_layers,
+            "connector_num_attention_heads": self.connector_heads,
+            "connector_attention_head_dim": self.connector_head_dim,
+            "connector_num_layers": self.connector_layers,
+            "rope_type": "split",
+        }
+
+
+def _linear(name: str, out: int, inp: int, bias: bool = True) -> list[tuple[str, tuple[int, ...]]]:
+    return [(f"{name}.weight", (out, inp))] + ([(f"{name}.bias", (out,))] if bias else [])
+
+
+def connector_tensors(s: Ltx2Shape, name: str) -> list[tuple[str, tuple[int, ...]]]:
+    """One text-embedding connector as ComfyUI's ``Embeddings1DConnector`` builds it (its learnable registers and
+    its 1-D transformer blocks: self-attention with q/k norms, a 4x GELU feed-forward)."""
+    d, p = s.connector_heads * s.connector_head_dim, f"{PREFIX}{name}"
+    out = [(f"{p}.learnable_registers", (s.registers, d))]
+    for i in range(s.connector_layers):
+        b = f"{p}.transformer_1d_blocks.{i}"
+        out += [(f"{b}.attn1.q_norm.weight", (d,)), (f"{b}.attn1.k_norm.weight", (d,))]
+        for m in ("to_q", "to_k", "to_v", "to_out.0"):
+            out += _linear(f"{b}.attn1.{m}", d, d)
+        out += _linear(f"{b}.ff.net.0.proj", 4 * d, d) + _linear(f"{b}.ff.net.2", d, 4 * d)
+    return out
+
+
+def release_others(s: Ltx2Shape) -> list[tuple[str, tuple[int, ...]]]:
+    """What the release's file holds beside the transformer (`CARRIED`), a few tensors of each part with the names
+    ComfyUI and diffusers read: the text feature projection (Gemma's layers concatenated -> caption width, no bias),
+    both connectors, and a handful of the video VAE's, audio VAE's and vocoder's tensors (2-D to 5-D)."""
+    c = s.caption_channels
+    out = [("text_embedding_projection.aggregate_embed.weight", (c, c * s.text_layers))]
+    out += connector_tensors(s, "video_embeddings_connector") + connector_tensors(
+        s, "audio_embeddings_connector"
+    )
+    for vae, latent in (("vae", s.in_channels), ("audio_vae", 8)):
+        for stat in ("mean-of-means", "std-of-means"):
+            out.append((f"{vae}.per_channel_statistics.{stat}", (latent,)))
+    out += [
+        ("vae.encoder.conv_in.conv.weight", (32, 48, 3, 3, 3)),
+        ("vae.encoder.conv_in.conv.bias", (32,)),
+        ("vae.decoder.conv_out.conv.weight", (48, 32, 3, 3, 3)),
+        ("audio_vae.decoder.conv_in.conv.weight", (32, 8, 3, 3)),
+        ("vocoder.conv_pre.weight", (32, 64, 7)),
+        ("vocoder.resblocks.0.convs1.0.weight", (32, 32, 3)),
+    ]
+    return out
+
+
+#: example layouts: ``release`` the one file at the root; ``diffusers`` the transformer/ folder
+_LAYOUTS = ("release", "diffusers")
+#: the release file's name (the 19B dev model's), so that the example reads as released
+RELEASE_FILE_STEM = "ltx-2-19b-dev"
+
+
+class Ltx2(Family):
+    name = "ltx2"
+    title = "LTX-2"
+    diffusers_class = "LTX2VideoTransformer3DModel"
+    names = NAMES
+    # only LTX-2 has audio in its transformer, in either naming
+    native_marks = (f"{PREFIX}audio_adaln_single.", f"{PREFIX}transformer_blocks.0.audio_attn1.")
+    diffusers_marks = ("audio_time_embed.", "transformer_blocks.0.audio_attn1.")
+    gguf_architecture = "ltxv"  # ComfyUI-GGUF's IMG_ARCH_LIST; ComfyUI then tells LTX-2 (ltxav) by its audio
+    lora_prefixes = ("diffusion_model.", "model.diffusion_model.", "transformer.")
+    carried_parts = CARRIED
+    carried_metadata = ("config",)
+    default_recipes = {
+        "ltx2": {
+            "fp8_channel": "ltx2-fp8",
+            "torchao_fp8": "ltx2-torchao-fp8",
+            "torchao_int8": "ltx2-torchao-int8",
+            "nf4": "ltx2-nf4",
+            "comfy_fp8": "ltx2-comfy-fp8",
+            "comfy_int8": "ltx2-comfy-int8",
+            "comfy_nvfp4": "ltx2-comfy-nvfp4",
+            "comfy_mxfp8": "ltx2-comfy-mxfp8",
+            "gguf": "ltx2-gguf-q8_0",
+        },
+        "ltx2-diffusers": {
+            "fp8_channel": "ltx2-diffusers-fp8",
+            "torchao_fp8": "ltx2-diffusers-torchao-fp8",
+            "torchao_int8": "ltx2-diffusers-torchao-int8",
+            "nf4": "ltx2-diffusers-nf4",
+            "comfy_fp8": "ltx2-diffusers-comfy-fp8",
+            "comfy_int8": "ltx2-diffusers-comfy-int8",
+            "comfy_nvfp4": "ltx2-diffusers-comfy-nvfp4",
+            "comfy_mxfp8": "ltx2-diffusers-comfy-mxfp8",
+            "gguf": "ltx2-diffusers-gguf-q8_0",
+        },
+    }
+    presets = {
+        # 48 blocks, as every release has (the recipes keep blocks 0, 1, 46 and 47), 32 heads of 2
+        "tiny": Ltx2Shape(
+            attention_head_dim=2,
+            audio_attention_head_dim=2,
+            caption_channels=64,
+            connector_heads=2,
+            connector_head_dim=32,
+            connector_layers=1,
+        ),
+        # every Linear of the blocks a multiple of 256 wide (GGML's K-quants)
+        "small": Ltx2Shape(
+            attention_head_dim=8,
+            audio_attention_head_dim=8,
+            caption_channels=256,
+            connector_heads=2,
+            connector_head_dim=128,
+            connector_layers=1,
+        ),
+        # LTX-2 19B (ltx-2-19b-dev.safetensors): ComfyUI's LTXAVModel defaults, for benchmarks
+        "19b": Ltx2Shape(
+            attention_head_dim=128,
+            audio_attention_head_dim=64,
+            caption_channels=3840,
+            connector_heads=30,
+            connector_head_dim=128,
+        ),
+    }
+    example_layouts = _LAYOUTS
+    default_preset = "tiny"
+
+    # --- recognizing it --------------------------------------------------------------------------------
+
+    def layouts(self, folder: Path, open_: Callable[[str], Component | None]) -> list[SourceLayout]:
+        """``ltx2-diffusers``: a diffusers ``transformer/`` (or such a folder itself); ``ltx2``: the release's one
+        file at the root, told by its native names."""
+        found = []
+        transformer = open_("transformer")
+        if transformer is not None and self._is_diffusers(transformer):
+            why = f"{self.title}, diffusers layout ({self.diffusers_class} in transformer/)"
+            found.append(self.layout(why, "ltx2-diffusers"))
+        root = open_(".")
+        if root is not None:
+            if self.naming(root.tensors) == "native":
+                why = f"{self.title} release: one file, the transformer under {PREFIX} with its VAEs and connectors"
+                found.append(self.layout(why, "ltx2"))
+            elif (root.config or {}).get("_class_name") == self.diffusers_class:
+                why = f"{self.title}, a bare {self.diffusers_class} folder (diffusers names)"
+                found.append(self.layout(why, "ltx2-diffusers"))
+        return found
+
+    # --- running it ------------------------------------------------------------------------------------
+
+    @property
+    def inputs(self) -> ModelInputs:
+        return _INPUTS
+
+    def runnable_names(self, names: Sequence[str], where: Path) -> dict[str, str]:
+        """The transformer's native names -> diffusers' (`Family.runnable_names`); the release's other parts
+        (`CARRIED`) are left out: they are no part of the class."""
+        return super().runnable_names([n for n in names if not self.carried(n)], where)
+
+    def diffusers_config(self, config: dict, tensors: Mapping[str, TensorInfo], where: Path) -> dict:
+        """`LTX2VideoTransformer3DModel`'s config for the release's file (which has no config.json), read off the
+        tensor shapes as ComfyUI reads them (32 heads unless a gated attention's gate says how many); what the
+        shapes do not say is what the releases fix (`RELEASE_CONSTANTS`)."""
+
+        def shape(name: str) -> tuple[int, ...]:
+            if f"{PREFIX}{name}" not in tensors:
+                raise InputError(f"{where}: no tensor {PREFIX + name!r}: not an {self.title} release")
+            return tuple(tensors[f"{PREFIX}{name}"].shape)
+
+        def has(name: str) -> bool:
+            return f"{PREFIX}{name}" in tensors
+
+        block = "transformer_blocks.0"
+        inner, in_channels = shape("patchify_proj.weight")
+        audio_inner, audio_in_channels = shape("audio_patchify_proj.weight")
+
+        def heads_of(attention: str) -> int:  # a gated attention's gate has one row a head; else ComfyUI's 32
+            gate = f"{block}.{attention}.to_gate_logits.weight"
+            return shape(gate)[0] if has(gate) else COMFYUI_HEADS
+
+        heads, audio_heads = heads_of("attn1"), heads_of("audio_attn1")
+        to_k, audio_to_k = shape(f"{block}.attn2.to_k.weight"), shape(f"{block}.audio_attn2.to_k.weight")
+        for width, n, what in (
+            (to_k[0], heads, "attn2.to_k"),
+            (audio_inner, audio_heads, "audio_patchify_proj"),
+        ):
+            if width % n:
+                raise InputError(f"{where}: {what} is {width} wide: not {n} heads of equal width")
+        cross_mod = shape(f"{block}.scale_shift_table")[0] == 9
+        audio_cross_mod = shape(f"{block}.audio_scale_shift_table")[0] == 9
+        prompt = has("caption_projection.linear_1.weight")
+        built = {
+            "_class_name": self.diffusers_class,
+            "in_channels": in_channels,
+            "out_channels": shape("proj_out.weight")[0],
+            "num_attention_heads": heads,
+            "attention_head_dim": to_k[0] // heads,
+            "cross_attention_dim": to_k[1],
+            "gated_attn": has(f"{block}.attn1.to_gate_logits.weight"),
+            "cross_attn_mod": cross_mod,
+            "audio_in_channels": audio_in_channels,
+            "audio_out_channels": shape("audio_proj_out.weight")[0],
+            "audio_num_attention_heads": audio_heads,
+            "audio_attention_head_dim": audio_inner // audio_heads,
+            "audio_cross_attention_dim": audio_to_k[1],
+            "audio_gated_attn": has(f"{block}.audio_attn1.to_gate_logits.weight"),
+            "audio_cross_attn_mod": audio_cross_mod,
+            "num_layers": _count(tensors, f"{PREFIX}transformer_blocks."),
+            "caption_channels": shape("caption_projection.linear_1.weight")[1] if prompt else 3840,
+            "use_prompt_embeddings": prompt,
+            "ff_bias": has(f"{block}.ff.net.0.proj.bias"),
+            "audio_ff_bias": has(f"{block}.audio_ff.net.0.proj.bias"),
+            "use_prompt_adaln_single": has("prompt_adaln_single.linear.weight")
+            or not (cross_mod or audio_cross_mod),
+            "use_keyframes_abs_pos_embedding": has("keyframes_abs_pos_embedding"),
+            **RELEASE_CONSTANTS,
+        }
+        if inner != built["num_attention_heads"] * built["attention_head_dim"]:
+            raise InputError(
+                f"{where}: patchify_proj is {inner} wide and attn2.to_k {to_k[0]}: not one {self.title}"
+            )
+        return built
+
+    def release_config(self, tensors: Mapping[str, TensorInfo], where: Path) -> dict | None:
+        """The release ships no config.json: a checkpoint converted from it is written with diffusers' config read
+        off its tensors (`diffusers_config`), so that our loader builds `LTX2VideoTransformer3DModel` for it."""
+        return self.diffusers_config({}, tensors, where)
+
+    def pipeline_tag(self, config: dict) -> str | None:
+        return "text-to-video"
+
+    # --- examples --------------------------------------------------------------------------------------
+
+    def example(self, preset: str, layout: str) -> list[ExampleModel]:
+        """``release``: the one file at the root (the transformer in native names with the release's other
+        parts, its metadata ``config``, no config.json); ``diffusers``: ``transformer/`` with the names and shapes
+        diffusers' own class has (built on meta)."""
+        if preset not in self.presets or layout not in _LAYOUTS:
+            raise InputError(
+                f"{self.title} examples: preset {preset!r}, layout {layout!r}: presets {', '.join(self.presets)}, "
+                f"layouts {', '.join(_LAYOUTS)}"
+            )
+        shape: Ltx2Shape = self.presets[preset]
+        native = [(self.native_name(n), s) for n, s in _diffusers_tensors(self, shape.config())]
+        native += release_others(shape)
+        if (
+            layout == "diffusers"
+        ):  # the class's config as diffusers writes it, read off the release as we read it
+            from .wan_vace import diffusers_example
+
+            return [diffusers_example(self, native, {})]
+        metadata = {"config": json.dumps({"transformer": shape.comfyui_config()}, sort_keys=True)}
+        return [ExampleModel(".", native, None, RELEASE_FILE_STEM, metadata)]
+
+
+def _diffusers_tensors(family: Family, config: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """Names and shapes of diffusers' class built on meta from `config`."""
+    import torch
+
+    try:
+        import diffusers
+    except ImportError:
+        raise InputError(
+            f"{family.title} examples are built from diffusers' own class: pip install 'dit-quantize[diffusers]'"
+        ) from None
+    with torch.device("meta"):
+        model = getattr(diffusers, family.diffusers_class).from_config(config)
+    return [(n, tuple(t.shape)) for n, t in model.state_dict().items()]
+
+
+def _count(tensors: Mapping[str, object], prefix: str) -> int:
+    n = 0
+    while any(k.startswith(f"{prefix}{n}.") for k in tensors):
+        n += 1
+    return n
+
+
+LTX2 = Ltx2()

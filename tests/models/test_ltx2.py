@@ -1,0 +1,512 @@
+"""LTX-2: its native names (the release's, ``model.diffusion_model.``-prefixed), its two layouts (the release's one
+file holding the transformer with its VAEs, vocoder and text connectors; diffusers' ``transformer/``), its recipes
+and every format through the command line.
+
+Oracles: diffusers' own single-file converter (``convert_ltx2_transformer_to_diffusers``) for the name table;
+ComfyUI's detection rule (``comfy/model_detection.py``, the 'Lightricks ltxv' branch, with the file's metadata
+``config`` it reads) spelled in `comfyui_detects`, and the state dict its ``LTXAVModel`` builds from what it detects
+spelled in `comfyui_state` (``comfy/ldm/lightricks/model.py``, ``av_model.py``, ``embeddings_connector.py``);
+ComfyUI-GGUF's ``IMG_ARCH_LIST`` holds ``ltxv``. ComfyUI itself is not needed.
+
+The tiny example has 48 blocks, as the releases do (the recipes keep blocks 0, 1, 46, 47), 64 wide.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import gguf
+import pytest
+import torch
+from safetensors import safe_open
+
+from quantize.errors import InputError
+from quantize.models import family_of, get_family
+from quantize.models.ltx2 import PREFIX
+from quantize.plan import make_plan
+from quantize.read.checkpoint import TensorInfo, open_component, read_tensor
+from quantize.read.detect import detect_layouts
+from quantize.recipes import load_recipe
+from quantize.run.forward import forward_sqnr_db, load_inputs
+from tests.conftest import load_all, run_cli
+
+LTX = get_family("ltx2")
+FORMATS = [
+    "fp8_channel", "torchao_fp8", "torchao_int8", "nf4",
+    "comfy_fp8", "comfy_int8", "comfy_nvfp4", "comfy_mxfp8", "gguf",
+]  # fmt: skip
+NATIVE_FORMATS = [f for f in FORMATS if f.startswith("comfy_") or f == "gguf"]
+COMFY_PARTS = (".comfy_quant", ".weight_scale", ".weight_scale_2", ".input_scale")
+LAYOUTS = {"release": "ltx2", "diffusers": "ltx2-diffusers"}
+
+TINY = dict(
+    in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16,
+    audio_in_channels=8, audio_out_channels=8, audio_num_attention_heads=2, audio_attention_head_dim=4,
+    audio_cross_attention_dim=8, num_layers=2, caption_channels=16, rope_type="split",
+)  # fmt: skip
+
+
+# -- ComfyUI, as its source reads and builds LTX-2 ------------------------------------------------------------
+
+
+def comfyui_detects(state: dict, metadata: dict | None) -> dict:
+    """comfy/model_detection.py on a checkpoint's names and shapes (name -> shape) and its ``__metadata__``: the
+    unet prefix (``unet_prefix_from_state_dict``), then the 'Lightricks ltxv' branch."""
+    prefix = "model.diffusion_model."
+    assert sum(k.startswith(prefix) for k in state) > 5, (
+        "ComfyUI's checkpoint loader finds the unet by this prefix"
+    )
+    assert f"{prefix}adaln_single.emb.timestep_embedder.linear_1.bias" in state, "ComfyUI tells LTX by it"
+    config = {"image_model": "ltxav" if f"{prefix}audio_adaln_single.linear.weight" in state else "ltxv"}
+    config["num_layers"] = next(
+        n for n in range(10**4) if f"{prefix}transformer_blocks.{n}." not in {k[: len(f"{prefix}transformer_blocks.{n}.")] for k in state}
+    )  # fmt: skip
+    rows, cols = state[f"{prefix}transformer_blocks.0.attn2.to_k.weight"]
+    config |= {"attention_head_dim": rows // 32, "cross_attention_dim": cols}
+    if metadata is not None and "config" in metadata:
+        config.update(json.loads(metadata["config"]).get("transformer", {}))
+    config["use_keyframes_abs_pos_embedding"] = f"{prefix}keyframes_abs_pos_embedding" in state
+    return config
+
+
+#: LTXAVModel's defaults (comfy/ldm/lightricks/av_model.py) for what detection and metadata leave unsaid
+COMFYUI_DEFAULTS = dict(
+    in_channels=128, audio_in_channels=128, cross_attention_dim=4096, audio_cross_attention_dim=2048,
+    attention_head_dim=128, audio_attention_head_dim=64, num_attention_heads=32, audio_num_attention_heads=32,
+    caption_channels=3840, connector_attention_head_dim=128, connector_num_attention_heads=30, connector_num_layers=2,
+)  # fmt: skip
+
+
+def comfyui_state(detected: dict) -> dict:
+    """name -> shape of ``LTXAVModel(**config)``'s state dict (the LTX-2.0 structure: PixArt caption projections,
+    no gated attention, 6 modulation rows), under ``model.diffusion_model.``, read off ComfyUI's source."""
+    c = COMFYUI_DEFAULTS | detected
+    v, a = c["num_attention_heads"] * c["attention_head_dim"], c["audio_num_attention_heads"] * c["audio_attention_head_dim"]  # fmt: skip
+    s = {}
+
+    def linear(name, i, o):
+        s[f"{PREFIX}{name}.weight"], s[f"{PREFIX}{name}.bias"] = (o, i), (o,)
+
+    def adaln(
+        name, dim, coefficient
+    ):  # AdaLayerNormSingle: PixArt's timestep embedder (256 in) and its linear
+        linear(f"{name}.emb.timestep_embedder.linear_1", 256, dim)
+        linear(f"{name}.emb.timestep_embedder.linear_2", dim, dim)
+        linear(f"{name}.linear", dim, coefficient * dim)
+
+    def attention(name, query, context, heads, head):  # CrossAttention: q/k RMSNorm over all heads
+        inner = heads * head
+        s[f"{PREFIX}{name}.q_norm.weight"] = s[f"{PREFIX}{name}.k_norm.weight"] = (inner,)
+        linear(f"{name}.to_q", query, inner)
+        linear(f"{name}.to_k", context, inner)
+        linear(f"{name}.to_v", context, inner)
+        linear(f"{name}.to_out.0", inner, query)
+
+    def feed_forward(name, dim):  # GELU_approx(dim, 4 dim) then Linear(4 dim, dim)
+        linear(f"{name}.net.0.proj", dim, 4 * dim)
+        linear(f"{name}.net.2", 4 * dim, dim)
+
+    linear("patchify_proj", c["in_channels"], v)
+    adaln("adaln_single", v, 6)
+    linear("caption_projection.linear_1", c["caption_channels"], v)
+    linear("caption_projection.linear_2", v, v)
+    linear("audio_patchify_proj", c["audio_in_channels"], a)
+    adaln("audio_adaln_single", a, 6)
+    adaln("av_ca_video_scale_shift_adaln_single", v, 4)
+    adaln("av_ca_a2v_gate_adaln_single", v, 1)
+    adaln("av_ca_audio_scale_shift_adaln_single", a, 4)
+    adaln("av_ca_v2a_gate_adaln_single", a, 1)
+    linear("audio_caption_projection.linear_1", c["caption_channels"], a)
+    linear("audio_caption_projection.linear_2", a, a)
+    heads, head = c["connector_num_attention_heads"], c["connector_attention_head_dim"]
+    for connector in ("audio_embeddings_connector", "video_embeddings_connector"):  # Embeddings1DConnector
+        s[f"{PREFIX}{connector}.learnable_registers"] = (128, heads * head)
+        for i in range(c["connector_num_layers"]):
+            attention(f"{connector}.transformer_1d_blocks.{i}.attn1", heads * head, heads * head, heads, head)
+            feed_forward(f"{connector}.transformer_1d_blocks.{i}.ff", heads * head)
+    vh, vd = c["num_attention_heads"], c["attention_head_dim"]
+    ah, ad = c["audio_num_attention_heads"], c["audio_attention_head_dim"]
+    for i in range(c["num_layers"]):  # BasicAVTransformerBlock
+        b = f"transformer_blocks.{i}"
+        attention(f"{b}.attn1", v, v, vh, vd)
+        attention(f"{b}.audio_attn1", a, a, ah, ad)
+        attention(f"{b}.attn2", v, c["cross_attention_dim"], vh, vd)
+        attention(f"{b}.audio_attn2", a, c["audio_cross_attention_dim"], ah, ad)
+        attention(f"{b}.audio_to_video_attn", v, a, ah, ad)
+        attention(f"{b}.video_to_audio_attn", a, v, ah, ad)
+        feed_forward(f"{b}.ff", v)
+        feed_forward(f"{b}.audio_ff", a)
+        s[f"{PREFIX}{b}.scale_shift_table"], s[f"{PREFIX}{b}.audio_scale_shift_table"] = (6, v), (6, a)
+        s[f"{PREFIX}{b}.scale_shift_table_a2v_ca_audio"] = (5, a)
+        s[f"{PREFIX}{b}.scale_shift_table_a2v_ca_video"] = (5, v)
+    s[f"{PREFIX}scale_shift_table"], s[f"{PREFIX}audio_scale_shift_table"] = (2, v), (2, a)
+    linear("proj_out", v, c["in_channels"])  # out_channels = in_channels in LTXVModel
+    linear("audio_proj_out", a, c["audio_in_channels"])
+    return s
+
+
+def _unet_part(state: dict) -> dict:
+    """What ComfyUI's LTXAVModel loads of a checkpoint: the names under its prefix."""
+    return {k: v for k, v in state.items() if k.startswith(PREFIX)}
+
+
+# -- the name table -----------------------------------------------------------------------------------------
+
+
+def test_every_diffusers_name_round_trips_through_diffusers_own_converter():
+    import diffusers
+    from diffusers.loaders.single_file_utils import convert_ltx2_transformer_to_diffusers
+
+    state = diffusers.LTX2VideoTransformer3DModel(**TINY).state_dict()
+    rename = LTX.name_table("native", "comfy_fp8").renamer(list(state), "here")
+    native = {rename(k): v for k, v in state.items()}
+    assert len(native) == len(state) and all(k.startswith(PREFIX) for k in native)
+    assert rename("proj_in.weight") == f"{PREFIX}patchify_proj.weight"
+    assert rename("time_embed.linear.bias") == f"{PREFIX}adaln_single.linear.bias"
+    assert rename("transformer_blocks.1.audio_to_video_attn.norm_k.weight") == (
+        f"{PREFIX}transformer_blocks.1.audio_to_video_attn.k_norm.weight"
+    )
+    back = convert_ltx2_transformer_to_diffusers(dict(native))
+    assert set(back) == set(state) and all(back[k] is state[k] for k in state)
+    assert {LTX.diffusers_name(k) for k in native} == set(state)
+
+
+def test_the_release_names_are_what_diffusers_reads_of_the_release_and_the_connectors_have_none():
+    """diffusers' converter drops the connectors (another component) and leaves the rest of the file alone;
+    our table gives each transformer tensor of the release the name the converter gives it, and none to the rest."""
+    from diffusers.loaders.single_file_utils import convert_ltx2_transformer_to_diffusers
+
+    (release,) = LTX.example("tiny", "release")
+    names = [n for n, _ in release.tensors]
+    converted = convert_ltx2_transformer_to_diffusers({n: n for n in names})
+    ours = LTX.runnable_names(names, Path("here"))
+    assert {old: new for new, old in converted.items() if old.startswith(PREFIX)} == ours
+    carried = [n for n in names if LTX.carried(n)]
+    assert {n.split(".")[0] for n in carried} == {
+        "model",
+        "text_embedding_projection",
+        "vae",
+        "audio_vae",
+        "vocoder",
+    }
+    assert all(LTX.diffusers_name(n) is None for n in carried)
+    assert not any(LTX.carried(n) for n in ours)
+
+
+def test_a_tensor_neither_naming_has_is_refused_naming_it():
+    with pytest.raises(
+        InputError, match=r"^here: tensor 'transformer_blocks.0.attn1.lora.weight' has no native"
+    ):
+        LTX.name_table("native", "gguf").renamer(["audio_time_embed.linear.weight", "transformer_blocks.0.attn1.lora.weight"], "here")  # fmt: skip
+    with pytest.raises(InputError, match=rf"tensor '{PREFIX}odd.weight' has no counterpart"):
+        LTX.runnable_names([f"{PREFIX}audio_adaln_single.linear.weight", f"{PREFIX}odd.weight"], Path("here"))
+
+
+# -- detection and examples ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> dict[str, Path]:
+    """The tiny example in both layouts, as `quantize example` writes them."""
+    root = tmp_path_factory.mktemp("ltx2")
+    for layout in LAYOUTS:
+        run_cli(
+            "example", root / layout, "--family", "ltx2", "--preset", "tiny", "--layout", layout, check=True
+        )
+    return {layout: root / layout for layout in LAYOUTS}
+
+
+@pytest.mark.parametrize(
+    ("config_class", "names"),
+    [
+        ("LTX2VideoTransformer3DModel", []),
+        (None, [f"{PREFIX}audio_adaln_single.linear.weight", "vae.per_channel_statistics.mean-of-means"]),
+        (None, ["audio_time_embed.linear.weight", "transformer_blocks.0.audio_attn1.to_q.weight"]),
+    ],
+)
+def test_family_by_class_and_by_names(config_class, names):
+    assert family_of(config_class, names) is LTX
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_both_layouts_are_detected_and_find_their_recipes(sources, layout):
+    (found,) = detect_layouts(sources[layout])
+    assert (found.name, found.family) == (LAYOUTS[layout], "ltx2")
+    if (
+        layout == "diffusers"
+    ):  # `recipes --for` plans every bundled recipe on 3,500 tensors: once is enough here
+        assert all(load_recipe(r).recipe.components == ["transformer"] for r in LTX.default_recipes[LAYOUTS[layout]].values())  # fmt: skip
+        return
+    listed = run_cli("recipes", "--for", sources[layout], check=True).stdout
+    defaults = {
+        line.split("│")[1].strip(): line.split("│")[3].strip()
+        for line in listed.splitlines()
+        if "--format" in line
+    }
+    assert defaults == {f"{LTX.default_recipes[LAYOUTS[layout]][f]}.yaml": f"--format {f}" for f in FORMATS}
+    plan = run_cli("plan", sources[layout], "--format", "gguf", check=True)
+    assert plan.stdout.splitlines()[0].startswith(f"recipe {LTX.default_recipes[LAYOUTS[layout]]['gguf']}: ")
+
+
+def test_the_release_is_one_file_that_comfyui_builds_exactly_and_diffusers_detects(sources):
+    from diffusers.loaders.single_file_utils import CHECKPOINT_KEY_NAMES
+
+    (path,) = sources["release"].glob("*.safetensors")
+    assert path.name == "ltx-2-19b-dev.safetensors" and not (sources["release"] / "config.json").exists()
+    with safe_open(path, "pt") as f:
+        state, metadata = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}, f.metadata()
+    detected = comfyui_detects(state, metadata)
+    assert detected["image_model"] == "ltxav" and detected["num_layers"] == 48
+    assert comfyui_state(detected) == _unet_part(
+        state
+    )  # ComfyUI builds exactly this transformer and its connectors
+    assert any(k in state for k in CHECKPOINT_KEY_NAMES["ltx2"])  # diffusers' single-file detection
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small", "19b"])
+def test_examples_have_the_dimensions_comfyui_fixes(preset):
+    """32 heads (ComfyUI's attention_head_dim = to_k rows // 32), 128 latent channels; the 19B without metadata is
+    exactly what ComfyUI's defaults build (the release's own dimensions)."""
+    (model,) = LTX.example(preset, "release")
+    state = dict(model.tensors)
+    detected = comfyui_detects(state, dict(model.metadata))
+    assert comfyui_state(detected) == _unet_part(state)
+    assert comfyui_detects(state, None)["attention_head_dim"] == detected["attention_head_dim"]
+    if preset == "19b":
+        assert comfyui_state(comfyui_detects(state, None)) == _unet_part(state)
+        assert detected["cross_attention_dim"] == 4096 and detected["attention_head_dim"] == 128
+
+
+def test_the_config_read_off_the_release_builds_diffusers_class_with_every_transformer_tensor_in_place(
+    sources,
+):
+    import diffusers
+
+    comp = open_component(sources["release"], ".")
+    config = LTX.diffusers_config({}, comp.tensors, comp.dir)
+    with torch.device("meta"):
+        built = diffusers.LTX2VideoTransformer3DModel.from_config(config)
+    renamed = {LTX.diffusers_name(k): t.shape for k, t in comp.tensors.items() if not LTX.carried(k)}
+    assert renamed == {k: tuple(v.shape) for k, v in built.state_dict().items()}
+    diffusers_config = json.loads((sources["diffusers"] / "transformer" / "config.json").read_text())
+    assert {k: diffusers_config[k] for k in config} == config
+
+
+# -- the bundled recipes ----------------------------------------------------------------------------------------
+
+#: what every LTX-2 recipe quantizes, written out again: blocks 2..45, the six attentions' projections, both FFNs
+QUANTIZED = {
+    "release": re.compile(
+        r"model\.diffusion_model\.transformer_blocks\.([2-9]|[1-3]\d|4[0-5])\.((audio_)?attn[12]|audio_to_video_attn"
+        r"|video_to_audio_attn)\.(to_q|to_k|to_v|to_out\.0)|model\.diffusion_model\.transformer_blocks\.([2-9]|[1-3]\d|"
+        r"4[0-5])\.(audio_)?ff\.net\.(0\.proj|2)"
+    ),
+    "diffusers": re.compile(
+        r"transformer_blocks\.([2-9]|[1-3]\d|4[0-5])\.((audio_)?attn[12]|audio_to_video_attn|video_to_audio_attn)\."
+        r"(to_q|to_k|to_v|to_out\.0)|transformer_blocks\.([2-9]|[1-3]\d|4[0-5])\.(audio_)?ff\.net\.(0\.proj|2)"
+    ),
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_each_bundled_recipe_quantizes_the_middle_blocks_and_keeps_the_rest(sources, layout):
+    for fmt in FORMATS:
+        (cp,) = make_plan(
+            sources[layout], load_recipe(LTX.default_recipes[LAYOUTS[layout]][fmt]).recipe
+        ).components
+        assert cp.rel == ("." if layout == "release" else "transformer")
+        quantized = {t.module: t for t in cp.tensors if t.quantize}
+        linears = {k.removesuffix(".weight") for k, t in cp.component.tensors.items() if k.endswith(".weight") and len(t.shape) == 2}  # fmt: skip
+        assert set(quantized) == {m for m in linears if QUANTIZED[layout].fullmatch(m)}, fmt
+        assert len(quantized) == 44 * (6 * 4 + 4)
+        assert not any(LTX.carried(t.name) for t in cp.tensors if t.quantize)
+        if fmt == "comfy_nvfp4":
+            mxfp8 = {m for m, t in quantized.items() if t.options.type_name == "mxfp8"}
+            assert mxfp8 == {m for m in quantized if m.endswith("ff.net.2")} and len(mxfp8) == 88
+
+
+# -- every format, through the command line ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def converted(sources, tmp_path_factory):
+    made: dict[tuple[str, str], Path] = {}
+
+    def get(layout: str, fmt: str) -> Path:
+        if (layout, fmt) not in made:
+            out = tmp_path_factory.mktemp(f"ltx2-{layout}-{fmt}") / "out"
+            run_cli("convert", sources[layout], out, "--format", fmt, check=True)
+            made[layout, fmt] = out
+        return made[layout, fmt]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def reference(sources):
+    """The release in float32 as diffusers' class, and its output on the family's inputs."""
+    import diffusers
+
+    comp = open_component(sources["release"], ".")
+    config = LTX.diffusers_config({}, comp.tensors, comp.dir)
+    model = diffusers.LTX2VideoTransformer3DModel.from_config(config).eval()
+    model.load_state_dict(
+        {
+            LTX.diffusers_name(k): read_tensor(i).float()
+            for k, i in comp.tensors.items()
+            if not LTX.carried(k)
+        },
+        strict=True,
+    )
+    x = load_inputs(None, LTX, model.config)
+    with torch.no_grad():
+        want = model(**LTX.inputs.call(model.config, x))[0]
+    return model, x, want
+
+
+def _output_file(out: Path, layout: str) -> Path:
+    comp = out if layout == "release" else out / "transformer"
+    (path,) = [p for p in comp.iterdir() if p.suffix in (".safetensors", ".gguf")]
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["comfy_fp8", "gguf"])
+def test_verify_forward_runs_the_release_and_our_loader_computes_its_figure(
+    sources, converted, reference, fmt
+):
+    import diffusers
+
+    from loaders import load_quantized
+
+    out = converted("release", fmt)
+    proc = run_cli("verify", out, "--source", sources["release"], "--forward", "--json", check=True)
+    (reported,) = [v["output_sqnr_db"] for v in json.loads(proc.stdout)["forward"].values()]
+    model, x, want = reference
+    with torch.no_grad():
+        exact = load_quantized(
+            diffusers.LTX2VideoTransformer3DModel, out, dtype=torch.float32, compute="dequantize"
+        )
+        got = exact(**LTX.inputs.call(model.config, x))[0]
+    assert reported > 20 and round(forward_sqnr_db(want, got), 3) == reported
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_our_loader_runs_every_format_of_the_release_and_the_other_parts_are_carried_bit_for_bit(sources, converted, reference, fmt):  # fmt: skip
+    import diffusers
+
+    from loaders import QuantizedLinear, load_quantized
+
+    out = converted("release", fmt)
+    model, x, want = reference
+    with torch.no_grad():
+        loaded = load_quantized(
+            diffusers.LTX2VideoTransformer3DModel, out, dtype=torch.float32, compute="dequantize"
+        )
+        assert any(isinstance(m, QuantizedLinear) for m in loaded.modules())
+        got = loaded(**LTX.inputs.call(model.config, x))[0]
+    assert forward_sqnr_db(want, got) > 15
+    path = _output_file(out, "release")
+    source = load_all(sources["release"])
+    carried = {k: v for k, v in source.items() if LTX.carried(k)}
+    if fmt == "gguf":  # every tensor is there; what GGUF stores as F32 holds the same values
+        reader = gguf.GGUFReader(path)
+        stored = {t.name: t for t in reader.tensors}
+        for k, v in carried.items():
+            t = stored[k]
+            if t.tensor_type == gguf.GGMLQuantizationType.F32:
+                assert torch.equal(torch.from_numpy(t.data.copy()).reshape(v.shape), v.float()), k
+        return
+    with safe_open(path, "pt") as f:
+        assert f.metadata()["config"] == safe_open(next(sources["release"].glob("*.safetensors")), "pt").metadata()["config"]  # fmt: skip
+        assert all(torch.equal(f.get_tensor(k), v) for k, v in carried.items())
+
+
+@pytest.mark.parametrize("fmt", NATIVE_FORMATS)
+def test_comfy_and_gguf_files_of_either_layout_hold_what_comfyui_detects(sources, converted, fmt):
+    (release,) = LTX.example("tiny", "release")
+    want = comfyui_detects(dict(release.tensors), dict(release.metadata))
+    for layout in LAYOUTS:
+        path = _output_file(converted(layout, fmt), layout)
+        if fmt == "gguf":
+            reader = gguf.GGUFReader(path)
+            assert (
+                reader.fields["general.architecture"].contents() == "ltxv"
+            )  # in ComfyUI-GGUF's IMG_ARCH_LIST
+            state = {t.name: dict(release.tensors)[t.name] for t in reader.tensors}  # shapes as the source's
+            metadata = dict(release.metadata)  # ComfyUI-GGUF passes none: the 19B's are ComfyUI's defaults
+        else:
+            with safe_open(path, "pt") as f:
+                state = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+                markers = {k.removesuffix(".comfy_quant") for k in f.keys() if k.endswith(".comfy_quant")}
+                metadata = f.metadata() if layout == "release" else dict(release.metadata)
+            assert (
+                markers == {m for m in markers if QUANTIZED["release"].fullmatch(m)}
+                and len(markers) == 44 * 28
+            )
+        names = {n for n in state if not n.endswith(COMFY_PARTS)}
+        unet = {n for n, _ in release.tensors if n.startswith(PREFIX)}
+        if layout == "release":  # the whole release, every name as it was
+            assert names == {n for n, _ in release.tensors}
+        else:  # the transformer alone, in the release's names (diffusers keeps the connectors elsewhere)
+            assert names == {n for n in unet if not LTX.carried(n)}
+        assert comfyui_detects(state, metadata) == want
+        if layout == "release" and fmt != "gguf":
+            # ComfyUI builds the same model from it: every unet tensor there, a quantized weight of its layer's shape
+            source = dict(release.tensors)
+            unet_state = {
+                k: source[k] if k.removesuffix(".weight") in markers else shape
+                for k, shape in state.items()
+                if k.startswith(PREFIX) and not k.endswith(COMFY_PARTS)
+            }
+            assert comfyui_state(want) == unet_state
+
+
+def test_a_torchao_output_loads_in_diffusers_from_pretrained_and_runs(converted):
+    import diffusers
+
+    comp = converted("diffusers", "torchao_fp8") / "transformer"
+    model = diffusers.LTX2VideoTransformer3DModel.from_pretrained(comp, torch_dtype=torch.bfloat16)
+    x = {k: v.to(torch.bfloat16) for k, v in load_inputs(None, LTX, model.config).items()}
+    with torch.no_grad():
+        video, audio = model(**LTX.inputs.call(model.config, x))
+    assert video.shape == x["hidden_states"].shape and audio.shape == x["audio_hidden_states"].shape
+    assert torch.isfinite(video).all() and torch.isfinite(audio).all()
+    assert type(model.transformer_blocks[2].attn1.to_q.weight).__name__ == "Float8Tensor"
+    assert type(model.transformer_blocks[0].attn1.to_q.weight).__name__ == "Parameter"  # block 0 kept
+
+
+def test_the_gguf_loads_in_diffusers_from_single_file_and_runs_close_to_the_source(sources, converted):
+    import diffusers
+
+    cls = diffusers.LTX2VideoTransformer3DModel
+    model = cls.from_pretrained(sources["diffusers"] / "transformer", torch_dtype=torch.float32).eval()
+    x = load_inputs(None, LTX, model.config)
+    with torch.no_grad():
+        want = model(**LTX.inputs.call(model.config, x))[0]
+    path = _output_file(converted("diffusers", "gguf"), "diffusers")
+    loaded = diffusers.LTX2VideoTransformer3DModel.from_single_file(
+        str(path), config=str(sources["diffusers"]), subfolder="transformer",
+        quantization_config=diffusers.GGUFQuantizationConfig(compute_dtype=torch.bfloat16), torch_dtype=torch.bfloat16,
+    )  # fmt: skip
+    bf16 = {k: v.to(torch.bfloat16) for k, v in x.items()}
+    with torch.no_grad():
+        y = loaded(**LTX.inputs.call(model.config, bf16))[0].float()
+    assert forward_sqnr_db(want, y) > 20
+
+
+def test_sensitivity_runs_on_the_release_and_proposes_a_recipe(sources, tmp_path):
+    proposal = tmp_path / "proposal.yaml"
+    proc = run_cli(
+        "sensitivity", sources["release"], "--recipe", "ltx2-comfy-int8", "--min-forward-sqnr", "40",
+        "--write-recipe", proposal, "--top", "3", check=True,
+    )  # fmt: skip
+    assert "forward SQNR of the recipe" in proc.stdout
+    assert load_recipe(str(proposal)).recipe.format == "comfy_int8"
+
+
+def test_a_release_that_is_not_one_is_named(tmp_path):
+    infos = {f"{PREFIX}audio_adaln_single.linear.weight": TensorInfo("x", "BF16", (6, 1), Path("x"), 0, 0)}
+    with pytest.raises(InputError, match=rf"no tensor '{PREFIX}patchify_proj.weight': not an LTX-2 release"):
+        LTX.diffusers_config({}, infos, tmp_path)
