@@ -28,6 +28,7 @@ from .base import (
     Stack,
     stack_rows,
 )
+from .hunyuanvideo15 import HUNYUANVIDEO15
 from .kandinsky5 import KANDINSKY5
 from .ltx2 import LTX2
 from .skyreels_v2 import SKYREELS_V2
@@ -62,7 +63,7 @@ __all__ = [
 ]
 
 #: every family the tool knows, in the order detection asks them
-FAMILIES: tuple[Family, ...] = (WAN_VACE, SKYREELS_V2, WAN_ANIMATE, WAN, KANDINSKY5, LTX2)
+FAMILIES: tuple[Family, ...] = (WAN_VACE, SKYREELS_V2, WAN_ANIMATE, WAN, KANDINSKY5, LTX2, HUNYUANVIDEO15)
 #: the family `quantize example` (and `examples.write_example`) makes when none is named
 DEFAULT_FAMILY: str = WAN.name
 
