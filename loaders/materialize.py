@@ -390,16 +390,10 @@ def _cut_entry(
 ) -> None:
     """Linear `entry` as row ranges of the checkpoint's stacked weight `stacked` (and of its stacked bias)."""
     linear, name = entry.module, entry.name
-    info = keys.get(stacked)
-    if info is None:
-        raise CheckpointMismatchError(
-            f"{comp.dir}: the model's {name + '.weight'!r} ({stacked!r} in {names.why}) is not in the checkpoint"
-        )
-    rows = info.shape[0]
-    try:
-        ranges = stack_rows(names.stack_of(stacked), rows)[f"{name}.weight"]
-    except ValueError as e:
-        raise CheckpointMismatchError(f"{comp.dir}: {stacked!r}: {e}") from None
+    stack = names.stack_of(stacked)
+    share = sum(1 for n, _, _ in stack if n == f"{name}.weight")  # how many of the stack's equal parts it is
+    rows = linear.out_features // share * len(stack)
+    ranges = stack_rows(stack, rows)[f"{name}.weight"]
     stored = stacked[: -len(".weight")]
     options = _stored_options(stored, (rows, linear.in_features), keys, fmt, comp)
     parts = {"weight": (stacked, None)}
@@ -410,10 +404,16 @@ def _cut_entry(
         parts = quantized_parts(fmt, stored, (rows, linear.in_features), options)
         block = layer_fmt.ROW_BLOCK
         if not layer_fmt.ROW_SEPARABLE or any(a % block for r in ranges for a in r):
+            how = f"in row ranges of {block} that its parts' boundaries fall on" if block > 1 else "in rows"
             raise CheckpointMismatchError(
-                f"{comp.dir}: {stacked!r} ({layer_fmt.NAME}) cannot be cut into {name!r}: its parts are not "
-                f"stored in row ranges of {block} that its q/k/v boundaries fall on"
+                f"{comp.dir}: {stacked!r} ({layer_fmt.NAME}) stacks several of the model's Linears and cannot be "
+                f"cut into {name!r}: {layer_fmt.NAME} does not store a weight {how} (convert the diffusers-named "
+                "model instead, or to a format that does)"
             )
+    elif stacked not in keys:
+        raise CheckpointMismatchError(
+            f"{comp.dir}: the model's {name + '.weight'!r} ({stacked!r} in {names.why}) is not in the checkpoint"
+        )
     for part, (key, _) in parts.items():
         part_info = keys[key]
         cut_from.add(key)

@@ -31,6 +31,7 @@ from .base import (
 from .hunyuanvideo15 import HUNYUANVIDEO15
 from .kandinsky5 import KANDINSKY5
 from .ltx2 import LTX2
+from .minimax_h3 import MINIMAX_H3
 from .skyreels_v2 import SKYREELS_V2
 from .wan import WAN
 from .wan_animate import WAN_ANIMATE
@@ -63,7 +64,16 @@ __all__ = [
 ]
 
 #: every family the tool knows, in the order detection asks them
-FAMILIES: tuple[Family, ...] = (WAN_VACE, SKYREELS_V2, WAN_ANIMATE, WAN, KANDINSKY5, LTX2, HUNYUANVIDEO15)
+FAMILIES: tuple[Family, ...] = (
+    WAN_VACE,
+    SKYREELS_V2,
+    WAN_ANIMATE,
+    WAN,
+    KANDINSKY5,
+    LTX2,
+    HUNYUANVIDEO15,
+    MINIMAX_H3,
+)
 #: the family `quantize example` (and `examples.write_example`) makes when none is named
 DEFAULT_FAMILY: str = WAN.name
 
