@@ -103,6 +103,13 @@ def _names(folder: Path) -> list[str]:
     return names
 
 
+def _as_comfyui_names(model_config, layers: dict) -> dict:
+    """The file's quantized layers under the names ComfyUI's model has for them: its model class renames some keys
+    as it loads them (`process_unet_state_dict`: HunyuanVideo's ``img_attn_qkv`` is its ``img_attn.qkv``)."""
+    renamed = model_config.process_unet_state_dict({f"{k}.weight": v for k, v in layers.items()})
+    return {k.removesuffix(".weight"): v for k, v in renamed.items()}
+
+
 def _case(
     runner,
     check,
@@ -128,6 +135,7 @@ def _case(
         ):
             r[key] = sum((check._keys_in(x) for x in logs if x.startswith(mark)), [])
         want, found = runner.quantized_layers(patcher, path)
+        want = _as_comfyui_names(m.model_config, want)
         r["q"] = f"{len(found)}/{len(want)}"
         r["q_mismatch"] = sorted(k for k in set(want) | set(found) if want.get(k) != found.get(k))
         r["layouts"] = sorted(set(found.values()))
