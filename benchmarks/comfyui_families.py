@@ -50,6 +50,9 @@ EXPECTED = {
     "skyreels-v2": {"*": {"WAN21_T2V", "WAN21_I2V"}},
     "wan": {"ti2v": {"WAN22_T2V"}},
 }
+#: the prefix ComfyUI's loaders strip from a full checkpoint's diffusion model (comfy/model_detection.py
+#: unet_prefix_from_state_dict)
+UNET_PREFIX = "model.diffusion_model."
 FORMATS = ["comfy_fp8", "comfy_int8", "comfy_nvfp4", "comfy_mxfp8", "gguf"]
 
 
@@ -80,16 +83,20 @@ def _check_module():
 
 
 def _merged(folder: Path, out: Path) -> Path:
-    """The bf16 source's tensors in one safetensors file (its own names): what ComfyUI's loader is given."""
+    """The bf16 source's tensors in one safetensors file (its own names) with its files' ``__metadata__`` (LTX-2's
+    ``config``, which ComfyUI builds the model from: comfy/model_detection.py, the 'Lightricks ltxv' branch): what
+    ComfyUI's loader is given."""
     import torch
     from safetensors import safe_open
     from safetensors.torch import save_file
 
     tensors: dict[str, torch.Tensor] = {}
+    metadata: dict[str, str] = {}
     for f in sorted(folder.rglob("*.safetensors")):
         with safe_open(str(f), "pt") as h:
             tensors.update({k: h.get_tensor(k).contiguous() for k in h.keys()})
-    save_file(tensors, out)
+            metadata.update(h.metadata() or {})
+    save_file(tensors, out, metadata=metadata or None)
     return out
 
 
@@ -135,6 +142,9 @@ def _case(
         ):
             r[key] = sum((check._keys_in(x) for x in logs if x.startswith(mark)), [])
         want, found = runner.quantized_layers(patcher, path)
+        # a checkpoint's layers under ComfyUI's unet prefix: its diffusion model holds them without it
+        # (comfy/sd.py load_diffusion_model_state_dict strips `model.diffusion_model.`)
+        want = {k.removeprefix(UNET_PREFIX): v for k, v in want.items()}
         want = _as_comfyui_names(m.model_config, want)
         r["q"] = f"{len(found)}/{len(want)}"
         r["q_mismatch"] = sorted(k for k in set(want) | set(found) if want.get(k) != found.get(k))

@@ -49,6 +49,8 @@ CONVROT_GROUP = 256
 #: one rung up for a layer that needs more bits (`quantize sensitivity`): NVFP4 to MXFP8 (both Blackwell's native
 #: block formats), everything else to kept
 _RAISED = {"nvfp4": "mxfp8"}
+#: where a full ComfyUI checkpoint keeps its diffusion model; both of ComfyUI's loaders strip it
+CHECKPOINT_PREFIX = "model.diffusion_model."
 
 
 def marker_json(options: ComfyOptions) -> dict:
@@ -168,12 +170,20 @@ class ComfyFormat(Format):
     def checkpoint_metadata(self, tensors: list[MetadataEntry]) -> dict[str, str]:
         """``_quantization_metadata``, as ComfyUI's QUANTIZATION.md documents it: each quantized layer's marker
         JSON by module name (ComfyUI's ``convert_old_quants`` writes these as the layers' markers, the same ones
-        the file holds)."""
+        the file holds).
+
+        None for a file whose layers are under ComfyUI's checkpoint prefix (`CHECKPOINT_PREFIX`): its Load
+        Diffusion Model (``comfy/sd.py`` ``load_diffusion_model_state_dict``) applies ``_quantization_metadata`` again
+        after stripping the prefix, and ``convert_old_quants`` (``comfy/utils.py``) then adds every layer's marker
+        under its prefixed name to the stripped model, where nothing takes it ("unet unexpected"). The markers the
+        file holds as tensors are what both of its loaders read (``detect_layer_quantization``)."""
         layers = {
             name.removesuffix(".weight"): marker_json(options)
             for name, shape, options in tensors
             if shape is not None
         }
+        if any(name.startswith(CHECKPOINT_PREFIX) for name in layers):
+            return {}
         return {"_quantization_metadata": json.dumps({"format_version": "1.0", "layers": layers})}
 
     def quantization_config(self, kept_linears: list[str]) -> dict:
