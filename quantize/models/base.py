@@ -295,6 +295,10 @@ class Family:
     carried_parts: tuple[str, ...] = ()
     #: keys of a source file's ``__metadata__`` its runtimes read (LTX-2's ``config``): carried into the output files
     carried_metadata: tuple[str, ...] = ()
+    #: why a model in diffusers' names has no output in the native names (ComfyUI's and GGUF's files, which the
+    #: release converts to), in words: what its runtimes need that diffusers' layout does not hold (None: it has).
+    #: Such a model is refused at plan time for those formats (`name_table`), and `why_no` says so
+    diffusers_not_native_why: str | None = None
 
     # --- recognizing it ------------------------------------------------------------------------
 
@@ -360,16 +364,33 @@ class Family:
         if role == "source":
             return IDENTITY
         if role == "native" and self.names is not None:
+
+            def refusing(make: Callable) -> Callable:
+                def checked(names: Sequence[str], where: str):
+                    self._refuse_diffusers_as_native(names, where, fmt)
+                    return make(names, where)
+
+                return checked
+
             return NameTable(
                 f"{self.name}_native",
-                self._native_renamer,
+                refusing(self._native_renamer),
                 f"{self.title}'s original names",
-                self._native_stacks,
+                refusing(self._native_stacks),
             )
         raise InputError(
             f"{where + ': ' if where else ''}{fmt} writes a model's {role} names, and {self.title} has none in this tool yet: "
             f"convert {self.title} to another format (quantize recipes lists them)"
         )
+
+    def _refuse_diffusers_as_native(self, names: Sequence[str], where: str, fmt: str) -> None:
+        """`InputError` for a diffusers-named model when the family has no native output of one
+        (`diffusers_not_native_why`), naming the model and the format."""
+        if self.diffusers_not_native_why is not None and self.naming(names) == "diffusers":
+            raise InputError(
+                f"{where}: {fmt} writes {self.title}'s native names, which ComfyUI reads, and this model has "
+                f"diffusers' {self.diffusers_class} names: {self.diffusers_not_native_why}"
+            )
 
     def _native_renamer(self, names: Sequence[str], where: str) -> Renamer:
         naming = self.naming(names)
@@ -438,8 +459,12 @@ class Family:
     def why_no(self, fmt: str) -> str | None:
         """Why this family has no output in format `fmt` whatever the layout, in words (None: no such reason):
         what `convert --format` says when no bundled recipe exists."""
+        from ..formats import format_info
+
         if fmt == "gguf" and self.gguf_architecture is None:
             return f"{self.title} has no GGUF architecture ({self.no_gguf_why})"
+        if self.diffusers_not_native_why is not None and format_info(fmt).names == "native":
+            return f"{self.title}'s {fmt} files are written from the original release only: {self.diffusers_not_native_why}"
         return None
 
     # --- running it ------------------------------------------------------------------------------

@@ -15,6 +15,13 @@ one file ComfyUI's checkpoint loader takes (``comfy/sd.py``: the unet under ``mo
 ``vae.``; the audio VAE node reads ``audio_vae.`` and ``vocoder.``; the text encoder loader reads the projection and
 the connectors).
 
+What converts to what: the release to every format (the diffusers-side ones with diffusers' config read off its
+tensors for config.json); the diffusers layout to the diffusers-side formats only (fp8_channel, torchao_fp8,
+torchao_int8, nf4). ComfyUI's ``LTXAVModel`` holds the text connectors, which diffusers keeps in another component,
+and reads the widths its tensors do not show from the release's metadata ``config`` (ComfyUI-GGUF hands it none: its
+files load at the released widths, ComfyUI's defaults), so a ComfyUI or GGUF file made from ``transformer/`` would
+load with connectors missing: it is refused at plan time (`Ltx2.diffusers_not_native_why`).
+
 Names: the native ones are the release's, with its ``model.diffusion_model.`` prefix (``patchify_proj``,
 ``adaln_single``, ``av_ca_a2v_gate_adaln_single``, per block ``scale_shift_table_a2v_ca_video``, ``attn1.q_norm``);
 diffusers' single-file converter (``convert_ltx2_transformer_to_diffusers``) is the tests' oracle. The connectors,
@@ -353,6 +360,12 @@ class Ltx2(Family):
     lora_prefixes = ("diffusion_model.", "model.diffusion_model.", "transformer.")
     carried_parts = CARRIED
     carried_metadata = ("config",)
+    diffusers_not_native_why = (
+        "ComfyUI's LTX-2 model holds the text connectors, which diffusers keeps outside transformer/ (in "
+        "connectors/), and takes the widths its tensors do not show from the release's metadata config; convert "
+        "the release's one file (ltx-2-19b-dev.safetensors) to it instead, or this model to fp8_channel, "
+        "torchao_fp8, torchao_int8 or nf4"
+    )
     default_recipes = {
         "ltx2": {
             "fp8_channel": "ltx2-fp8",
@@ -370,11 +383,6 @@ class Ltx2(Family):
             "torchao_fp8": "ltx2-diffusers-torchao-fp8",
             "torchao_int8": "ltx2-diffusers-torchao-int8",
             "nf4": "ltx2-diffusers-nf4",
-            "comfy_fp8": "ltx2-diffusers-comfy-fp8",
-            "comfy_int8": "ltx2-diffusers-comfy-int8",
-            "comfy_nvfp4": "ltx2-diffusers-comfy-nvfp4",
-            "comfy_mxfp8": "ltx2-diffusers-comfy-mxfp8",
-            "gguf": "ltx2-diffusers-gguf-q8_0",
         },
     }
     presets = {

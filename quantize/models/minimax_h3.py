@@ -27,7 +27,7 @@ too, with diffusers' config read off the tensors for config.json); its outputs r
 diffusers-named model converts to the diffusers-side formats (fp8_channel, torchao_fp8, torchao_int8, nf4), which
 diffusers' ``from_pretrained`` loads; the native-named formats (ComfyUI's) refuse it at plan time: ComfyUI's
 detection reads ``rope.inv_freq``, which diffusers' class does not store, and this tool makes no tensor its source
-lacks. GGUF is refused in every layout (`no_gguf_why`).
+lacks (`MiniMaxH3.diffusers_not_native_why`). GGUF is refused in every layout (`no_gguf_why`).
 
 The dimensions ComfyUI fixes (``comfy/model_detection.py``, the 'MiniMax H3' rule): it reads the block counts, the
 hidden size, the heads, the FFN and text widths, the time embedder's and the rope's widths off the tensors; the patch
@@ -44,7 +44,7 @@ enough for the 3 * 2 * ``rope_freq_dim`` channels the rope rotates.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -294,6 +294,10 @@ class MiniMaxH3(Family):
     )
     lora_prefixes = ("transformer.", "diffusion_model.", "model.diffusion_model.", "base_model.model.")
     carried_parts = (ROPE,)
+    diffusers_not_native_why = (
+        "ComfyUI's detection reads rope.inv_freq, which diffusers' class does not store; convert the original release "
+        "(Comfy-Org/MiniMax-H3) to it instead, or this model to fp8_channel, torchao_fp8, torchao_int8 or nf4"
+    )
     default_recipes = {
         "minimax-h3": {
             "fp8_channel": "minimax-h3-fp8",
@@ -376,36 +380,15 @@ class MiniMaxH3(Family):
     # --- names ---------------------------------------------------------------------------------------
 
     def name_table(self, role: str, fmt: str, where: str = "") -> NameTable:
-        """GGUF refused whatever the layout (`no_gguf_why`); the native names (ComfyUI's formats) of a release's file
-        (its own), and of a diffusers-named model refused at plan time, naming the model, the format and why."""
-        at = f"{where}: " if where else ""
+        """GGUF refused whatever the layout (`no_gguf_why`); a diffusers-named model's native names (ComfyUI's
+        formats) are refused when it is planned (`diffusers_not_native_why`)."""
         if fmt == "gguf":
+            at = f"{where}: " if where else ""
             raise InputError(
                 f"{at}{self.title} has no GGUF architecture ({self.no_gguf_why}): convert it to another format "
                 "(quantize recipes --for lists them)"
             )
-        table = super().name_table(role, fmt, where)
-        if role != "native":
-            return table
-
-        def refuse(names: Sequence[str], where: str) -> None:
-            if self.naming(names) == "diffusers":
-                raise InputError(
-                    f"{where}: {fmt} writes {self.title}'s native names, which ComfyUI reads, and this model has "
-                    f"diffusers' {self.diffusers_class} names: ComfyUI's detection reads rope.inv_freq, which "
-                    f"diffusers' class does not store, so convert the original release (Comfy-Org/MiniMax-H3) to "
-                    f"{fmt} instead, or this model to fp8_channel, torchao_fp8, torchao_int8 or nf4"
-                )
-
-        def renamer(names: Sequence[str], where: str):
-            refuse(names, where)
-            return table.renamer(names, where)
-
-        def stacker(names: Sequence[str], where: str):
-            refuse(names, where)
-            return table.stacker(names, where)
-
-        return replace(table, renamer=renamer, stacker=stacker)
+        return super().name_table(role, fmt, where)
 
     # --- running it ------------------------------------------------------------------------------------
 

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InputError
-from .base import BlockNames, Blocks, ExampleModel, Family, ModelInputs, Renamer, SourceLayout
+from .base import BlockNames, Blocks, ExampleModel, Family, ModelInputs, SourceLayout
 from .wan import NAMES as WAN_NAMES
 from .wan import ROOT_MODULES, WAN, WanShape, _linear, wan_config, wan_naming, wan_tensors
 from .wan_vace import diffusers_example
@@ -299,6 +299,10 @@ class WanAnimate(Family):
     #: and diffusers alike, not Linear layers: a GGUF file holds them as F32, which both read as they are (as
     #: BF16 they come back as GGML's raw bytes, which only a Linear layer decodes: measured in ComfyUI)
     plain_weights = ("motion_encoder.",)
+    diffusers_not_native_why = (
+        "diffusers splits the face adapter's linear1_kv and reshapes the motion encoder's biases, which a renaming "
+        "cannot undo"
+    )
     default_recipes = {
         "wan-animate": {
             "fp8_channel": "wan-animate-fp8",
@@ -358,23 +362,16 @@ class WanAnimate(Family):
                 found.append(self.layout(why, "wan-animate-diffusers"))
         return found
 
-    def why_no(self, fmt: str) -> str | None:
-        if fmt.startswith("comfy_") or fmt == "gguf":
-            return (
-                "Wan Animate's ComfyUI and GGUF files are written from the original release only: diffusers splits "
-                "the face adapter's linear1_kv and reshapes the motion encoder's biases, which a renaming cannot undo"
-            )
-        return super().why_no(fmt)
-
     # --- names ---------------------------------------------------------------------------------------
 
-    def _native_renamer(self, names: Sequence[str], where: str) -> Renamer:
-        """`Family._native_renamer`, refusing first, by what it is, a diffusers tensor with no one native tensor."""
+    def _refuse_diffusers_as_native(self, names: Sequence[str], where: str, fmt: str) -> None:
+        """`Family._refuse_diffusers_as_native`, naming first, by what it is, a diffusers tensor with no one
+        native tensor."""
         if self.naming(names) == "diffusers":
             _refuse_not_one_to_one(
                 names, where, "this format writes the original release's names (ComfyUI's, GGUF's)"
             )
-        return super()._native_renamer(names, where)
+        super()._refuse_diffusers_as_native(names, where, fmt)
 
     def runnable_names(self, names: Sequence[str], where: Path) -> dict[str, str]:
         """`Family.runnable_names`, refusing first, by what it is, a native tensor with no one diffusers tensor."""

@@ -195,11 +195,12 @@ def test_the_release_names_are_what_diffusers_reads_of_the_release_and_the_conne
     assert not any(LTX.carried(n) for n in ours)
 
 
-def test_a_tensor_neither_naming_has_is_refused_naming_it():
+def test_a_tensor_neither_naming_has_is_refused_naming_it_and_diffusers_names_have_no_native_output():
     with pytest.raises(
-        InputError, match=r"^here: tensor 'transformer_blocks.0.attn1.lora.weight' has no native"
+        InputError,
+        match=r"^here: gguf writes LTX-2's native names, which ComfyUI reads, and this model has diffusers'",
     ):
-        LTX.name_table("native", "gguf").renamer(["audio_time_embed.linear.weight", "transformer_blocks.0.attn1.lora.weight"], "here")  # fmt: skip
+        LTX.name_table("native", "gguf").renamer(["audio_time_embed.linear.weight"], "here")
     with pytest.raises(InputError, match=rf"tensor '{PREFIX}odd.weight' has no counterpart"):
         LTX.runnable_names([f"{PREFIX}audio_adaln_single.linear.weight", f"{PREFIX}odd.weight"], Path("here"))
 
@@ -312,10 +313,8 @@ QUANTIZED = {
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_each_bundled_recipe_quantizes_the_middle_blocks_and_keeps_the_rest(sources, layout):
-    for fmt in FORMATS:
-        (cp,) = make_plan(
-            sources[layout], load_recipe(LTX.default_recipes[LAYOUTS[layout]][fmt]).recipe
-        ).components
+    for fmt, recipe in LTX.default_recipes[LAYOUTS[layout]].items():
+        (cp,) = make_plan(sources[layout], load_recipe(recipe).recipe).components
         assert cp.rel == ("." if layout == "release" else "transformer")
         quantized = {t.module: t for t in cp.tensors if t.quantize}
         linears = {k.removesuffix(".weight") for k, t in cp.component.tensors.items() if k.endswith(".weight") and len(t.shape) == 2}  # fmt: skip
@@ -424,43 +423,60 @@ def test_our_loader_runs_every_format_of_the_release_and_the_other_parts_are_car
 
 
 @pytest.mark.parametrize("fmt", NATIVE_FORMATS)
-def test_comfy_and_gguf_files_of_either_layout_hold_what_comfyui_detects(sources, converted, fmt):
+def test_comfy_and_gguf_files_of_the_release_hold_what_comfyui_detects(sources, converted, fmt):
     (release,) = LTX.example("tiny", "release")
     want = comfyui_detects(dict(release.tensors), dict(release.metadata))
-    for layout in LAYOUTS:
-        path = _output_file(converted(layout, fmt), layout)
-        if fmt == "gguf":
-            reader = gguf.GGUFReader(path)
-            assert (
-                reader.fields["general.architecture"].contents() == "ltxv"
-            )  # in ComfyUI-GGUF's IMG_ARCH_LIST
-            state = {t.name: dict(release.tensors)[t.name] for t in reader.tensors}  # shapes as the source's
-            metadata = dict(release.metadata)  # ComfyUI-GGUF passes none: the 19B's are ComfyUI's defaults
-        else:
-            with safe_open(path, "pt") as f:
-                state = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
-                markers = {k.removesuffix(".comfy_quant") for k in f.keys() if k.endswith(".comfy_quant")}
-                metadata = f.metadata() if layout == "release" else dict(release.metadata)
-            assert (
-                markers == {m for m in markers if QUANTIZED["release"].fullmatch(m)}
-                and len(markers) == 44 * 28
-            )
-        names = {n for n in state if not n.endswith(COMFY_PARTS)}
-        unet = {n for n, _ in release.tensors if n.startswith(PREFIX)}
-        if layout == "release":  # the whole release, every name as it was
-            assert names == {n for n, _ in release.tensors}
-        else:  # the transformer alone, in the release's names (diffusers keeps the connectors elsewhere)
-            assert names == {n for n in unet if not LTX.carried(n)}
-        assert comfyui_detects(state, metadata) == want
-        if layout == "release" and fmt != "gguf":
-            # ComfyUI builds the same model from it: every unet tensor there, a quantized weight of its layer's shape
-            source = dict(release.tensors)
-            unet_state = {
-                k: source[k] if k.removesuffix(".weight") in markers else shape
-                for k, shape in state.items()
-                if k.startswith(PREFIX) and not k.endswith(COMFY_PARTS)
-            }
-            assert comfyui_state(want) == unet_state
+    path = _output_file(converted("release", fmt), "release")
+    if fmt == "gguf":
+        reader = gguf.GGUFReader(path)
+        assert reader.fields["general.architecture"].contents() == "ltxv"  # in ComfyUI-GGUF's IMG_ARCH_LIST
+        state = {t.name: dict(release.tensors)[t.name] for t in reader.tensors}  # shapes as the source's
+        metadata = dict(release.metadata)  # ComfyUI-GGUF passes none: the 19B's are ComfyUI's defaults
+    else:
+        with safe_open(path, "pt") as f:
+            state = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+            markers = {k.removesuffix(".comfy_quant") for k in f.keys() if k.endswith(".comfy_quant")}
+            metadata = f.metadata()
+        assert (
+            markers == {m for m in markers if QUANTIZED["release"].fullmatch(m)} and len(markers) == 44 * 28
+        )
+        # the layers' markers are the file's tensors alone: ComfyUI's Load Diffusion Model would apply a
+        # `_quantization_metadata` again after stripping model.diffusion_model., under names its model lacks
+        assert "_quantization_metadata" not in metadata
+    names = {n for n in state if not n.endswith(COMFY_PARTS)}
+    assert names == {n for n, _ in release.tensors}  # the whole release, every name as it was
+    assert comfyui_detects(state, metadata) == want
+    if fmt != "gguf":
+        # ComfyUI builds the same model from it: every unet tensor there, a quantized weight of its layer's shape
+        source = dict(release.tensors)
+        unet_state = {
+            k: source[k] if k.removesuffix(".weight") in markers else shape
+            for k, shape in state.items()
+            if k.startswith(PREFIX) and not k.endswith(COMFY_PARTS)
+        }
+        assert comfyui_state(want) == unet_state
+
+
+@pytest.mark.parametrize("fmt", NATIVE_FORMATS)
+def test_the_diffusers_layout_is_refused_comfyui_and_gguf_at_plan_time_saying_why(sources, tmp_path, fmt):
+    """ComfyUI's model holds the text connectors, which diffusers keeps outside transformer/: a file made from
+    it would load with them missing. Refused by --format and by a recipe of one's own, nothing written."""
+    out = tmp_path / "out"
+    proc = run_cli("convert", sources["diffusers"], out, "--format", fmt)
+    assert proc.returncode == 2 and "files are written from the original release only" in proc.stderr
+    assert "connectors" in proc.stderr and not out.exists()
+    recipe = tmp_path / "own.yaml"
+    text = (
+        Path("recipes/ltx2-diffusers-fp8.yaml")
+        .read_text()
+        .replace("format: fp8_channel", f"format: {fmt}" + ("\ntype: Q8_0" if fmt == "gguf" else ""))
+    )
+    recipe.write_text(text.replace("copy_other_files: true\n", ""))
+    proc = run_cli("convert", sources["diffusers"], out, "--recipe", recipe)
+    assert (
+        proc.returncode == 2 and "this model has diffusers' LTX2VideoTransformer3DModel names" in proc.stderr
+    )
+    assert len(proc.stderr.strip().splitlines()) == 1 and not out.exists()
 
 
 def test_a_torchao_output_loads_in_diffusers_from_pretrained_and_runs(converted):
@@ -477,17 +493,17 @@ def test_a_torchao_output_loads_in_diffusers_from_pretrained_and_runs(converted)
     assert type(model.transformer_blocks[0].attn1.to_q.weight).__name__ == "Parameter"  # block 0 kept
 
 
-def test_the_gguf_loads_in_diffusers_from_single_file_and_runs_close_to_the_source(sources, converted):
+def test_the_gguf_loads_in_diffusers_from_single_file_and_runs_close_to_the_source(
+    converted, reference, tmp_path
+):
     import diffusers
 
-    cls = diffusers.LTX2VideoTransformer3DModel
-    model = cls.from_pretrained(sources["diffusers"] / "transformer", torch_dtype=torch.float32).eval()
-    x = load_inputs(None, LTX, model.config)
-    with torch.no_grad():
-        want = model(**LTX.inputs.call(model.config, x))[0]
-    path = _output_file(converted("diffusers", "gguf"), "diffusers")
+    model, x, want = reference
+    config = tmp_path / "config" / "transformer"
+    config.mkdir(parents=True)
+    (config / "config.json").write_text(json.dumps(dict(model.config)))
     loaded = diffusers.LTX2VideoTransformer3DModel.from_single_file(
-        str(path), config=str(sources["diffusers"]), subfolder="transformer",
+        str(_output_file(converted("release", "gguf"), "release")), config=str(config.parent), subfolder="transformer",
         quantization_config=diffusers.GGUFQuantizationConfig(compute_dtype=torch.bfloat16), torch_dtype=torch.bfloat16,
     )  # fmt: skip
     bf16 = {k: v.to(torch.bfloat16) for k, v in x.items()}
