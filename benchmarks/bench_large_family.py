@@ -132,8 +132,11 @@ def generate(data_dir: Path, family: str, preset: str, layout: str) -> None:
     tmp.rename(path)
 
 
-def convert(src: Path, scratch: Path, fmt: str) -> list[str]:
-    """One measured conversion: its table row (a plan-time refusal is a row saying so)."""
+def convert(src: Path, scratch: Path, fmt: str, family: str) -> list[str]:
+    """One measured conversion: its table row (a plan-time refusal is a row saying so, in the family's words when
+    it has them, `Family.why_no`)."""
+    from quantize.models import get_family
+
     out = scratch / "out"
     shutil.rmtree(out, ignore_errors=True)
     argv = [*quantize_command(), "convert", str(src), str(out), "--format", fmt]
@@ -141,8 +144,8 @@ def convert(src: Path, scratch: Path, fmt: str) -> list[str]:
         [*quantize_command(), "plan", str(src), "--format", fmt], capture_output=True, text=True
     )
     if probe.returncode == 2:  # refused before anything is read: not a measurement
-        reason = (probe.stderr.strip().splitlines() or [""])[-1].removeprefix("error: ")
-        return [f"convert --format {fmt}", "refused at plan time", "-", "-", reason[:160]]
+        reason = get_family(family).why_no(fmt) or (probe.stderr.strip().splitlines() or [""])[-1]
+        return [f"convert --format {fmt}", "refused at plan time", "-", "-", reason.removeprefix("error: ")]
     wall, peak = run_process(argv, scratch / f"{fmt}.log")
     out_bytes = sum(f.stat().st_size for f in out.rglob("*") if f.suffix in (".safetensors", ".gguf"))
     shutil.rmtree(out, ignore_errors=True)
@@ -184,7 +187,7 @@ def main(argv: list[str] | None = None) -> None:
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir()
     try:
-        rows = [convert(src, scratch, fmt) for fmt in args.formats]
+        rows = [convert(src, scratch, fmt, args.family) for fmt in args.formats]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     peaks = [float(r[2]) * 1e9 for r in rows if r[2] != "-"]
