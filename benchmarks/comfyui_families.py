@@ -14,6 +14,9 @@ comfy_mxfp8, gguf):
   - ComfyUI loads the file as its nodes do (Load Diffusion Model / Unet Loader (GGUF)) and must detect the
     family's model class (`EXPECTED`), log no missing / unexpected / left-over keys, and hold every layer the file
     stores quantized as a quantized tensor of the file's layout or GGML type, and no other;
+  - a family whose small example ComfyUI-GGUF cannot build (`GGUF_AT_RELEASED_WIDTHS`: LTX-2, which ComfyUI builds
+    at its defaults when no file metadata comes with the tensors, as none does from ComfyUI-GGUF) has its GGUF
+    checked on an example at the released widths with a few blocks;
   - the bf16 source of a layout in native names (merged into one file) is loaded the same way: the example's
     dimensions are ones ComfyUI detects. Keys ComfyUI's model of the family has no place for (SkyReels-V2's fps
     conditioning: ComfyUI runs it as a plain Wan) are reported for the source too; a converted file passes when
@@ -54,6 +57,12 @@ EXPECTED = {
 #: unet_prefix_from_state_dict)
 UNET_PREFIX = "model.diffusion_model."
 FORMATS = ["comfy_fp8", "comfy_int8", "comfy_nvfp4", "comfy_mxfp8", "gguf"]
+#: family -> (preset, blocks) of the example its GGUF file is checked on, where the family's small one cannot load
+#: through ComfyUI-GGUF. Its Unet Loader hands ComfyUI no file metadata (nodes.py: load_diffusion_model_state_dict
+#: without it), so ComfyUI builds LTX-2 at LTXAVModel's defaults, the 19B's widths, reading only the block count and
+#: the head width off the tensors: the 19B's widths with 5 of its 48 blocks (7.5 GB of bf16), converted with the
+#: bundled recipe's blocks kept as its first two and last two (the others quantized)
+GGUF_AT_RELEASED_WIDTHS = {"ltx2": ("19b", 5)}
 
 
 def parse_args():
@@ -98,6 +107,47 @@ def _merged(folder: Path, out: Path) -> Path:
             metadata.update(h.metadata() or {})
     save_file(tensors, out, metadata=metadata or None)
     return out
+
+
+def write_trimmed_example(family: str, preset: str, layout: str, blocks: int, dest: Path) -> None:
+    """`quantize example --family F --preset P --layout L` with only the first `blocks` repeated blocks (run with
+    our own environment's Python: the examples are built from diffusers' classes)."""
+    import torch
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from bench_large_family import block_index, repeated_blocks
+
+    from quantize.examples import write_random_checkpoint
+    from quantize.models import get_family
+
+    models = get_family(family).example(preset, layout)
+    prefix, _ = repeated_blocks([t for m in models for t in m.tensors])
+    for i, m in enumerate(models):
+        tensors = [
+            (n, shape) for n, shape in m.tensors if (b := block_index(n, prefix)) is None or b < blocks
+        ]
+        write_random_checkpoint(
+            dest / m.component, tensors, dtype=torch.bfloat16, stem=m.stem, config=m.config, seed=i,
+            metadata=dict(m.metadata or {}),
+        )  # fmt: skip
+
+
+def _released_widths_gguf(args, family: str, layout: str) -> tuple[Path, Path]:
+    """The source (`GGUF_AT_RELEASED_WIDTHS`), and the family's bundled GGUF recipe for its release keeping the
+    first two and the last two of the source's blocks where it keeps those of the whole model: (source, recipe)."""
+    from quantize.models import get_family
+
+    preset, blocks = GGUF_AT_RELEASED_WIDTHS[family]
+    src = args.work / "fam-src" / f"{family}-{layout}-{preset}-{blocks}-blocks"
+    python = Path(args.quantize).parent / "python"
+    argv = [str(python), __file__, "--write-example", family, preset, layout, str(blocks), str(src)]
+    subprocess.run(argv, check=True)
+    name = get_family(family).default_recipes[family]["gguf"]
+    text = (REPO / "recipes" / f"{name}.yaml").read_text()
+    ends = "|".join(str(b) for b in (0, 1, blocks - 2, blocks - 1))
+    recipe = args.work / "fam-src" / f"{name}-{blocks}-blocks.yaml"
+    recipe.write_text(re.sub(r"\(0\|1\|\d+\|\d+\)", f"({ends})", text, count=1))
+    return src, recipe
 
 
 def _names(folder: Path) -> list[str]:
@@ -182,6 +232,11 @@ def _line(r: dict) -> str:
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["--write-example"]:  # FAMILY PRESET LAYOUT BLOCKS DEST, in our own environment
+        family, preset, layout, blocks, dest = sys.argv[2:]
+        sys.path.insert(0, str(REPO))
+        write_trimmed_example(family, preset, layout, int(blocks), Path(dest))
+        return 0
     args = parse_args()
     sys.path.insert(0, str(REPO))
     check = _check_module()
@@ -254,10 +309,13 @@ def main() -> int:
                 if only and not only.search(cid):
                     continue
                 out = args.work / "fam-out" / f"{family}-{layout}-{fmt}"
+                how = ["--format", fmt]
+                source = src
+                if fmt == "gguf" and family in GGUF_AT_RELEASED_WIDTHS and layout == fam.example_layouts[0]:
+                    source, recipe = _released_widths_gguf(args, family, layout)
+                    how = ["--recipe", str(recipe)]
                 p = subprocess.run(
-                    [args.quantize, "convert", str(src), str(out), "--format", fmt],
-                    capture_output=True,
-                    text=True,
+                    [args.quantize, "convert", str(source), str(out), *how], capture_output=True, text=True
                 )
                 (args.work / "logs" / f"{family}-{layout}-{fmt}.log").write_text(p.stdout + p.stderr)
                 if p.returncode:
