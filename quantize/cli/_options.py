@@ -8,7 +8,7 @@ import click
 
 from ..errors import InputError
 from ..formats import FORMAT_INFO
-from ._console import out
+from ._console import err, out
 
 __all__ = ["recipe_options", "chosen_recipe", "lora_options", "inputs_option"]
 
@@ -32,8 +32,9 @@ def recipe_options(f):
     )(f)
 
 
-def chosen_recipe(source: str, recipe: str | None, fmt: str | None) -> str:
-    """--recipe as given, or the bundled recipe --format picks for SOURCE's layout (said in the first line)."""
+def chosen_recipe(source: str, recipe: str | None, fmt: str | None, *, to_stderr: bool = False) -> str:
+    """--recipe as given, or the bundled recipe --format picks for SOURCE's layout (said in the first line; on
+    stderr with `to_stderr`, where stdout is JSON)."""
     if (recipe is None) == (fmt is None):
         raise InputError("give --recipe RECIPE or --format FORMAT (one of them)")
     if recipe is not None:
@@ -51,7 +52,7 @@ def chosen_recipe(source: str, recipe: str | None, fmt: str | None) -> str:
             "quantize recipes lists them)"
         )
     name, layout = recipe_for_format(folder, fmt)
-    out.print(f"recipe {name}: {layout.why}")
+    (err if to_stderr else out).print(f"recipe {name}: {layout.why}")
     return name
 
 

@@ -89,7 +89,7 @@ def sensitivity_cmd(
     if min_forward_sqnr is not None and not math.isfinite(min_forward_sqnr):
         raise InputError(f"--min-forward-sqnr {min_forward_sqnr}: give a finite figure in dB, such as 30")
     max_bytes = parse_size(max_size, "--max-size") if max_size is not None else None
-    loaded = load_recipe(chosen_recipe(source, recipe, fmt))
+    loaded = load_recipe(chosen_recipe(source, recipe, fmt, to_stderr=as_json))
 
     def steps() -> list:  # the LoRAs merged into the source (a fresh merge for each plan)
         return [open_loras(loras, lora_unmatched, loaded.recipe.components)] if loras else []

@@ -582,3 +582,10 @@ def test_a_lora_is_measured_merged(make_wan, tmp_path):
     with_lora = _json(src, "-r", "wan-fp8.yaml", "--lora", path)
     assert with_lora == _json(merged, "-r", "wan-fp8.yaml")
     assert with_lora["layers"] != _json(src, "-r", "wan-fp8.yaml")["layers"]
+
+
+def test_with_format_and_json_stdout_is_the_json_and_the_recipe_chosen_is_said_on_stderr(planted):
+    proc = run_cli("sensitivity", planted, "--format", "comfy_fp8", "--json", "--top", "1")
+    assert proc.returncode == 0, proc.stderr
+    chosen = json.loads(proc.stdout)["recipe"]  # nothing but the JSON on stdout
+    assert f"recipe {chosen}: " in proc.stderr and chosen.startswith("wan-diffusers-")
