@@ -172,7 +172,7 @@ class ComfyFormat(Format):
         JSON by module name (ComfyUI's ``convert_old_quants`` writes these as the layers' markers, the same ones
         the file holds).
 
-        None for a file whose layers are under ComfyUI's checkpoint prefix (`CHECKPOINT_PREFIX`): its Load
+        Nothing for a file whose layers are under ComfyUI's checkpoint prefix (`CHECKPOINT_PREFIX`): its Load
         Diffusion Model (``comfy/sd.py`` ``load_diffusion_model_state_dict``) applies ``_quantization_metadata`` again
         after stripping the prefix, and ``convert_old_quants`` (``comfy/utils.py``) then adds every layer's marker
         under its prefixed name to the stripped model, where nothing takes it ("unet unexpected"). The markers the
