@@ -121,6 +121,8 @@ class SkyReelsV2(Family):
     gguf_architecture = "wan"  # ComfyUI-GGUF reads "wan"; ComfyUI runs it as Wan
     modulation_names = WAN.modulation_names
     lora_prefixes = WAN.lora_prefixes
+    #: the fps Embedding (2 rows): a lookup table, never a Linear (a recipe that targets it is refused by name)
+    plain_weights = ("fps_embedding.",)
     default_recipes = {
         "skyreels-v2": {
             "fp8_channel": "skyreels-v2-fp8",

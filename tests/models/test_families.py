@@ -189,3 +189,29 @@ def test_example_without_a_layout_writes_the_familys_first_and_is_detected_as_it
     proc = run_cli("example", tmp_path / "ex", "--family", family, "--preset", tiny, check=True)
     assert f"-shaped {fam.example_layouts[0]} checkpoint" in proc.stdout
     assert {lay.family for lay in detect_layouts(tmp_path / "ex")} == {family}
+
+
+def _diffusers_examples():
+    """(family, example layout, config) of every example component that is the family's diffusers class."""
+    return [
+        pytest.param(f, lay, m.config, id=f"{f.name}-{lay}")
+        for f in FAMILIES
+        for lay in f.example_layouts
+        for m in f.example(f.default_preset, lay)
+        if (m.config or {}).get("_class_name") == f.diffusers_class
+    ]
+
+
+@pytest.mark.parametrize(("family", "layout", "config"), _diffusers_examples())
+def test_every_embedding_of_a_family_class_is_a_plain_weight_in_either_naming(family, layout, config):
+    """An nn.Embedding's weight is 2-D but no Linear: a recipe that targets it would make a file its runtimes
+    cannot run (the class looks rows up in it), so the family declares it (`Family.plain_weights`) and the plan
+    refuses it by name."""
+    import diffusers
+    import torch
+
+    with torch.device("meta"):
+        model = getattr(diffusers, family.diffusers_class).from_config(config)
+    embeddings = [f"{n}.weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Embedding)]
+    assert all(family.plain_weight(n) for n in embeddings), embeddings
+    assert all(family.plain_weight(family.native_name(n)) for n in embeddings if family.native_name(n))
