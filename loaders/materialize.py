@@ -15,8 +15,9 @@ that belong to the whole weight (a per-tensor scale, ComfyUI's marker).
 2. The match, before any data is read: every Linear whose checkpoint entry is in the format's parts
    is swapped for that format's module (`loaders.modules`), with the options its stored parts say (gguf's
    GGML type of that layer); every checkpoint key must land on a parameter, buffer or part of the model with
-   the same shape, and every parameter must be given. Any mismatch is one `CheckpointMismatchError` naming
-   the key.
+   the same shape (or the same but for size-1 dims, viewed to the model's: `models.same_but_size_one_dims`), and
+   every parameter must be given; what the family carries (`Family.carried`: a release's VAE, buffers the class
+   computes) is left out. Any mismatch is one `CheckpointMismatchError` naming the key.
 3. The data, module group by module group (the layers outside the blocks, then block by block):
    each tensor is taken from the safetensors file as the `host` mode says (a memory-map view, a
    pageable read, a pinned read) and assigned, or copied straight to `device`. Nothing else holds it,
@@ -35,7 +36,7 @@ from torch import nn
 from quantize import dtypes
 from quantize.errors import InputError
 from quantize.formats import Format, FormatOptions, format_for, format_of_config, quantized_parts
-from quantize.models import FAMILIES, Family, Stack, family_of, stack_rows
+from quantize.models import FAMILIES, Family, Stack, family_of, same_but_size_one_dims, stack_rows
 from quantize.models.meta import parameters_on_meta
 from quantize.read.checkpoint import CONFIG_NAME, Component, TensorInfo, open_component, read_tensor
 from quantize.read.files import read_json_object
@@ -176,7 +177,7 @@ def _load_one(
     if family is None:
         _check_names_of_no_family(model, comp)
     names = _checkpoint_names(model, comp, family)
-    if family is not None and family.carried_parts:  # a release's other parts (its VAE): no part of the model
+    if family is not None:  # a release's other parts (its VAE), buffers the class computes: not the model's
         comp = replace(comp, tensors={k: t for k, t in comp.tensors.items() if not family.carried(k)})
     plan = _match(model, comp, fmt, names)
     keep_fp32 = tuple(getattr(model, "_keep_in_fp32_modules", None) or ())
@@ -311,10 +312,32 @@ def _checkpoint_names(model: nn.Module, comp: Component, family: Family | None) 
     if stored == own or stored not in ("native", "diffusers") or own not in ("native", "diffusers"):
         return _SAME
     if stored == "native":
-        why = f"{family.title}'s native names, which the checkpoint has"
-        return _Names(family.native_name, why, family.names.stacked_into, family.names.native_stack)
+        return _native_names(family, list(comp.tensors))
     return _Names(
         family.diffusers_name, f"diffusers' {family.diffusers_class} names, which the checkpoint has"
+    )
+
+
+def _native_names(family: Family, stored: list[str]) -> _Names:
+    """A native checkpoint's names read as a forward pass reads them (`Family.diffusers_name`,
+    `Family.runnable_stacks`), turned around: the class's tensor -> the checkpoint's tensor that is it, or the
+    stacked one it is rows of. A release may hold apart what the native table stacks (a fused projection's parts,
+    each under its own name); a model tensor the checkpoint lacks keeps the table's name, for the message."""
+    stored = [n for n in stored if not family.carried(n)]  # no part of the class (`_load_one`)
+    # a quantized weight is stored as parts hanging from its module (`<module>.<part>`: no `<module>.weight`)
+    weights = {f"{'.'.join(p[:i])}.weight" for n in stored if (p := n.split(".")) for i in range(1, len(p))}
+    own = {d: n for n in (*weights, *stored) if (d := family.diffusers_name(n)) is not None}
+    stacks = family.runnable_stacks(stored)
+    into = {part: name for name, stack in stacks.items() for part, _, _ in stack}
+
+    def stacked_into(key: str) -> str | None:
+        return into.get(key) or (None if key in own else family.names.stacked_into(key))
+
+    return _Names(
+        lambda key: own.get(key) or family.native_name(key),
+        f"{family.title}'s native names, which the checkpoint has",
+        stacked_into,
+        lambda key: stacks.get(key) or family.names.native_stack(key),
     )
 
 
@@ -506,7 +529,7 @@ def _take(
         raise CheckpointMismatchError(
             f"{comp.dir}: the model's {own!r}{theirs} {list(like.shape)} is not in the checkpoint"
         )
-    if info.shape != tuple(like.shape):
+    if info.shape != tuple(like.shape) and not same_but_size_one_dims(info.shape, like.shape):
         raise CheckpointMismatchError(
             f"{comp.dir}: {key!r} is {info.dtype}{list(info.shape)} in the checkpoint, the model needs {list(like.shape)}"
         )
@@ -552,6 +575,10 @@ def _materialize(
                 remember_source(module, module.part_attrs[local], t, info)
             module.set_part(local, t)
             continue
+        like = module._parameters.get(local) if local in module._parameters else module._buffers.get(local)
+        if like is not None and t.shape != like.shape:  # stored with other size-1 dims (`_take` checked)
+            t = t.reshape(like.shape)
+            info = None if info is None else replace(info, shape=tuple(like.shape))
         cast = _kept_dtype(f"{entry.name}.{local}", t, dtype, keep_fp32)
         if cast is not None and cast != t.dtype:
             t = t.to(cast)

@@ -48,14 +48,7 @@ def planned_size(file: PlannedFile, cp: ComponentPlan, fmt: Format) -> int:
 
 
 def file_metadata(fmt: Format, cp: ComponentPlan) -> dict[str, str]:
-    return {**SHARD_METADATA, **carried_metadata(cp), **fmt.checkpoint_metadata(cp.metadata_entries())}
-
-
-def carried_metadata(cp: ComponentPlan) -> dict[str, str]:
-    """The source files' ``__metadata__`` entries the family's runtimes read (`Family.carried_metadata`: LTX-2's
-    ``config``, which ComfyUI builds the model and its VAEs from), in shard order."""
-    keys = () if cp.family is None else cp.family.carried_metadata
-    return {k: v for meta in cp.component.metadata.values() for k, v in meta.items() if k in keys}
+    return {**SHARD_METADATA, **cp.carried_metadata(), **fmt.checkpoint_metadata(cp.metadata_entries())}
 
 
 def open_file(path: Path, file: PlannedFile, cp: ComponentPlan, fmt: Format) -> ShardWriter:

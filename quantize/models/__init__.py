@@ -26,6 +26,7 @@ from .base import (
     Rows,
     SourceLayout,
     Stack,
+    same_but_size_one_dims,
     stack_rows,
 )
 from .hunyuanvideo15 import HUNYUANVIDEO15
@@ -47,6 +48,7 @@ __all__ = [
     "Rows",
     "Stack",
     "stack_rows",
+    "same_but_size_one_dims",
     "BlockNames",
     "Blocks",
     "SourceLayout",

@@ -37,6 +37,7 @@ __all__ = [
     "NameTable",
     "Rows",
     "stack_rows",
+    "same_but_size_one_dims",
     "IDENTITY",
     "Blocks",
     "BlockNames",
@@ -97,6 +98,18 @@ def stack_rows(stack: Stack, rows: int) -> dict[str, tuple[tuple[int, int], ...]
     for i, (name, part, _parts) in enumerate(stack):
         ranges.setdefault(name, {})[part] = (i * n, (i + 1) * n)
     return {name: tuple(by_part[p] for p in sorted(by_part)) for name, by_part in ranges.items()}
+
+
+def same_but_size_one_dims(stored: Sequence[int], wanted: Sequence[int]) -> bool:
+    """Whether a stored tensor of shape `stored` holds a parameter of shape `wanted` as it is but for size-1
+    dimensions (a bias stored [1, C, 1, 1] for one of [C]): the same values in the same order, so a view of it
+    is the parameter. The rule a forward pass (`run.forward`) and `loaders` put such a tensor into the class by;
+    any other difference in shape is a mismatch.
+
+    >>> same_but_size_one_dims((1, 32, 1, 1), (32,)), same_but_size_one_dims((2, 16), (32,))
+    (True, False)
+    """
+    return tuple(d for d in stored if d != 1) == tuple(d for d in wanted if d != 1)
 
 
 #: the names as stored: what every family (and a model of no known family) has
@@ -293,6 +306,9 @@ class Family:
     #: name prefixes of tensors a release's one file holds beside the model (LTX-2's VAE, vocoder, text connectors):
     #: carried as stored, no part of `diffusers_class` (a forward pass and the loader leave them out)
     carried_parts: tuple[str, ...] = ()
+    #: patterns (`re.fullmatch`) of single tensors a release saves that `diffusers_class` computes itself and holds
+    #: none of (Wan Animate's blur filters, constant buffers): carried as `carried_parts` are
+    carried_tensors: tuple[str, ...] = ()
     #: keys of a source file's ``__metadata__`` its runtimes read (LTX-2's ``config``): carried into the output files
     carried_metadata: tuple[str, ...] = ()
     #: why a model in diffusers' names has no output in the native names (ComfyUI's and GGUF's files, which the
@@ -347,8 +363,11 @@ class Family:
         return bool(self.plain_weights) and name.startswith(self.plain_weights)
 
     def carried(self, name: str) -> bool:
-        """Whether tensor `name` is a part of the release carried beside the model (`carried_parts`)."""
-        return bool(self.carried_parts) and name.startswith(self.carried_parts)
+        """Whether tensor `name` is carried as stored and is no part of `diffusers_class`: a part of the release
+        beside the model (`carried_parts`), or a tensor the class computes itself (`carried_tensors`)."""
+        if self.carried_parts and name.startswith(self.carried_parts):
+            return True
+        return any(re.fullmatch(p, name) for p in self.carried_tensors)
 
     # --- names -----------------------------------------------------------------------------------
 
@@ -443,7 +462,8 @@ class Family:
 
     def runnable_names(self, names: Sequence[str], where: Path) -> dict[str, str]:
         """Native tensor name -> the diffusers class's parameter name, or `InputError` naming one it lacks; the
-        stacked ones are left out (`runnable_stacks` says what they are cut into)."""
+        stacked ones are left out (`runnable_stacks` says what they are cut into), and so are the carried ones
+        (`carried`: no part of the class)."""
         if self.naming(names) != "native":
             raise InputError(
                 f"{where}: config.json names {'/'.join(self.native_classes)} but the tensors do not have "
@@ -454,11 +474,13 @@ class Family:
             "implement): this model cannot be run for a forward pass"
         )
         stacked = self.runnable_stacks(names)  # cut into the class's tensors instead (`runnable_stacks`)
-        return _renamed([n for n in names if n not in stacked], self.diffusers_name, where, lacking)
+        runs = [n for n in names if n not in stacked and not self.carried(n)]
+        return _renamed(runs, self.diffusers_name, where, lacking)
 
     def why_no(self, fmt: str) -> str | None:
-        """Why this family has no output in format `fmt` whatever the layout, in words (None: no such reason):
-        what `convert --format` says when no bundled recipe exists."""
+        """Why this family has no output in format `fmt`, in words (None: no such reason): what `convert --format`
+        says of a layout with no bundled recipe of it (GGUF without an architecture; a native-named format from
+        diffusers' layout, `diffusers_not_native_why`)."""
         from ..formats import format_info
 
         if fmt == "gguf" and self.gguf_architecture is None:

@@ -21,7 +21,11 @@ Three namings, one table:
 - *release*: the Tencent release's own names are the native ones except that its double blocks keep q, k and v
   apart (``img_attn_q``, ``img_attn_k``, ``img_attn_v``, the same for ``txt_``): ComfyUI cannot load them as they
   are. A release converted to a format of native names stacks them (`HunyuanVideo15._native_stacks`); the
-  formats of source names keep them as released. A forward pass maps them one to one (`diffusers_name`).
+  formats of source names (fp8_channel, torchao_fp8, torchao_int8, nf4) keep them as released, and the release's
+  config.json. A forward pass maps them one to one (`diffusers_name`), and so does ``loaders`` (it reads a native
+  checkpoint's own names through `diffusers_name` and `runnable_stacks`, turned around), building the diffusers
+  class from that config (`diffusers_config`). diffusers' ``from_pretrained`` cannot load such an output: it never
+  renames, and the release's config builds no `HunyuanVideo15Transformer3DModel` (it fails on ``patch_size``).
 
 diffusers' single-file loader does not map HunyuanVideo 1.5 (``single_file_utils`` knows HunyuanVideo 1 only,
 ``convert_hunyuan_video_transformer_to_diffusers``); diffusers converts the release with
@@ -376,6 +380,9 @@ class HunyuanVideo15(Family):
     gguf_architecture = "hyvid"  # ComfyUI-GGUF's IMG_ARCH_LIST; ComfyUI then tells 1.5 by vision_in (1152)
     lora_prefixes = ("diffusion_model.", "model.diffusion_model.", "transformer.", "base_model.model.")
     modulation_names = ()
+    #: the condition-type Embedding (diffusers' cond_type_embed, the release's cond_type_embedding): a lookup
+    #: table, never a Linear (a recipe that targets it is refused by name)
+    plain_weights = ("cond_type_embed.", "cond_type_embedding.")
     # nn.Embedding in both runtimes (ComfyUI builds a plain torch one): a table, no Linear; F32 in GGUF
     plain_weights = ("cond_type_embedding.", "cond_type_embed.")
     default_recipes = {

@@ -1,5 +1,14 @@
-"""LTX-2 (Lightricks LTX-2 19B and its successors: audio and video in one transformer; diffusers'
+"""LTX-2 (Lightricks LTX-2 19B and LTX-2.3 22B: audio and video in one transformer; diffusers'
 `LTX2VideoTransformer3DModel`): everything the tool knows of it.
+
+Generations (`VERSIONS`): LTX-2.0 (``ltx-2-19b-dev.safetensors``) projects the caption features in the transformer
+(``caption_projection``, ``audio_caption_projection``); LTX-2.3 (``ltx-2.3-22b-dev.safetensors``) has none there (its
+text projection is per modality, ahead of the connectors: ``text_embedding_projection.{video,audio}_aggregate_embed``,
+carried), gates each attention per head (``to_gate_logits``) and modulates the text cross-attention by the timestep
+(9 rows in each block's ``scale_shift_table``, ``prompt_adaln_single`` / ``audio_prompt_adaln_single``, each block's
+``prompt_scale_shift_table``). One name table holds both; `Ltx2.diffusers_config` reads which off the tensors
+(diffusers' ``gated_attn``, ``cross_attn_mod``, ``use_prompt_embeddings`` and their audio twins). The bundled recipes
+keep the gates and every adaLN and modulation table of either.
 
 Layouts (`LTX2.layouts`): ``ltx2`` (the release as Lightricks ships it: ONE safetensors file, e.g.
 ``ltx-2-19b-dev.safetensors``, no config.json, holding the transformer under ``model.diffusion_model.`` together with
@@ -32,8 +41,14 @@ The dimensions ComfyUI fixes (``comfy/model_detection.py``, the 'Lightricks ltxv
 ``audio_adaln_single.linear.weight`` exists): it counts the blocks and reads ``attention_head_dim`` = the rows of
 ``transformer_blocks.0.attn2.to_k`` // 32 (32 heads) and ``cross_attention_dim`` off its columns; everything else is
 ``LTXAVModel``'s defaults (32 audio heads of 64, 128 latent channels in and out for video and audio, caption width
-3840, connectors of 30 heads of 128) unless the file's metadata ``config`` says otherwise under ``transformer``. The
-examples keep the 32 heads and 128 channels, and carry a metadata ``config`` naming the rest, as the release does.
+3840, connectors of 30 heads of 128, the 2.0 structure) unless the file's metadata ``config`` says otherwise under
+``transformer``. The 2.3 structure is told by that metadata alone (``apply_gated_attention``,
+``cross_attention_adaln``, ``caption_proj_before_connector`` with ``caption_projection_first_linear`` false,
+``connector_apply_gated_attention``, ``audio_connector_*``): ComfyUI reads no tensor for it. The examples keep the
+32 heads and 128 channels, and carry a metadata ``config`` naming the rest, as the releases do; a ComfyUI file keeps
+it, and a GGUF file carries it as its string key-value ``config``: ComfyUI-GGUF's Unet loader hands its string
+key-values to ComfyUI as the file's metadata since its PR #399 (January 2026); an older one hands none, and ComfyUI
+then builds its defaults, the 19B's dimensions and the 2.0 structure, which only a 2.0 19B GGUF matches.
 
 >>> LTX2.native_name("transformer_blocks.3.attn1.norm_q.weight")
 'model.diffusion_model.transformer_blocks.3.attn1.q_norm.weight'
@@ -57,7 +72,17 @@ if TYPE_CHECKING:
 
     from ..read.checkpoint import Component, TensorInfo
 
-__all__ = ["LTX2", "Ltx2", "Ltx2Shape", "NAMES", "PREFIX", "CARRIED", "COMFYUI_HEADS"]
+__all__ = [
+    "LTX2",
+    "Ltx2",
+    "Ltx2Shape",
+    "NAMES",
+    "PREFIX",
+    "CARRIED",
+    "COMFYUI_HEADS",
+    "VERSIONS",
+    "LTX23_SWITCHES",
+]
 
 #: where the release keeps the transformer (and its text connectors) in its one file
 PREFIX = "model.diffusion_model."
@@ -164,6 +189,19 @@ RELEASE_CONSTANTS = {
     "rope_type": "split",
 }
 
+#: LTX-2.3's structure in diffusers' config, as diffusers' own conversion of the 2.3 release writes it
+#: (``scripts/convert_ltx2_to_diffusers.py``, version "2.3"): per-head gates, the text cross-attention's adaLN, the
+#: connectors' outputs taken as they are, and the attention processor spatio-temporal guidance needs (STG: it
+#: changes no tensor, and without it diffusers' pipeline skips the guidance silently)
+LTX23_SWITCHES = {
+    "gated_attn": True,
+    "audio_gated_attn": True,
+    "cross_attn_mod": True,
+    "audio_cross_attn_mod": True,
+    "use_prompt_embeddings": False,
+    "perturbed_attn": True,
+}
+
 # --- a forward pass's inputs -------------------------------------------------------------------------------
 
 _KEYS = (
@@ -213,9 +251,11 @@ def _random(config: dict, g: torch.Generator) -> dict[str, torch.Tensor]:
 
 
 def _call(config: dict, t: dict[str, torch.Tensor]) -> dict:
-    """The tokens as frames of one latent pixel each (RoPE positions from the counts), sigma from the timestep."""
+    """The tokens as frames of one latent pixel each (RoPE positions from the counts); ``sigma``, what LTX-2.3's
+    prompt adaLN takes, is the timestep as diffusers' pipeline passes it (``sigma=timestep``: already scaled by
+    1000, as ComfyUI's ``compute_prompt_timestep`` scales it), one a sample."""
     ts = t["timestep"]
-    sigma = ts.reshape(ts.shape[0], -1)[:, 0] / config.get("timestep_scale_multiplier", 1000)
+    sigma = ts.reshape(ts.shape[0], -1)[:, 0]
     return dict(
         t,
         sigma=sigma,
@@ -232,11 +272,20 @@ _INPUTS = ModelInputs(keys=lambda config: _KEYS, shapes=_shapes, random=_random,
 # --- examples ----------------------------------------------------------------------------------------------
 
 
+#: the generations of LTX-2's transformer an example is made of (`Ltx2Shape.version`): ``2.0`` (the 19B) projects the
+#: caption features itself (PixArt caption projections); ``2.3`` (the 22B) gates every attention per head
+#: (``to_gate_logits``), modulates the text cross-attention by the timestep too (9 rows of ``scale_shift_table``,
+#: ``prompt_adaln_single``, ``prompt_scale_shift_table``) and takes the connectors' outputs as they are (its text
+#: projection is per modality, ahead of the connectors: ``text_embedding_projection.{video,audio}_aggregate_embed``)
+VERSIONS = ("2.0", "2.3")
+
+
 @dataclass(frozen=True)
 class Ltx2Shape:
-    """The dimensions of an example LTX-2 (the 2.0 structure: caption projections in the transformer). ComfyUI's
-    32 heads for video and audio and 128 latent channels are kept; the head widths, the caption width and the
-    connectors' are named in the file's metadata ``config``, as the release names them."""
+    """The dimensions of an example LTX-2 of a generation (`VERSIONS`). ComfyUI's 32 heads for video and audio and
+    128 latent channels are kept; the head widths, the caption width, the connectors' and (2.3) the structure are
+    named in the file's metadata ``config``, as the releases name them. A 2.3 connector is as wide as the attention
+    it feeds (its output is the cross-attention's context, with no caption projection between)."""
 
     attention_head_dim: int
     audio_attention_head_dim: int
@@ -253,6 +302,24 @@ class Ltx2Shape:
     text_layers: int = 49
     #: the connectors' learnable registers (ComfyUI's Embeddings1DConnector: 128)
     registers: int = 128
+    version: str = "2.0"
+    #: the audio connector's heads and their width (ComfyUI's ``audio_connector_*``; None: the video connector's)
+    audio_connector_heads: int | None = None
+    audio_connector_head_dim: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.version not in VERSIONS:
+            raise ValueError(f"LTX-2 version {self.version!r}: one of {', '.join(VERSIONS)}")
+        widths = (self.connector_width, self.audio_connector_width)
+        if self.v23 and widths != (self.dim, self.audio_dim):
+            raise ValueError(
+                f"LTX-2.3 connectors {widths} wide feed attentions {self.dim, self.audio_dim} wide"
+            )
+
+    @property
+    def v23(self) -> bool:
+        """The 2.3 structure: gated attention, the text cross-attention's adaLN, no caption projection."""
+        return self.version == "2.3"
 
     @property
     def dim(self) -> int:
@@ -262,9 +329,31 @@ class Ltx2Shape:
     def audio_dim(self) -> int:
         return self.audio_heads * self.audio_attention_head_dim
 
+    @property
+    def audio_connector(self) -> tuple[int, int]:
+        """The audio connector's heads and head width."""
+        return (
+            self.audio_connector_heads or self.connector_heads,
+            self.audio_connector_head_dim or self.connector_head_dim,
+        )
+
+    @property
+    def connector_width(self) -> int:
+        return self.connector_heads * self.connector_head_dim
+
+    @property
+    def audio_connector_width(self) -> int:
+        heads, head = self.audio_connector
+        return heads * head
+
+    @property
+    def release_stem(self) -> str:
+        """The release file's name (the dev model's of its generation), so that the example reads as released."""
+        return "ltx-2.3-22b-dev" if self.v23 else "ltx-2-19b-dev"
+
     def config(self) -> dict:
         """`LTX2VideoTransformer3DModel`'s config for this shape."""
-        return {
+        config = {
             "_class_name": LTX2.diffusers_class,
             "in_channels": self.in_channels,
             "out_channels": self.in_channels,
@@ -280,10 +369,12 @@ class Ltx2Shape:
             "caption_channels": self.caption_channels,
             **RELEASE_CONSTANTS,
         }
+        return config | (LTX23_SWITCHES if self.v23 else {})
 
     def comfyui_config(self) -> dict:
-        """The ``transformer`` section of the release's metadata ``config``, in ``LTXAVModel``'s argument names."""
-        return {
+        """The ``transformer`` section of the release's metadata ``config``, in ``LTXAVModel``'s argument names
+        (``comfy/ldm/lightricks/av_model.py``, ``model.py``; the 2.3 switches as LTX-2.3's own file names them)."""
+        config = {
             "num_attention_heads": self.heads,
             "attention_head_dim": self.attention_head_dim,
             "cross_attention_dim": self.dim,
@@ -299,6 +390,18 @@ class Ltx2Shape:
             "connector_num_layers": self.connector_layers,
             "rope_type": "split",
         }
+        if self.v23:
+            heads, head = self.audio_connector
+            config |= {
+                "apply_gated_attention": True,  # to_gate_logits in every attention of the blocks
+                "cross_attention_adaln": True,  # 9 modulation rows, prompt_adaln_single, prompt_scale_shift_table
+                "caption_proj_before_connector": True,  # the text projection ahead of the connectors ...
+                "caption_projection_first_linear": False,  # ... and none in the transformer
+                "connector_apply_gated_attention": True,
+                "audio_connector_num_attention_heads": heads,
+                "audio_connector_attention_head_dim": head,
+            }
+        return config
 
 
 def _linear(name: str, out: int, inp: int, bias: bool = True) -> list[tuple[str, tuple[int, ...]]]:
@@ -307,24 +410,33 @@ def _linear(name: str, out: int, inp: int, bias: bool = True) -> list[tuple[str,
 
 def connector_tensors(s: Ltx2Shape, name: str) -> list[tuple[str, tuple[int, ...]]]:
     """One text-embedding connector as ComfyUI's ``Embeddings1DConnector`` builds it (its learnable registers and
-    its 1-D transformer blocks: self-attention with q/k norms, a 4x GELU feed-forward)."""
-    d, p = s.connector_heads * s.connector_head_dim, f"{PREFIX}{name}"
+    its 1-D transformer blocks: self-attention with q/k norms, per-head gates in 2.3, a 4x GELU feed-forward)."""
+    heads, head = s.audio_connector if name.startswith("audio") else (s.connector_heads, s.connector_head_dim)
+    d, p = heads * head, f"{PREFIX}{name}"
     out = [(f"{p}.learnable_registers", (s.registers, d))]
     for i in range(s.connector_layers):
         b = f"{p}.transformer_1d_blocks.{i}"
         out += [(f"{b}.attn1.q_norm.weight", (d,)), (f"{b}.attn1.k_norm.weight", (d,))]
         for m in ("to_q", "to_k", "to_v", "to_out.0"):
             out += _linear(f"{b}.attn1.{m}", d, d)
+        if s.v23:
+            out += _linear(f"{b}.attn1.to_gate_logits", heads, d)
         out += _linear(f"{b}.ff.net.0.proj", 4 * d, d) + _linear(f"{b}.ff.net.2", d, 4 * d)
     return out
 
 
 def release_others(s: Ltx2Shape) -> list[tuple[str, tuple[int, ...]]]:
     """What the release's file holds beside the transformer (`CARRIED`), a few tensors of each part with the names
-    ComfyUI and diffusers read: the text feature projection (Gemma's layers concatenated -> caption width, no bias),
-    both connectors, and a handful of the video VAE's, audio VAE's and vocoder's tensors (2-D to 5-D)."""
-    c = s.caption_channels
-    out = [("text_embedding_projection.aggregate_embed.weight", (c, c * s.text_layers))]
+    ComfyUI and diffusers read: the text feature projection (Gemma's layers concatenated -> the caption width, no
+    bias; 2.3: one per modality, to the attention widths, with biases: ``comfy/text_encoders/lt.py``'s
+    ``DualLinearProjection``), both connectors, and a handful of the video VAE's, audio VAE's and vocoder's tensors
+    (2-D to 5-D)."""
+    c, features = s.caption_channels, s.caption_channels * s.text_layers
+    if s.v23:
+        out = _linear("text_embedding_projection.video_aggregate_embed", s.dim, features)
+        out += _linear("text_embedding_projection.audio_aggregate_embed", s.audio_dim, features)
+    else:
+        out = [("text_embedding_projection.aggregate_embed.weight", (c, features))]
     out += connector_tensors(s, "video_embeddings_connector") + connector_tensors(
         s, "audio_embeddings_connector"
     )
@@ -344,8 +456,6 @@ def release_others(s: Ltx2Shape) -> list[tuple[str, tuple[int, ...]]]:
 
 #: example layouts: ``release`` the one file at the root; ``diffusers`` the transformer/ folder
 _LAYOUTS = ("release", "diffusers")
-#: the release file's name (the 19B dev model's), so that the example reads as released
-RELEASE_FILE_STEM = "ltx-2-19b-dev"
 
 
 class Ltx2(Family):
@@ -363,7 +473,7 @@ class Ltx2(Family):
     diffusers_not_native_why = (
         "ComfyUI's LTX-2 model holds the text connectors, which diffusers keeps outside transformer/ (in "
         "connectors/), and takes the widths its tensors do not show from the release's metadata config; convert "
-        "the release's one file (ltx-2-19b-dev.safetensors) to it instead, or this model to fp8_channel, "
+        "the release's one file (ltx-2-19b-dev.safetensors, ltx-2.3-22b-dev.safetensors) to it instead, or this model to fp8_channel, "
         "torchao_fp8, torchao_int8 or nf4"
     )
     default_recipes = {
@@ -412,6 +522,30 @@ class Ltx2(Family):
             connector_heads=30,
             connector_head_dim=128,
         ),
+        # the LTX-2.3 structure at the tiny size (video 128 wide, audio 64: a mix-up of the two shows), 48 blocks
+        "tiny-2.3": Ltx2Shape(
+            attention_head_dim=4,
+            audio_attention_head_dim=2,
+            caption_channels=64,
+            connector_heads=2,
+            connector_head_dim=64,
+            connector_layers=1,
+            version="2.3",
+            audio_connector_heads=2,
+            audio_connector_head_dim=32,
+        ),
+        # LTX-2.3 22B (ltx-2.3-22b-dev.safetensors): its metadata config's dimensions, for benchmarks
+        "22b": Ltx2Shape(
+            attention_head_dim=128,
+            audio_attention_head_dim=64,
+            caption_channels=3840,
+            connector_heads=32,
+            connector_head_dim=128,
+            connector_layers=8,
+            version="2.3",
+            audio_connector_heads=32,
+            audio_connector_head_dim=64,
+        ),
     }
     example_layouts = _LAYOUTS
     default_preset = "tiny"
@@ -449,8 +583,9 @@ class Ltx2(Family):
 
     def diffusers_config(self, config: dict, tensors: Mapping[str, TensorInfo], where: Path) -> dict:
         """`LTX2VideoTransformer3DModel`'s config for the release's file (which has no config.json), read off the
-        tensor shapes as ComfyUI reads them (32 heads unless a gated attention's gate says how many); what the
-        shapes do not say is what the releases fix (`RELEASE_CONSTANTS`)."""
+        tensor shapes as ComfyUI reads them (32 heads unless a gated attention's gate says how many), the
+        generation's structure off which tensors exist (2.3: gates, 9 modulation rows, the prompt adaLN, no caption
+        projection); what the shapes do not say is what the releases fix (`RELEASE_CONSTANTS`)."""
 
         def shape(name: str) -> tuple[int, ...]:
             if f"{PREFIX}{name}" not in tensors:
@@ -503,6 +638,8 @@ class Ltx2(Family):
             "use_prompt_adaln_single": has("prompt_adaln_single.linear.weight")
             or not (cross_mod or audio_cross_mod),
             "use_keyframes_abs_pos_embedding": has("keyframes_abs_pos_embedding"),
+            # LTX-2.3's (gated) as diffusers converts it (`LTX23_SWITCHES`): spatio-temporal guidance's processor
+            "perturbed_attn": has(f"{block}.attn1.to_gate_logits.weight"),
             **RELEASE_CONSTANTS,
         }
         if inner != built["num_attention_heads"] * built["attention_head_dim"]:
@@ -540,7 +677,7 @@ class Ltx2(Family):
 
             return [diffusers_example(self, native, {})]
         metadata = {"config": json.dumps({"transformer": shape.comfyui_config()}, sort_keys=True)}
-        return [ExampleModel(".", native, None, RELEASE_FILE_STEM, metadata)]
+        return [ExampleModel(".", native, None, shape.release_stem, metadata)]
 
 
 def _diffusers_tensors(family: Family, config: dict) -> list[tuple[str, tuple[int, ...]]]:

@@ -17,22 +17,30 @@ and an adapter after blocks 0, 5, 10, ... (so ``num_layers`` is a multiple of 5)
 
 Names: diffusers' single-file loader maps this model with ``convert_wan_transformer_to_diffusers`` (not the
 ``convert_wan_animate_2_...`` one, which is for ``WanAnimate2Transformer3DModel``, another model): the tests' oracle.
-Three kinds of tensors are not one tensor under one name in the other naming, and `NAMES` leaves them out, so that
-a renaming that meets one refuses it in one line naming it (`NOT_ONE_TO_ONE`, `WanAnimate.runnable_names`):
+`NAMES` is that mapping read both ways, and three kinds of the release's tensors are not one diffusers tensor of
+the same shape under another name; each is declared, and every stage follows:
 
-- ``face_adapter.fuser_blocks.N.linear1_kv`` (weight [2 dim, dim] and bias): the fused key/value projection;
-  diffusers splits it in halves into ``face_adapter.N.to_k`` and ``to_v``;
+- ``face_adapter.fuser_blocks.N.linear1_kv`` (weight [2 dim, dim] and bias): the fused key/value projection, a stack
+  (`Blocks.stacked`) of diffusers' ``face_adapter.N.to_k`` (its first half of the rows, as the converter splits it)
+  and ``to_v`` (the second); a forward pass and the loader cut it by row ranges;
 - ``motion_encoder.enc.net_app.convs.*.bias`` (15 of them): the fused leaky ReLUs' biases, [1, C, 1, 1] in the
-  release (and in ComfyUI), [C] in diffusers (``...act_fn.bias``);
+  release (and in ComfyUI), [C] in diffusers (``...act_fn.bias``): the same values, renamed by the table and viewed
+  to the parameter's shape where they go into the class (`models.same_but_size_one_dims`);
 - ``motion_encoder.enc.net_app.convs.{1..7}.conv2.0.kernel`` and ``.skip.0.kernel``: the blur filter (a constant
-  4 x 4 buffer the release saves); diffusers computes it and stores none.
+  4 x 4 buffer the release saves: LIA's ``make_kernel((1, 3, 3, 1))``, which diffusers computes and stores none
+  of): carried as stored (`Family.carried_tensors`), no part of the class.
 
-So a release converts to every format (its own names, or ComfyUI's and GGUF's, which are the same), and a
-diffusers ``transformer/`` to the formats that keep its names; a forward pass (``verify --forward``,
-``sensitivity``) and `loaders.load_quantized` run the diffusers class from a checkpoint in its names.
+So the release converts to every format (its own names, or ComfyUI's and GGUF's, which are the same) and it and
+each of its outputs run as the diffusers class (``verify --forward``, ``sensitivity``, `loaders.load_quantized`);
+a diffusers ``transformer/`` converts to the formats that keep its names only: its halves of ``linear1_kv`` and its
+[C] biases have no one native tensor a renaming writes (`NOT_ONE_TO_ONE`, refused naming the tensor).
 
 >>> WAN_ANIMATE.native_name("face_adapter.2.to_out.weight"), WAN_ANIMATE.diffusers_name("face_encoder.conv2.conv.bias")
 ('face_adapter.fuser_blocks.2.linear2.weight', 'face_encoder.conv2.bias')
+>>> WAN_ANIMATE.names.native_stack("face_adapter.fuser_blocks.2.linear1_kv.bias")
+(('face_adapter.2.to_k.bias', 0, 1), ('face_adapter.2.to_v.bias', 0, 1))
+>>> WAN_ANIMATE.carried("motion_encoder.enc.net_app.convs.3.skip.0.kernel")
+True
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InputError
-from .base import BlockNames, Blocks, ExampleModel, Family, ModelInputs, SourceLayout
+from .base import BlockNames, Blocks, ExampleModel, Family, ModelInputs, Rows, SourceLayout
 from .wan import NAMES as WAN_NAMES
 from .wan import ROOT_MODULES, WAN, WanShape, _linear, wan_config, wan_naming, wan_tensors
 from .wan_vace import diffusers_example
@@ -54,7 +62,15 @@ if TYPE_CHECKING:
 
     from ..read.checkpoint import Component, TensorInfo
 
-__all__ = ["WAN_ANIMATE", "WanAnimate", "AnimateShape", "NAMES", "ANIMATE_MARKS", "NOT_ONE_TO_ONE"]
+__all__ = [
+    "WAN_ANIMATE",
+    "WanAnimate",
+    "AnimateShape",
+    "NAMES",
+    "ANIMATE_MARKS",
+    "BLUR_KERNELS",
+    "NOT_ONE_TO_ONE",
+]
 
 #: what only an Animate model has, in either naming
 ANIMATE_MARKS = ("motion_encoder.", "face_encoder.", "face_adapter.", "pose_patch_embedding.")
@@ -92,35 +108,32 @@ NAMES = BlockNames(
         **WAN_NAMES.root_tensors,
         "motion_encoder.motion_synthesis_weight": "motion_encoder.dec.direction.weight",
         "face_encoder.padding_tokens": "face_encoder.padding_tokens",
+        # the fused leaky ReLUs' biases: [C] in diffusers, [1, C, 1, 1] in the release (the same values)
+        "motion_encoder.conv_in.act_fn.bias": f"{_CONVS}.0.1.bias",
+        **{
+            f"motion_encoder.res_blocks.{i}.{d}.act_fn.bias": f"{_CONVS}.{i + 1}.{n}.bias"
+            for i in range(len(MOTION_CHANNELS))
+            for d, n in (("conv1", "conv1.1"), ("conv2", "conv2.2"))
+        },
     },
     blocks=(
         *WAN_NAMES.blocks,
-        # to_k / to_v are left out: the release fuses them (linear1_kv)
         Blocks(
             "face_adapter",
             "face_adapter.fuser_blocks",
             modules={"to_q": "linear1_q", "to_out": "linear2", "norm_q": "q_norm", "norm_k": "k_norm"},
+            # the release fuses to_k and to_v: k the first half of the rows (diffusers' converter splits it so)
+            stacked={"linear1_kv": (Rows("to_k"), Rows("to_v"))},
         ),
     ),
 )
 
-#: (pattern of a tensor name in one naming, why it has no one tensor in the other): what `NAMES` leaves out
+#: the release's blur filters (`carried_tensors`): constant buffers diffusers computes and holds none of
+BLUR_KERNELS = rf"{re.escape(_CONVS)}\.\d+\.(conv2|skip)\.0\.kernel"
+
+#: (pattern of a diffusers tensor name, why it has no one native tensor a renaming writes): why a diffusers-named
+#: model has no output in native names (`WanAnimate._refuse_diffusers_as_native`)
 NOT_ONE_TO_ONE = (
-    (
-        re.compile(r"face_adapter\.fuser_blocks\.\d+\.linear1_kv\.(weight|bias)"),
-        "is the face adapter's fused key/value projection, which diffusers' WanAnimateTransformer3DModel holds as "
-        "two tensors (to_k and to_v, its halves)",
-    ),
-    (
-        re.compile(rf"{re.escape(_CONVS)}\.\d+\.(\d\.|conv[12]\.\d\.)bias"),
-        "is a motion-encoder activation bias of shape [1, C, 1, 1], which diffusers holds reshaped to [C] "
-        "(act_fn.bias)",
-    ),
-    (
-        re.compile(rf"{re.escape(_CONVS)}\.\d+\.(conv2|skip)\.0\.kernel"),
-        "is the motion encoder's blur filter (a constant buffer the release saves), which diffusers computes and "
-        "stores none of",
-    ),
     (
         re.compile(r"face_adapter\.\d+\.(to_k|to_v)\.(weight|bias)"),
         "is half of the face adapter's key/value projection, which the original release (and ComfyUI) holds fused "
@@ -135,7 +148,7 @@ NOT_ONE_TO_ONE = (
 
 
 def not_one_to_one(name: str) -> str | None:
-    """Why tensor `name` (either naming) has no one tensor under one name in the other naming, or None."""
+    """Why diffusers tensor `name` has no one native tensor a renaming writes, or None."""
     return next((why for pattern, why in NOT_ONE_TO_ONE if pattern.fullmatch(name)), None)
 
 
@@ -299,6 +312,8 @@ class WanAnimate(Family):
     #: and diffusers alike, not Linear layers: a GGUF file holds them as F32, which both read as they are (as
     #: BF16 they come back as GGML's raw bytes, which only a Linear layer decodes: measured in ComfyUI)
     plain_weights = ("motion_encoder.",)
+    #: the release's blur filters: the class computes them
+    carried_tensors = (BLUR_KERNELS,)
     diffusers_not_native_why = (
         "diffusers splits the face adapter's linear1_kv and reshapes the motion encoder's biases, which a renaming "
         "cannot undo"
@@ -372,16 +387,6 @@ class WanAnimate(Family):
                 names, where, "this format writes the original release's names (ComfyUI's, GGUF's)"
             )
         super()._refuse_diffusers_as_native(names, where, fmt)
-
-    def runnable_names(self, names: Sequence[str], where: Path) -> dict[str, str]:
-        """`Family.runnable_names`, refusing first, by what it is, a native tensor with no one diffusers tensor."""
-        _refuse_not_one_to_one(
-            names,
-            where,
-            f"a forward pass runs {self.diffusers_class} from a checkpoint in diffusers' names only "
-            "(the diffusers layout, transformer/)",
-        )
-        return super().runnable_names(names, where)
 
     # --- running it ----------------------------------------------------------------------------------
 

@@ -5,7 +5,9 @@ its config names; a model of the family's original release (`Family.native_class
 config derived from the original one and the tensor shapes (`Family.diffusers_config`), its tensors renamed
 through the family's one name table (`Family.runnable_names`). A stacked tensor (a native fused projection,
 `Family.runnable_stacks`; or one a conversion stacks from diffusers' separate ones, `read.StackedSource`) is cut
-into the class's parameters by row ranges (`Runnable.rows`).
+into the class's parameters by row ranges (`Runnable.rows`); a tensor stored with other size-1 dimensions than its
+parameter is viewed to its shape (`models.same_but_size_one_dims`); the carried ones (`Family.carried`) are no part
+of the class and left out.
 
 The model is built with every parameter on the meta device (`models.meta.parameters_on_meta`). A forward
 pass (`StreamedModel.forward`) is given where each parameter's float32 values come from (`Weights`): the
@@ -37,7 +39,15 @@ from .. import dtypes
 from ..encode import row_chunks
 from ..errors import InputError
 from ..formats import Format, format_for
-from ..models import FAMILIES, Family, ModelInputs, family_of, family_of_class, stack_rows
+from ..models import (
+    FAMILIES,
+    Family,
+    ModelInputs,
+    family_of,
+    family_of_class,
+    same_but_size_one_dims,
+    stack_rows,
+)
 from ..plan import ComponentPlan, TensorPlan
 from ..process import release_free_memory
 from ..read.checkpoint import CONFIG_NAME, Component, read_rows, read_tensor
@@ -433,8 +443,13 @@ class _Filler:
 
 
 def _set(module, name: str, value: torch.Tensor) -> None:
+    """Parameter `name` of `module` filled with `value`, viewed to the parameter's shape where the two differ by
+    size-1 dimensions only (`models.same_but_size_one_dims`: a release's [1, C, 1, 1] bias of a [C] one)."""
     owner, _, attr = name.rpartition(".")
     target = module.get_submodule(owner) if owner else module
+    shape = target._parameters[attr].shape
+    if value.shape != shape and same_but_size_one_dims(value.shape, shape):
+        value = value.reshape(shape)
     target._parameters[attr] = torch.nn.Parameter(value, requires_grad=False)
 
 

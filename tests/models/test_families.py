@@ -180,15 +180,23 @@ def test_a_name_table_with_block_lists_named_otherwise_in_each_naming():
 
 
 @pytest.mark.parametrize("family", [f.name for f in FAMILIES])
-def test_example_without_a_layout_writes_the_familys_first_and_is_detected_as_it(family, tmp_path):
+def test_example_by_default_is_the_familys_first_layout_and_every_bundled_recipe_of_it_plans(
+    family, tmp_path
+):
+    """`quantize example --family F` and nothing else: the first layout at the family's default preset, detected
+    as the family, and every format's bundled recipe for that layout takes it (no width a format refuses)."""
+    from quantize.plan import make_plan
     from quantize.read.detect import detect_layouts
+    from quantize.recipes import load_recipe
     from tests.conftest import run_cli
 
     fam = get_family(family)
-    tiny = "tiny" if "tiny" in fam.presets else fam.default_preset
-    proc = run_cli("example", tmp_path / "ex", "--family", family, "--preset", tiny, check=True)
+    proc = run_cli("example", tmp_path / "ex", "--family", family, check=True)
     assert f"-shaped {fam.example_layouts[0]} checkpoint" in proc.stdout
-    assert {lay.family for lay in detect_layouts(tmp_path / "ex")} == {family}
+    (layout,) = detect_layouts(tmp_path / "ex")
+    assert layout.family == family
+    for fmt, recipe in fam.default_recipes[layout.name].items():
+        assert make_plan(tmp_path / "ex", load_recipe(recipe).recipe).components, fmt
 
 
 def _diffusers_examples():

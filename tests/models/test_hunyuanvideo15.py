@@ -26,7 +26,7 @@ from quantize.models import family_of, get_family
 from quantize.plan import make_plan
 from quantize.read.detect import detect_layouts
 from quantize.recipes import load_recipe
-from quantize.run.forward import load_inputs
+from quantize.run.forward import forward_sqnr_db, load_inputs
 from tests.conftest import load_all, run_cli
 
 HV = get_family("hunyuanvideo15")
@@ -362,7 +362,9 @@ def test_each_bundled_recipe_quantizes_the_double_blocks_and_keeps_embeddings_mo
 FORWARD = [
     ("diffusers", f) for f in ("fp8_channel", "torchao_fp8", "torchao_int8", "nf4", "comfy_nvfp4", "gguf")
 ]
-FORWARD += [("release", f) for f in ("comfy_int8", "gguf", "fp8_channel")]
+FORWARD += [("release", f) for f in ("comfy_int8", "gguf")]  # its diffusers-side formats: below
+#: the formats that keep the source's names: a release converted to one keeps q, k and v apart (its third naming)
+DIFFUSERS_SIDE = ["fp8_channel", "torchao_fp8", "torchao_int8", "nf4"]
 
 
 @pytest.mark.parametrize(("layout", "fmt"), FORWARD)
@@ -390,6 +392,64 @@ def test_our_loader_runs_the_diffusers_layouts_outputs(sources, converted, fmt):
     assert y.shape == (1, 32, 2, 4, 4) and torch.isfinite(y).all()
 
 
+@pytest.fixture(scope="module")
+def reference(sources):
+    """The release's bf16 weights in float32 as diffusers' class, through diffusers' own conversion (its q, k, v
+    stacked as the native names have them, then `to_diffusers`), and its output on the family's inputs."""
+    import diffusers
+
+    from quantize.read.checkpoint import open_component
+
+    release = load_all(sources["release"])
+    qkv = re.compile(r"(double_blocks\.\d+\.(?:img|txt)_attn_)([qkv])\.(weight|bias)")
+    native = {k: v for k, v in release.items() if not qkv.fullmatch(k)}
+    for k in release:
+        if (m := qkv.fullmatch(k)) and m[2] == "q":
+            native[f"{m[1]}qkv.{m[3]}"] = torch.cat([release[f"{m[1]}{x}.{m[3]}"] for x in "qkv"])
+    comp = open_component(sources["release"], ".")
+    config = HV.diffusers_config(comp.config, comp.tensors, comp.dir)
+    model = diffusers.HunyuanVideo15Transformer3DModel.from_config(config).eval()
+    model.load_state_dict({k: v.float() for k, v in to_diffusers(native).items()}, strict=True)
+    x = load_inputs(None, HV, model.config)
+    with torch.no_grad():
+        want = model(**HV.inputs.call(model.config, x))[0]
+    return model, x, want
+
+
+@pytest.mark.parametrize("fmt", DIFFUSERS_SIDE)
+def test_our_loader_runs_the_release_in_a_diffusers_side_format_and_computes_what_verify_forward_reports(
+    sources, converted, reference, fmt
+):
+    """The release converted to a format of source names keeps its q, k, v apart: our loader puts each into its
+    diffusers Linear (the fused refiner q/k/v and final modulation cut by rows), and its forward, every quantized
+    layer decoded in float32, is the figure `verify --forward` reports against the release's."""
+    import diffusers
+
+    from loaders import QuantizedLinear, load_quantized
+
+    out = converted("release", fmt)
+    config = json.loads((out / "config.json").read_text())  # the release's, as for every source-named format
+    assert (
+        config["_class_name"] == "HunyuanVideo_1_5_DiffusionTransformer" and "quantization_config" in config
+    )
+    stored = {k.split(".")[2] for k in load_all(out) if k.startswith("double_blocks.0.img_attn_")}
+    assert "img_attn_q" in stored and "img_attn_qkv" not in stored  # the release's names, q, k, v apart
+    proc = run_cli("verify", out, "--source", sources["release"], "--forward", "--json", check=True)
+    (reported,) = [v["output_sqnr_db"] for v in json.loads(proc.stdout)["forward"].values()]
+    model, x, want = reference
+    with torch.no_grad():
+        loaded = load_quantized(
+            diffusers.HunyuanVideo15Transformer3DModel, out, dtype=torch.float32, compute="dequantize"
+        )
+        got = loaded(**HV.inputs.call(model.config, x))[0]
+    block = loaded.transformer_blocks[1]
+    assert all(isinstance(getattr(block.attn, m), QuantizedLinear) for m in ("to_q", "to_k", "add_v_proj"))
+    assert not isinstance(loaded.norm_out.linear, QuantizedLinear)
+    sqnr = forward_sqnr_db(want, got)
+    print(f"{fmt}: forward SQNR {sqnr:.3f} dB (verify --forward: {reported} dB)")
+    assert sqnr > 15 and round(sqnr, 3) == reported
+
+
 def test_a_torchao_output_loads_in_diffusers_from_pretrained_and_runs(converted):
     import diffusers
 
@@ -401,6 +461,23 @@ def test_a_torchao_output_loads_in_diffusers_from_pretrained_and_runs(converted)
     with torch.no_grad():
         y = model(**HV.inputs.call(model.config, x))[0]
     assert y.shape == (1, 32, 2, 4, 4) and torch.isfinite(y).all()
+
+
+def test_the_release_in_torchao_is_not_for_diffusers_from_pretrained_and_its_card_says_our_loader(converted):
+    """Its config.json is the release's and its tensors keep the release's names, which diffusers' from_pretrained
+    never renames: it fails (on the release's config) rather than loading a model, and the card offers no
+    from_pretrained, only our loader, which builds the diffusers class from that config (`diffusers_config`)."""
+    import diffusers
+
+    out = converted("release", "torchao_fp8")
+    card = (out / "README.md").read_text()
+    assert "from_pretrained" not in card and "load_quantized(HunyuanVideo15Transformer3DModel" in card
+    default = torch.get_default_dtype()
+    try:
+        with pytest.raises((TypeError, ValueError, RuntimeError)):
+            diffusers.HunyuanVideo15Transformer3DModel.from_pretrained(out, torch_dtype=torch.bfloat16)
+    finally:  # diffusers leaves torch_dtype as the default dtype when building the model fails
+        torch.set_default_dtype(default)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))

@@ -8,7 +8,11 @@ ComfyUI's detection rule (``comfy/model_detection.py``, the 'Lightricks ltxv' br
 spelled in `comfyui_state` (``comfy/ldm/lightricks/model.py``, ``av_model.py``, ``embeddings_connector.py``);
 ComfyUI-GGUF's ``IMG_ARCH_LIST`` holds ``ltxv``. ComfyUI itself is not needed.
 
-The tiny example has 48 blocks, as the releases do (the recipes keep blocks 0, 1, 46, 47), 64 wide.
+The tiny example has 48 blocks, as the releases do (the recipes keep blocks 0, 1, 46, 47), 64 wide; ``tiny-2.3``
+is LTX-2.3's structure (per-head gated attention, the text cross-attention's adaLN, no caption projection in the
+transformer), 128 wide for video and 64 for audio. Oracles for 2.3 beside those: the rename diffusers' own conversion
+script adds for it (`LTX23_RENAMES`), the config it converts LTX-2.3 with, and ComfyUI's rules for the switches the
+release's metadata ``config`` names.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from safetensors import safe_open
 
 from quantize.errors import InputError
 from quantize.models import family_of, get_family
-from quantize.models.ltx2 import PREFIX
+from quantize.models.ltx2 import LTX23_SWITCHES, PREFIX
 from quantize.plan import make_plan
 from quantize.read.checkpoint import TensorInfo, open_component, read_tensor
 from quantize.read.detect import detect_layouts
@@ -40,12 +44,38 @@ FORMATS = [
 NATIVE_FORMATS = [f for f in FORMATS if f.startswith("comfy_") or f == "gguf"]
 COMFY_PARTS = (".comfy_quant", ".weight_scale", ".weight_scale_2", ".input_scale")
 LAYOUTS = {"release": "ltx2", "diffusers": "ltx2-diffusers"}
+#: the example folders the tests convert: each (preset, layout); ``*-2.3`` the LTX-2.3 structure
+SOURCES = {
+    "release": ("tiny", "release"), "diffusers": ("tiny", "diffusers"),
+    "release-2.3": ("tiny-2.3", "release"), "diffusers-2.3": ("tiny-2.3", "diffusers"),
+}  # fmt: skip
 
 TINY = dict(
     in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16,
     audio_in_channels=8, audio_out_channels=8, audio_num_attention_heads=2, audio_attention_head_dim=4,
     audio_cross_attention_dim=8, num_layers=2, caption_channels=16, rope_type="split",
 )  # fmt: skip
+#: LTX-2.3's switches as diffusers' conversion script sets them (scripts/convert_ltx2_to_diffusers.py, version "2.3")
+TINY_23 = TINY | dict(
+    gated_attn=True, cross_attn_mod=True, audio_gated_attn=True, audio_cross_attn_mod=True,
+    use_prompt_embeddings=False, perturbed_attn=True,
+)  # fmt: skip
+#: what diffusers' conversion script renames for LTX-2.3 beyond 2.0's (its LTX_2_3_TRANSFORMER_KEYS_RENAME_DICT): the
+#: single-file converter of diffusers 0.42 (`convert_ltx2_transformer_to_diffusers`) lacks these, and leaves
+#: ``prompt_adaln_single`` as it is where the class has ``prompt_adaln``
+LTX23_RENAMES = {"audio_prompt_adaln_single": "audio_prompt_adaln", "prompt_adaln_single": "prompt_adaln"}
+
+
+def diffusers_converts(names) -> dict:
+    """diffusers' name for each release name (by diffusers' single-file converter, then its 2.3 renames): old -> new."""
+    from diffusers.loaders.single_file_utils import convert_ltx2_transformer_to_diffusers
+
+    converted = {}
+    for new, old in convert_ltx2_transformer_to_diffusers({n: n for n in names}).items():
+        for a, b in LTX23_RENAMES.items():  # the script's str.replace, in its order
+            new = new.replace(a, b)
+        converted[old] = new
+    return converted
 
 
 # -- ComfyUI, as its source reads and builds LTX-2 ------------------------------------------------------------
@@ -80,10 +110,25 @@ COMFYUI_DEFAULTS = dict(
 
 
 def comfyui_state(detected: dict) -> dict:
-    """name -> shape of ``LTXAVModel(**config)``'s state dict (the LTX-2.0 structure: PixArt caption projections,
-    no gated attention, 6 modulation rows), under ``model.diffusion_model.``, read off ComfyUI's source."""
+    """name -> shape of ``LTXAVModel(**config)``'s state dict under ``model.diffusion_model.``, read off ComfyUI's
+    source (comfy/ldm/lightricks/model.py, av_model.py, embeddings_connector.py), with the switches LTX-2.3's
+    metadata names (all False by default: the LTX-2.0 structure, PixArt caption projections, 6 modulation rows):
+
+    - ``cross_attention_adaln``: ``adaln_single`` / ``audio_adaln_single`` of 9 coefficients, not 6 (model.py:793,
+      av_model.py:476), ``prompt_adaln_single`` / ``audio_prompt_adaln_single`` of 2 while ``use_prompt_adaln_single``
+      (model.py:798-803, av_model.py:486-496), and in each block 9 rows of ``scale_shift_table`` and
+      ``audio_scale_shift_table`` and the two ``prompt_scale_shift_table`` of 2 rows (av_model.py:189-197);
+    - ``apply_gated_attention``: each of a block's six attentions has ``to_gate_logits`` = Linear(query width, its
+      heads) (av_model.py:615 into BasicAVTransformerBlock, model.py:455-458);
+    - ``caption_proj_before_connector``: the caption projections are a ``NormSingleLinearTextProjection`` (only
+      ``linear_1``) when ``caption_projection_first_linear``, else nothing (model.py:805-823, av_model.py:533-551);
+    - the connectors: ``audio_connector_*`` heads (default the video connector's, av_model.py:559-561), and
+      ``to_gate_logits`` in their blocks' attn1 when ``connector_apply_gated_attention`` (av_model.py:554,
+      embeddings_connector.py:60-70)."""
     c = COMFYUI_DEFAULTS | detected
     v, a = c["num_attention_heads"] * c["attention_head_dim"], c["audio_num_attention_heads"] * c["audio_attention_head_dim"]  # fmt: skip
+    cross_adaln, gated = c.get("cross_attention_adaln", False), c.get("apply_gated_attention", False)
+    modulations = 9 if cross_adaln else 6
     s = {}
 
     def linear(name, i, o):
@@ -96,49 +141,80 @@ def comfyui_state(detected: dict) -> dict:
         linear(f"{name}.emb.timestep_embedder.linear_2", dim, dim)
         linear(f"{name}.linear", dim, coefficient * dim)
 
-    def attention(name, query, context, heads, head):  # CrossAttention: q/k RMSNorm over all heads
+    def attention(
+        name, query, context, heads, head, gate=False
+    ):  # CrossAttention: q/k RMSNorm over all heads
         inner = heads * head
         s[f"{PREFIX}{name}.q_norm.weight"] = s[f"{PREFIX}{name}.k_norm.weight"] = (inner,)
         linear(f"{name}.to_q", query, inner)
         linear(f"{name}.to_k", context, inner)
         linear(f"{name}.to_v", context, inner)
+        if gate:  # one logit a head, off the query's input
+            linear(f"{name}.to_gate_logits", query, heads)
         linear(f"{name}.to_out.0", inner, query)
+
+    def caption_projection(name, width):
+        if not c.get("caption_proj_before_connector", False):
+            linear(f"{name}.linear_1", c["caption_channels"], width)  # PixArtAlphaTextProjection
+            linear(f"{name}.linear_2", width, width)
+        elif c.get(
+            "caption_projection_first_linear", True
+        ):  # NormSingleLinearTextProjection: its RMSNorm has none
+            linear(f"{name}.linear_1", c["caption_channels"], width)
 
     def feed_forward(name, dim):  # GELU_approx(dim, 4 dim) then Linear(4 dim, dim)
         linear(f"{name}.net.0.proj", dim, 4 * dim)
         linear(f"{name}.net.2", 4 * dim, dim)
 
     linear("patchify_proj", c["in_channels"], v)
-    adaln("adaln_single", v, 6)
-    linear("caption_projection.linear_1", c["caption_channels"], v)
-    linear("caption_projection.linear_2", v, v)
+    adaln("adaln_single", v, modulations)
+    if cross_adaln and c.get("use_prompt_adaln_single", True):
+        adaln("prompt_adaln_single", v, 2)
+    caption_projection("caption_projection", v)
     linear("audio_patchify_proj", c["audio_in_channels"], a)
-    adaln("audio_adaln_single", a, 6)
+    adaln("audio_adaln_single", a, modulations)
+    if cross_adaln and c.get("use_prompt_adaln_single", True):
+        adaln("audio_prompt_adaln_single", a, 2)
     adaln("av_ca_video_scale_shift_adaln_single", v, 4)
     adaln("av_ca_a2v_gate_adaln_single", v, 1)
     adaln("av_ca_audio_scale_shift_adaln_single", a, 4)
     adaln("av_ca_v2a_gate_adaln_single", a, 1)
-    linear("audio_caption_projection.linear_1", c["caption_channels"], a)
-    linear("audio_caption_projection.linear_2", a, a)
+    caption_projection("audio_caption_projection", a)
     heads, head = c["connector_num_attention_heads"], c["connector_attention_head_dim"]
-    for connector in ("audio_embeddings_connector", "video_embeddings_connector"):  # Embeddings1DConnector
+    connectors = {
+        "audio_embeddings_connector": (
+            c.get("audio_connector_num_attention_heads", heads), c.get("audio_connector_attention_head_dim", head),
+        ),
+        "video_embeddings_connector": (heads, head),
+    }  # fmt: skip
+    connector_gate = c.get("connector_apply_gated_attention", False)
+    for connector, (heads, head) in connectors.items():  # Embeddings1DConnector
         s[f"{PREFIX}{connector}.learnable_registers"] = (128, heads * head)
         for i in range(c["connector_num_layers"]):
-            attention(f"{connector}.transformer_1d_blocks.{i}.attn1", heads * head, heads * head, heads, head)
-            feed_forward(f"{connector}.transformer_1d_blocks.{i}.ff", heads * head)
+            width = heads * head
+            attention(
+                f"{connector}.transformer_1d_blocks.{i}.attn1", width, width, heads, head, connector_gate
+            )
+            feed_forward(f"{connector}.transformer_1d_blocks.{i}.ff", width)
     vh, vd = c["num_attention_heads"], c["attention_head_dim"]
     ah, ad = c["audio_num_attention_heads"], c["audio_attention_head_dim"]
     for i in range(c["num_layers"]):  # BasicAVTransformerBlock
         b = f"transformer_blocks.{i}"
-        attention(f"{b}.attn1", v, v, vh, vd)
-        attention(f"{b}.audio_attn1", a, a, ah, ad)
-        attention(f"{b}.attn2", v, c["cross_attention_dim"], vh, vd)
-        attention(f"{b}.audio_attn2", a, c["audio_cross_attention_dim"], ah, ad)
-        attention(f"{b}.audio_to_video_attn", v, a, ah, ad)
-        attention(f"{b}.video_to_audio_attn", a, v, ah, ad)
+        attention(f"{b}.attn1", v, v, vh, vd, gated)
+        attention(f"{b}.audio_attn1", a, a, ah, ad, gated)
+        attention(f"{b}.attn2", v, c["cross_attention_dim"], vh, vd, gated)
+        attention(f"{b}.audio_attn2", a, c["audio_cross_attention_dim"], ah, ad, gated)
+        attention(f"{b}.audio_to_video_attn", v, a, ah, ad, gated)
+        attention(f"{b}.video_to_audio_attn", a, v, ah, ad, gated)
         feed_forward(f"{b}.ff", v)
         feed_forward(f"{b}.audio_ff", a)
-        s[f"{PREFIX}{b}.scale_shift_table"], s[f"{PREFIX}{b}.audio_scale_shift_table"] = (6, v), (6, a)
+        s[f"{PREFIX}{b}.scale_shift_table"] = (modulations, v)
+        s[f"{PREFIX}{b}.audio_scale_shift_table"] = (modulations, a)
+        if cross_adaln:
+            s[f"{PREFIX}{b}.prompt_scale_shift_table"], s[f"{PREFIX}{b}.audio_prompt_scale_shift_table"] = (
+                (2, v),
+                (2, a),
+            )
         s[f"{PREFIX}{b}.scale_shift_table_a2v_ca_audio"] = (5, a)
         s[f"{PREFIX}{b}.scale_shift_table_a2v_ca_video"] = (5, v)
     s[f"{PREFIX}scale_shift_table"], s[f"{PREFIX}audio_scale_shift_table"] = (2, v), (2, a)
@@ -155,34 +231,40 @@ def _unet_part(state: dict) -> dict:
 # -- the name table -----------------------------------------------------------------------------------------
 
 
-def test_every_diffusers_name_round_trips_through_diffusers_own_converter():
+@pytest.mark.parametrize("config", [TINY, TINY_23], ids=["2.0", "2.3"])
+def test_every_diffusers_name_round_trips_through_diffusers_own_converter(config):
     import diffusers
-    from diffusers.loaders.single_file_utils import convert_ltx2_transformer_to_diffusers
 
-    state = diffusers.LTX2VideoTransformer3DModel(**TINY).state_dict()
-    rename = LTX.name_table("native", "comfy_fp8").renamer(list(state), "here")
-    native = {rename(k): v for k, v in state.items()}
+    state = diffusers.LTX2VideoTransformer3DModel(**config).state_dict()
+    native = {
+        LTX.native_name(k): k for k in state
+    }  # the table itself (a diffusers model has no native output)
     assert len(native) == len(state) and all(k.startswith(PREFIX) for k in native)
-    assert rename("proj_in.weight") == f"{PREFIX}patchify_proj.weight"
-    assert rename("time_embed.linear.bias") == f"{PREFIX}adaln_single.linear.bias"
-    assert rename("transformer_blocks.1.audio_to_video_attn.norm_k.weight") == (
+    assert LTX.native_name("proj_in.weight") == f"{PREFIX}patchify_proj.weight"
+    assert LTX.native_name("time_embed.linear.bias") == f"{PREFIX}adaln_single.linear.bias"
+    assert LTX.native_name("transformer_blocks.1.audio_to_video_attn.norm_k.weight") == (
         f"{PREFIX}transformer_blocks.1.audio_to_video_attn.k_norm.weight"
     )
-    back = convert_ltx2_transformer_to_diffusers(dict(native))
-    assert set(back) == set(state) and all(back[k] is state[k] for k in state)
+    assert diffusers_converts(native) == native  # diffusers reads each native name back as the class's
     assert {LTX.diffusers_name(k) for k in native} == set(state)
+    if config is TINY_23:  # LTX-2.3's own tensors, in the release's names
+        assert LTX.native_name("prompt_adaln.linear.weight") == f"{PREFIX}prompt_adaln_single.linear.weight"
+        assert LTX.native_name("audio_prompt_adaln.emb.timestep_embedder.linear_1.bias") == (
+            f"{PREFIX}audio_prompt_adaln_single.emb.timestep_embedder.linear_1.bias"
+        )
+        block = f"{PREFIX}transformer_blocks.1"
+        assert {f"{block}.video_to_audio_attn.to_gate_logits.weight", f"{block}.audio_prompt_scale_shift_table"} < set(native)  # fmt: skip
+        assert not any("caption_projection" in k for k in native)
 
 
-def test_the_release_names_are_what_diffusers_reads_of_the_release_and_the_connectors_have_none():
+@pytest.mark.parametrize("preset", ["tiny", "tiny-2.3"])
+def test_the_release_names_are_what_diffusers_reads_of_the_release_and_the_connectors_have_none(preset):
     """diffusers' converter drops the connectors (another component) and leaves the rest of the file alone;
     our table gives each transformer tensor of the release the name the converter gives it, and none to the rest."""
-    from diffusers.loaders.single_file_utils import convert_ltx2_transformer_to_diffusers
-
-    (release,) = LTX.example("tiny", "release")
+    (release,) = LTX.example(preset, "release")
     names = [n for n, _ in release.tensors]
-    converted = convert_ltx2_transformer_to_diffusers({n: n for n in names})
     ours = LTX.runnable_names(names, Path("here"))
-    assert {old: new for new, old in converted.items() if old.startswith(PREFIX)} == ours
+    assert {old: new for old, new in diffusers_converts(names).items() if old.startswith(PREFIX)} == ours
     carried = [n for n in names if LTX.carried(n)]
     assert {n.split(".")[0] for n in carried} == {
         "model",
@@ -210,13 +292,11 @@ def test_a_tensor_neither_naming_has_is_refused_naming_it_and_diffusers_names_ha
 
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory) -> dict[str, Path]:
-    """The tiny example in both layouts, as `quantize example` writes them."""
+    """The tiny examples of both generations in both layouts (`SOURCES`), as `quantize example` writes them."""
     root = tmp_path_factory.mktemp("ltx2")
-    for layout in LAYOUTS:
-        run_cli(
-            "example", root / layout, "--family", "ltx2", "--preset", "tiny", "--layout", layout, check=True
-        )
-    return {layout: root / layout for layout in LAYOUTS}
+    for key, (preset, layout) in SOURCES.items():
+        run_cli("example", root / key, "--family", "ltx2", "--preset", preset, "--layout", layout, check=True)
+    return {key: root / key for key in SOURCES}
 
 
 @pytest.mark.parametrize(
@@ -231,14 +311,16 @@ def test_family_by_class_and_by_names(config_class, names):
     assert family_of(config_class, names) is LTX
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_both_layouts_are_detected_and_find_their_recipes(sources, layout):
-    (found,) = detect_layouts(sources[layout])
+@pytest.mark.parametrize("source", list(SOURCES))
+def test_both_layouts_are_detected_and_find_their_recipes(sources, source):
+    layout = SOURCES[source][1]
+    (found,) = detect_layouts(sources[source])
     assert (found.name, found.family) == (LAYOUTS[layout], "ltx2")
     if (
-        layout == "diffusers"
+        source != "release"
     ):  # `recipes --for` plans every bundled recipe on 3,500 tensors: once is enough here
-        assert all(load_recipe(r).recipe.components == ["transformer"] for r in LTX.default_recipes[LAYOUTS[layout]].values())  # fmt: skip
+        if layout == "diffusers":
+            assert all(load_recipe(r).recipe.components == ["transformer"] for r in LTX.default_recipes[LAYOUTS[layout]].values())  # fmt: skip
         return
     listed = run_cli("recipes", "--for", sources[layout], check=True).stdout
     defaults = {
@@ -251,25 +333,35 @@ def test_both_layouts_are_detected_and_find_their_recipes(sources, layout):
     assert plan.stdout.splitlines()[0].startswith(f"recipe {LTX.default_recipes[LAYOUTS[layout]]['gguf']}: ")
 
 
-def test_the_release_is_one_file_that_comfyui_builds_exactly_and_diffusers_detects(sources):
+@pytest.mark.parametrize(
+    ("source", "name"), [("release", "ltx-2-19b-dev"), ("release-2.3", "ltx-2.3-22b-dev")]
+)
+def test_the_release_is_one_file_that_comfyui_builds_exactly_and_diffusers_detects(sources, source, name):
     from diffusers.loaders.single_file_utils import CHECKPOINT_KEY_NAMES
 
-    (path,) = sources["release"].glob("*.safetensors")
-    assert path.name == "ltx-2-19b-dev.safetensors" and not (sources["release"] / "config.json").exists()
+    (path,) = sources[source].glob("*.safetensors")
+    assert path.name == f"{name}.safetensors" and not (sources[source] / "config.json").exists()
     with safe_open(path, "pt") as f:
         state, metadata = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}, f.metadata()
     detected = comfyui_detects(state, metadata)
     assert detected["image_model"] == "ltxav" and detected["num_layers"] == 48
+    v23 = source.endswith(
+        "2.3"
+    )  # the switches LTX-2.3's own file names (its metadata config's transformer section)
+    assert all(detected.get(k, False) is v23 for k in ("apply_gated_attention", "cross_attention_adaln", "caption_proj_before_connector", "connector_apply_gated_attention"))  # fmt: skip
+    if v23:
+        assert detected["caption_projection_first_linear"] is False
     assert comfyui_state(detected) == _unet_part(
         state
     )  # ComfyUI builds exactly this transformer and its connectors
     assert any(k in state for k in CHECKPOINT_KEY_NAMES["ltx2"])  # diffusers' single-file detection
 
 
-@pytest.mark.parametrize("preset", ["tiny", "small", "19b"])
+@pytest.mark.parametrize("preset", ["tiny", "small", "19b", "tiny-2.3", "22b"])
 def test_examples_have_the_dimensions_comfyui_fixes(preset):
     """32 heads (ComfyUI's attention_head_dim = to_k rows // 32), 128 latent channels; the 19B without metadata is
-    exactly what ComfyUI's defaults build (the release's own dimensions)."""
+    exactly what ComfyUI's defaults build (the release's own dimensions); LTX-2.3's structure only with it (ComfyUI
+    reads no tensor for its switches)."""
     (model,) = LTX.example(preset, "release")
     state = dict(model.tensors)
     detected = comfyui_detects(state, dict(model.metadata))
@@ -278,21 +370,38 @@ def test_examples_have_the_dimensions_comfyui_fixes(preset):
     if preset == "19b":
         assert comfyui_state(comfyui_detects(state, None)) == _unet_part(state)
         assert detected["cross_attention_dim"] == 4096 and detected["attention_head_dim"] == 128
+    if (
+        preset == "22b"
+    ):  # ltx-2.3-22b-dev's dimensions: the 19B's, its connectors 32 heads of 128 / 64, 8 layers
+        assert {k: detected[k] for k in ("cross_attention_dim", "attention_head_dim", "audio_connector_attention_head_dim", "connector_num_layers")} == {  # fmt: skip
+            "cross_attention_dim": 4096, "attention_head_dim": 128, "audio_connector_attention_head_dim": 64,
+            "connector_num_layers": 8,
+        }  # fmt: skip
+    if preset in ("tiny-2.3", "22b"):
+        assert comfyui_state(comfyui_detects(state, None)) != _unet_part(state)
 
 
+@pytest.mark.parametrize("version", ["", "-2.3"])
 def test_the_config_read_off_the_release_builds_diffusers_class_with_every_transformer_tensor_in_place(
-    sources,
+    sources, version
 ):
     import diffusers
 
-    comp = open_component(sources["release"], ".")
+    comp = open_component(sources[f"release{version}"], ".")
     config = LTX.diffusers_config({}, comp.tensors, comp.dir)
     with torch.device("meta"):
         built = diffusers.LTX2VideoTransformer3DModel.from_config(config)
     renamed = {LTX.diffusers_name(k): t.shape for k, t in comp.tensors.items() if not LTX.carried(k)}
     assert renamed == {k: tuple(v.shape) for k, v in built.state_dict().items()}
-    diffusers_config = json.loads((sources["diffusers"] / "transformer" / "config.json").read_text())
+    diffusers_config = json.loads(
+        (sources[f"diffusers{version}"] / "transformer" / "config.json").read_text()
+    )
     assert {k: diffusers_config[k] for k in config} == config
+    # the structure's switches and the text widths as diffusers' own conversion sets them for the generation
+    switches = {k: config[k] for k in LTX23_SWITCHES}
+    assert switches == (LTX23_SWITCHES if version else {k: not v for k, v in LTX23_SWITCHES.items()})
+    assert config["caption_channels"] == (3840 if version else 64) and config["use_prompt_adaln_single"]
+    assert (config["num_attention_heads"], config["attention_head_dim"]) == ((32, 4) if version else (32, 2))
 
 
 # -- the bundled recipes ----------------------------------------------------------------------------------------
@@ -311,16 +420,27 @@ QUANTIZED = {
 }
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_each_bundled_recipe_quantizes_the_middle_blocks_and_keeps_the_rest(sources, layout):
+@pytest.mark.parametrize("source", list(SOURCES))
+def test_each_bundled_recipe_quantizes_the_middle_blocks_and_keeps_the_rest(sources, source):
+    layout = SOURCES[source][1]
     for fmt, recipe in LTX.default_recipes[LAYOUTS[layout]].items():
-        (cp,) = make_plan(sources[layout], load_recipe(recipe).recipe).components
+        (cp,) = make_plan(sources[source], load_recipe(recipe).recipe).components
         assert cp.rel == ("." if layout == "release" else "transformer")
         quantized = {t.module: t for t in cp.tensors if t.quantize}
         linears = {k.removesuffix(".weight") for k, t in cp.component.tensors.items() if k.endswith(".weight") and len(t.shape) == 2}  # fmt: skip
         assert set(quantized) == {m for m in linears if QUANTIZED[layout].fullmatch(m)}, fmt
         assert len(quantized) == 44 * (6 * 4 + 4)
         assert not any(LTX.carried(t.name) for t in cp.tensors if t.quantize)
+        if source.endswith("2.3"):  # LTX-2.3's gates and prompt adaLN are there, and kept as every adaLN is
+            gates = {
+                m for m in linears if m.endswith(".to_gate_logits") and ".transformer_blocks." in f".{m}"
+            }
+            prompt = {m for m in linears if re.search(r"(^|\.)(audio_)?prompt_adaln(_single)?\.", m)}
+            assert len(gates) == 48 * 6 and len(prompt) == 2 * 3 and not (gates | prompt) & set(quantized), (
+                fmt
+            )
+            tables = {t.name for t in cp.tensors if t.name.endswith("prompt_scale_shift_table")}
+            assert len(tables) == 48 * 2 and not any(t.quantize for t in cp.tensors if t.name in tables)
         if fmt == "comfy_nvfp4":
             mxfp8 = {m for m, t in quantized.items() if t.options.type_name == "mxfp8"}
             assert mxfp8 == {m for m in quantized if m.endswith("ff.net.2")} and len(mxfp8) == 88
@@ -344,45 +464,56 @@ def converted(sources, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference(sources):
-    """The release in float32 as diffusers' class, and its output on the family's inputs."""
+def references(sources):
+    """A release (`SOURCES` key) in float32 as diffusers' class, and its output on the family's inputs."""
     import diffusers
 
-    comp = open_component(sources["release"], ".")
-    config = LTX.diffusers_config({}, comp.tensors, comp.dir)
-    model = diffusers.LTX2VideoTransformer3DModel.from_config(config).eval()
-    model.load_state_dict(
-        {
-            LTX.diffusers_name(k): read_tensor(i).float()
-            for k, i in comp.tensors.items()
-            if not LTX.carried(k)
-        },
-        strict=True,
-    )
-    x = load_inputs(None, LTX, model.config)
-    with torch.no_grad():
-        want = model(**LTX.inputs.call(model.config, x))[0]
-    return model, x, want
+    made = {}
+
+    def get(source: str = "release"):
+        if source not in made:
+            comp = open_component(sources[source], ".")
+            config = LTX.diffusers_config({}, comp.tensors, comp.dir)
+            model = diffusers.LTX2VideoTransformer3DModel.from_config(config).eval()
+            model.load_state_dict(
+                {LTX.diffusers_name(k): read_tensor(i).float() for k, i in comp.tensors.items() if not LTX.carried(k)},
+                strict=True,
+            )  # fmt: skip
+            x = load_inputs(None, LTX, model.config)
+            with torch.no_grad():
+                want = model(**LTX.inputs.call(model.config, x))[0]
+            made[source] = model, x, want
+        return made[source]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def reference(references):
+    """The LTX-2.0 release's (`references`)."""
+    return references("release")
 
 
 def _output_file(out: Path, layout: str) -> Path:
-    comp = out if layout == "release" else out / "transformer"
+    comp = out if layout.startswith("release") else out / "transformer"
     (path,) = [p for p in comp.iterdir() if p.suffix in (".safetensors", ".gguf")]
     return path
 
 
+@pytest.mark.parametrize("source", ["release", "release-2.3"])
 @pytest.mark.parametrize("fmt", ["comfy_fp8", "gguf"])
 def test_verify_forward_runs_the_release_and_our_loader_computes_its_figure(
-    sources, converted, reference, fmt
+    sources, converted, references, fmt, source
 ):
     import diffusers
 
     from loaders import load_quantized
 
-    out = converted("release", fmt)
-    proc = run_cli("verify", out, "--source", sources["release"], "--forward", "--json", check=True)
+    out = converted(source, fmt)
+    proc = run_cli("verify", out, "--source", sources[source], "--forward", "--json", check=True)
     (reported,) = [v["output_sqnr_db"] for v in json.loads(proc.stdout)["forward"].values()]
-    model, x, want = reference
+    print(f"{source} {fmt}: forward SQNR {reported} dB")
+    model, x, want = references(source)
     with torch.no_grad():
         exact = load_quantized(
             diffusers.LTX2VideoTransformer3DModel, out, dtype=torch.float32, compute="dequantize"
@@ -422,21 +553,29 @@ def test_our_loader_runs_every_format_of_the_release_and_the_other_parts_are_car
         assert all(torch.equal(f.get_tensor(k), v) for k, v in carried.items())
 
 
-@pytest.mark.parametrize("fmt", NATIVE_FORMATS)
-def test_comfy_and_gguf_files_of_the_release_hold_what_comfyui_detects(sources, converted, fmt):
-    (release,) = LTX.example("tiny", "release")
+@pytest.mark.parametrize(
+    ("source", "fmt"),
+    [("release", f) for f in NATIVE_FORMATS] + [("release-2.3", f) for f in ("comfy_fp8", "gguf")],
+)
+def test_comfy_and_gguf_files_of_the_release_hold_what_comfyui_detects(sources, converted, fmt, source):
+    (release,) = LTX.example(SOURCES[source][0], "release")
     want = comfyui_detects(dict(release.tensors), dict(release.metadata))
-    path = _output_file(converted("release", fmt), "release")
+    path = _output_file(converted(source, fmt), source)
     if fmt == "gguf":
         reader = gguf.GGUFReader(path)
         assert reader.fields["general.architecture"].contents() == "ltxv"  # in ComfyUI-GGUF's IMG_ARCH_LIST
         state = {t.name: dict(release.tensors)[t.name] for t in reader.tensors}  # shapes as the source's
-        metadata = dict(release.metadata)  # ComfyUI-GGUF passes none: the 19B's are ComfyUI's defaults
+        # what ComfyUI-GGUF (since its PR #399) hands ComfyUI as the file's metadata: its string key-values
+        metadata = {
+            k: f.contents() for k, f in reader.fields.items() if f.types == [gguf.GGUFValueType.STRING]
+        }
+        assert metadata["config"] == release.metadata["config"]  # carried: ComfyUI builds the model from it
     else:
         with safe_open(path, "pt") as f:
             state = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
             markers = {k.removesuffix(".comfy_quant") for k in f.keys() if k.endswith(".comfy_quant")}
             metadata = f.metadata()
+        assert metadata["config"] == release.metadata["config"]  # carried: ComfyUI builds the model from it
         assert (
             markers == {m for m in markers if QUANTIZED["release"].fullmatch(m)} and len(markers) == 44 * 28
         )

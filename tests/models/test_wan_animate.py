@@ -24,6 +24,7 @@ from quantize.models.wan_animate import not_one_to_one
 from quantize.plan import make_plan
 from quantize.read.checkpoint import TensorInfo, open_component, read_tensor
 from quantize.read.detect import detect_layouts
+from quantize.read.gguf import open_gguf_component
 from quantize.recipes import load_recipe
 from quantize.run.forward import forward_sqnr_db, load_inputs
 from tests.conftest import run_cli
@@ -120,9 +121,15 @@ def test_animate_is_asked_before_wan():
     assert names.index("wan-animate") < names.index("wan")
 
 
-def test_every_name_round_trips_through_diffusers_own_converter_and_the_rest_is_refused():
+def test_every_name_maps_as_diffusers_own_converter_maps_it():
+    """Each release tensor is one of the class's under its converter's name (the motion encoder's biases with
+    size-1 dims the class lacks), or linear1_kv, whose row halves are to_k and to_v (`Blocks.stacked`), or a blur
+    kernel, which the class computes (`carried`); a diffusers tensor with no one native one is refused by what it
+    is, for diffusers -> native only."""
     import diffusers
     from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+
+    from quantize.models import same_but_size_one_dims, stack_rows
 
     (model,) = ANIMATE.example("tiny", "animate")
     g = torch.Generator().manual_seed(0)
@@ -135,32 +142,36 @@ def test_every_name_round_trips_through_diffusers_own_converter_and_the_rest_is_
     state = {k: tuple(v.shape) for k, v in built.state_dict().items()}
     kernels = {n for n in native if n.endswith(".kernel")}
     assert set(oracle) == set(state) | kernels and len(kernels) == 14  # the converter leaves the blur kernels
+    stacks = ANIMATE.runnable_stacks(list(native))
+    renamed = ANIMATE.runnable_names(list(native), Path("x"))
+    assert set(renamed) | set(stacks) | kernels == set(native)
     odd = {"kv": 0, "bias": 0, "kernel": 0}
     for name, value in native.items():
-        ours = ANIMATE.diffusers_name(name)
-        if ours is not None:  # one tensor, one name: the converter's, the same values
-            assert oracle[ours] is value and state[ours] == tuple(value.shape), name
-            assert ANIMATE.native_name(ours) == name
-            continue
-        assert not_one_to_one(name) is not None, name  # the only ones left out, each refused by what it is
-        if ".linear1_kv." in name:  # split in halves into to_k and to_v
-            k, v = (
-                oracle[name.replace("fuser_blocks.", "").replace("linear1_kv", p)] for p in ("to_k", "to_v")
-            )
-            assert torch.equal(torch.cat([k, v]), value)
+        if name in stacks:  # to_k the first half of the rows, to_v the second, as the converter splits it
+            for part, ranges in stack_rows(stacks[name], value.shape[0]).items():
+                assert torch.equal(oracle[part], torch.cat([value[a:b] for a, b in ranges])), part
+            assert [p for p, _, _ in stacks[name]] == [
+                name.replace("fuser_blocks.", "").replace("linear1_kv", p) for p in ("to_k", "to_v")
+            ]
             odd["kv"] += 1
-        elif name.endswith(".bias"):  # [1, C, 1, 1] -> [C]
-            (mapped,) = [k for k, t in oracle.items() if t.data_ptr() == value.data_ptr()]
-            assert value.shape[::2] == (1, 1) and oracle[mapped].shape == (value.shape[1],)
-            assert mapped.endswith(".act_fn.bias") and not_one_to_one(mapped) is not None
-            odd["bias"] += 1
-        else:
-            assert name in oracle and name not in state  # no place in diffusers' class
+        elif ANIMATE.carried(name):
+            assert name in kernels and name in oracle and name not in state  # no place in diffusers' class
             odd["kernel"] += 1
+        else:  # one tensor, one name: the converter's, the same values
+            ours = renamed[name]
+            assert torch.equal(oracle[ours].reshape(value.shape), value) and ANIMATE.native_name(ours) == name
+            if state[ours] != tuple(value.shape):  # [1, C, 1, 1] -> [C]
+                assert same_but_size_one_dims(value.shape, state[ours]) and ours.endswith(".act_fn.bias")
+                assert value.shape[::2] == (1, 1) and not_one_to_one(ours) is not None
+                odd["bias"] += 1
     assert odd == {"kv": 2, "bias": 15, "kernel": 14}
-    # the other way: every diffusers tensor has its native name, but the halves and the reshaped biases
+    # the other way: every diffusers tensor has its native tensor, a name or rows of a stack; those that are not
+    # one native tensor as they are (the halves, the [C] biases) are refused when writing native names
     for key in state:
-        assert (ANIMATE.native_name(key) is None) == (not_one_to_one(key) is not None), key
+        native_name = ANIMATE.native_name(key) or ANIMATE.names.stacked_into(key)
+        assert native_name in native, key
+        halves = ANIMATE.names.stacked_into(key) is not None
+        assert (not_one_to_one(key) is not None) == (halves or state[key] != tuple(native[native_name].shape))
     # the converter the class is not mapped to gives other names (its model, WanAnimate2, has no Wan naming)
     from diffusers.loaders.single_file_utils import convert_wan_animate_2_transformer_to_diffusers
 
@@ -381,9 +392,84 @@ def _state(path: Path) -> dict[str, tuple[int, ...]]:
         return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
 
 
+@pytest.fixture(scope="module")
+def release_reference(sources):
+    """The release as diffusers runs it: diffusers' class built from the config we derive, loaded in float32 with
+    what diffusers' own converter makes of the release's tensors (its blur kernels left out: the class computes
+    them), and its output on the family's inputs."""
+    import diffusers
+    from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+
+    comp = open_component(sources["native"], ".")
+    config = ANIMATE.diffusers_config(comp.config, comp.tensors, comp.dir)
+    model = diffusers.WanAnimateTransformer3DModel.from_config(config).eval()
+    state = convert_wan_transformer_to_diffusers({k: read_tensor(i).float() for k, i in comp.tensors.items()})
+    kernels = {k for k in state if k.endswith(".kernel")}
+    assert len(kernels) == 14
+    model.load_state_dict({k: v for k, v in state.items() if k not in kernels}, strict=True)
+    x = load_inputs(None, ANIMATE, model.config)
+    with torch.no_grad():
+        want = model(**ANIMATE.inputs.call(model.config, x))[0]
+    return model, x, want
+
+
+def test_the_release_runs_through_our_names_as_diffusers_runs_its_converters_output(
+    sources, release_reference
+):
+    """A forward pass of the release through our table (linear1_kv cut into to_k and to_v, the [1, C, 1, 1] biases
+    viewed as [C], the blur kernels left out) is diffusers' class on its own converter's output, bit for bit; and
+    the blur filter diffusers computes is the release's (LIA's make_kernel of (1, 3, 3, 1), what Wan-AI's
+    checkpoint saves; the example's are random, which no pass reads)."""
+    from quantize.run.forward import StreamedModel, runnable, source_weights
+
+    model, x, want = release_reference
+    (cp,) = make_plan(sources["native"], load_recipe("wan-animate-fp8").recipe).components
+    run = runnable(cp)
+    assert set(run.rows) == {f"face_adapter.0.to_{p}.{leaf}" for p in "kv" for leaf in ("weight", "bias")}
+    assert not any(ANIMATE.carried(tp.name) for tp in run.plans.values())
+    got = StreamedModel(run).forward(load_inputs(None, ANIMATE, run.config), source_weights(run))
+    assert torch.equal(got, want)
+    k = torch.tensor([1.0, 3.0, 3.0, 1.0])
+    k = k[None, :] * k[:, None]
+    for block in model.motion_encoder.res_blocks:
+        for conv in (block.conv2, block.conv_skip):
+            assert torch.equal(conv.blur_kernel, k / k.sum())
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_the_release_converts_to_every_format_and_verifies(sources, converted, fmt):
-    assert run_cli("verify", converted("native", fmt), "--source", sources["native"]).returncode == 0
+def test_the_release_converts_to_every_format_verifies_with_a_forward_and_our_loader_computes_its_figure(
+    sources, converted, release_reference, fmt
+):
+    """verify --forward runs each output of the release (the blur kernels carried as stored), and our loader's
+    eager reference in float32 computes the figure it reports; nf4, which packs a weight across rows, cannot be cut
+    into to_k and to_v, and our loader says so in one line (MiniMax-H3's fused nf4 weights alike)."""
+    import diffusers
+
+    from loaders import CheckpointMismatchError, load_quantized
+
+    out = converted("native", fmt)
+    proc = run_cli("verify", out, "--source", sources["native"], "--forward", "--json", check=True)
+    (reported,) = [v["output_sqnr_db"] for v in json.loads(proc.stdout)["forward"].values()]
+    assert reported > 20
+    stored = (open_gguf_component if fmt == "gguf" else open_component)(out)
+    source = open_component(sources["native"], ".")
+    for name in (n for n in source.tensors if ANIMATE.carried(n)):
+        assert torch.equal(
+            read_tensor(stored.tensors[name]).float(), read_tensor(source.tensors[name]).float()
+        )
+    model, x, want = release_reference
+    cls = diffusers.WanAnimateTransformer3DModel
+    if fmt == "nf4":
+        with pytest.raises(CheckpointMismatchError) as e:
+            load_quantized(cls, out)
+        assert "'face_adapter.fuser_blocks.0.linear1_kv.weight' (nf4) stacks several" in str(e.value)
+        assert "nf4 does not store a weight in rows" in str(e.value) and "\n" not in str(e.value)
+        return
+    with torch.no_grad():
+        exact = load_quantized(cls, out, dtype=torch.float32, compute="dequantize")
+        got = exact(**ANIMATE.inputs.call(model.config, x))[0]
+    assert round(forward_sqnr_db(want, got), 3) == reported
+    assert exact.motion_encoder.conv_in.act_fn.bias.shape == (32,)
 
 
 @pytest.mark.parametrize("fmt", NATIVE_FORMATS)
@@ -408,20 +494,6 @@ def test_comfy_and_gguf_files_hold_what_comfyui_detects_and_builds(converted, fm
     assert detected == comfyui_animate(names)
     fixed = comfyui_animate_shapes(detected["dim"], detected["num_layers"])
     assert {k: state[k] for k in fixed} == fixed
-
-
-def test_a_forward_of_the_release_is_refused_naming_the_fused_tensor(sources, converted):
-    import diffusers
-
-    from loaders import CheckpointMismatchError, load_quantized
-
-    proc = run_cli("verify", converted("native", "comfy_fp8"), "--source", sources["native"], "--forward")
-    assert proc.returncode == 2 and "linear1_kv" in proc.stderr and "diffusers' names only" in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1
-    with pytest.raises(
-        CheckpointMismatchError, match=r"(act_fn\.bias|to_[kv]\.weight)' has no name in Wan Animate's native"
-    ):
-        load_quantized(diffusers.WanAnimateTransformer3DModel, converted("native", "gguf"))
 
 
 def test_native_names_from_the_diffusers_layout_are_refused_naming_the_tensor(sources, tmp_path):
@@ -506,3 +578,26 @@ def test_sensitivity_runs_through_animate_and_proposes_a_recipe(sources, tmp_pat
     )  # fmt: skip
     assert load_recipe(str(proposal)).recipe.format == "nf4"
     assert float(re.search(r"forward SQNR of the recipe in [^:]+: ([-\d.]+) dB", proc.stdout)[1]) > 15
+
+
+def test_sensitivity_runs_through_the_release_and_measures_the_fused_kv_once(
+    sources, converted, release_reference
+):
+    """The release measured as diffusers' class: linear1_kv once, as a whole (on to_k's Linear, whose input to_v
+    shares), and the recipe's forward SQNR the one our loader computes on the release converted under it."""
+    import diffusers
+
+    from loaders import load_quantized
+
+    proc = run_cli("sensitivity", sources["native"], "--format", "comfy_fp8", "--json", check=True)
+    found = json.loads(proc.stdout)
+    modules = [layer["module"] for layer in found["layers"]]
+    assert modules.count("face_adapter.fuser_blocks.0.linear1_kv") == 1 and len(modules) == len(set(modules))
+    model, x, want = release_reference
+    with torch.no_grad():
+        cls = diffusers.WanAnimateTransformer3DModel
+        exact = load_quantized(
+            cls, converted("native", "comfy_fp8"), dtype=torch.float32, compute="dequantize"
+        )
+        got = exact(**ANIMATE.inputs.call(model.config, x))[0]
+    assert found["forward_sqnr_db"] == round(forward_sqnr_db(want, got), 3) > 20
