@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -128,8 +129,19 @@ def write_trimmed_example(family: str, preset: str, layout: str, blocks: int, de
         ]
         write_random_checkpoint(
             dest / m.component, tensors, dtype=torch.bfloat16, stem=m.stem, config=m.config, seed=i,
-            metadata=dict(m.metadata or {}),
+            metadata=_with_blocks(dict(m.metadata or {}), blocks),
         )  # fmt: skip
+
+
+def _with_blocks(metadata: dict[str, str], blocks: int) -> dict[str, str]:
+    """The release's metadata ``config`` (LTX-2's: ComfyUI reads its ``transformer`` section over what it counts,
+    through a ComfyUI-GGUF that hands it over) saying the blocks the trimmed file has."""
+    if "config" in metadata:
+        config = json.loads(metadata["config"])
+        if "num_layers" in config.get("transformer", {}):
+            config["transformer"]["num_layers"] = blocks
+            metadata["config"] = json.dumps(config, sort_keys=True)
+    return metadata
 
 
 def _released_widths_gguf(args, family: str, layout: str) -> tuple[Path, Path]:
