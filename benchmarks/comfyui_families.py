@@ -17,8 +17,9 @@ comfy_mxfp8, gguf):
   - a family whose small example ComfyUI-GGUF cannot build (`GGUF_AT_RELEASED_WIDTHS`: LTX-2, which ComfyUI builds
     at its defaults when no file metadata comes with the tensors, as none does from ComfyUI-GGUF) has its GGUF
     checked on an example at the released widths with a few blocks;
-  - the bf16 source of a layout in native names (merged into one file) is loaded the same way: the example's
-    dimensions are ones ComfyUI detects. Keys ComfyUI's model of the family has no place for (SkyReels-V2's fps
+  - the bf16 source of a layout in native names (merged into one file) is loaded the same way, as a reference (REF:
+    reported, not counted; HunyuanVideo 1.5's release keeps q, k and v apart and does not load as released): the
+    example's dimensions are ones ComfyUI detects. Keys ComfyUI's model of the family has no place for (SkyReels-V2's fps
     conditioning: ComfyUI runs it as a plain Wan) are reported for the source too; a converted file passes when
     it adds none to the family's sources'. A diffusers-named source is not loaded (ComfyUI reads native names only).
 
@@ -229,7 +230,7 @@ def _case(
 
 
 def _line(r: dict) -> str:
-    s = f"{'PASS' if r['ok'] else 'FAIL':4} {r['id']:58} "
+    s = f"{'REF' if r.get('ref') else 'PASS' if r['ok'] else 'FAIL':4} {r['id']:58} "
     if "refused" in r:
         return s + f"refused at plan time: {r['refused']}"
     if r.get("class"):
@@ -310,7 +311,9 @@ def main() -> int:
                 )
                 r = _case(
                     runner, check, cid, ref, expected, source_unexpected=None
-                )  # the reference: reported
+                )  # the reference: reported, neither passed nor failed (HunyuanVideo 1.5's release keeps q, k and
+                # v apart, which ComfyUI loads fused: it does not load as released, its conversions do)
+                r["ref"] = True
                 source_unexpected[family] = source_unexpected.get(family, frozenset()) | set(
                     r.get("unexpected", ())
                 )
@@ -349,8 +352,13 @@ def main() -> int:
                     )
                     results.append(r)
                     print(_line(r), flush=True)
-    failed = [r for r in results if not r["ok"]]
-    print(f"SUMMARY {len(results) - len(failed)}/{len(results)} passed", flush=True)
+    cases = [r for r in results if not r.get("ref")]
+    failed = [r for r in cases if not r["ok"]]
+    refs = len(results) - len(cases)
+    print(
+        f"SUMMARY {len(cases) - len(failed)}/{len(cases)} passed ({refs} bf16 sources loaded as references)",
+        flush=True,
+    )
     return 1 if failed else 0
 
 
