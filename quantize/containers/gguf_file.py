@@ -1,12 +1,14 @@
 """`gguf_file`: a component as one GGUF v3 file (``<component>.gguf``; ``diffusion_model.gguf`` at the root),
 what ComfyUI-GGUF's Unet Loader and diffusers' `from_single_file` read, and config.json as for every format.
 
-The file's key-values: ``general.architecture`` (the model family's, `models.Family.gguf_architecture`), ``general.quantization_version`` (GGML's, 2),
-``general.file_type`` (llama.cpp's file type of the component's most used type, `_M` when a mix raises some
-tensors), and the source's metadata entries the family's runtimes read, under their own keys as strings
-(`ComponentPlan.carried_metadata`: LTX-2's ``config``; ComfyUI-GGUF, since its PR #399, hands every string
-key-value to ComfyUI as the file's metadata, from which ComfyUI builds LTX-2.3 and any non-default width). Tensors in the source's order, each at its aligned offset; written streaming (`gguf_file.GGUFWriter`),
-byte for byte what gguf-py's own `GGUFWriter` writes for the same tensors. `--max-shard-size` does not apply.
+The file's key-values: ``general.architecture`` (the model family's, `models.Family.gguf_architecture`),
+``general.quantization_version`` (GGML's, 2), ``general.file_type`` (llama.cpp's file type of the component's most
+used type, `_M` when a mix raises some tensors), and the source's metadata entries the family's runtimes read, under
+their own keys as strings (`ComponentPlan.carried_metadata`: LTX-2's ``config``; ComfyUI-GGUF, since its PR #399,
+hands every string key-value to ComfyUI as the file's metadata, from which ComfyUI builds LTX-2.3 and any
+non-default width). Tensors in the source's order, each at its aligned offset; written streaming
+(`gguf_file.GGUFWriter`), byte for byte what gguf-py's own `GGUFWriter` writes for the same tensors.
+`--max-shard-size` does not apply.
 """
 
 from __future__ import annotations

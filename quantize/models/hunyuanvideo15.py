@@ -380,9 +380,6 @@ class HunyuanVideo15(Family):
     gguf_architecture = "hyvid"  # ComfyUI-GGUF's IMG_ARCH_LIST; ComfyUI then tells 1.5 by vision_in (1152)
     lora_prefixes = ("diffusion_model.", "model.diffusion_model.", "transformer.", "base_model.model.")
     modulation_names = ()
-    #: the condition-type Embedding (diffusers' cond_type_embed, the release's cond_type_embedding): a lookup
-    #: table, never a Linear (a recipe that targets it is refused by name)
-    plain_weights = ("cond_type_embed.", "cond_type_embedding.")
     # nn.Embedding in both runtimes (ComfyUI builds a plain torch one): a table, no Linear; F32 in GGUF
     plain_weights = ("cond_type_embedding.", "cond_type_embed.")
     default_recipes = {
