@@ -164,8 +164,9 @@ def main(argv: list[str] | None = None) -> None:
             "",
             f"Per family: its example, the bundled {args.format} recipe (the hand rule) and the same format on every "
             "Linear; the measurement's proposal is the smallest set of layers kept that brings the all-quantized "
-            "model up to the hand recipe's own forward SQNR; Linears: those the format takes (nf4 refuses inputs not a multiple of 64 wide). Random weights: what the structure alone says, not a "
-            "trained model's outliers (see the script's header).",
+            "model up to the hand recipe's own forward SQNR; Linears: those the format takes (nf4 refuses inputs "
+            "not a multiple of 64 wide). Random weights: what the structure alone says, not a trained model's "
+            "outliers (see the script's header).",
             "",
             markdown_table(rows, COLUMNS),
         ]
