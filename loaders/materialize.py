@@ -5,9 +5,10 @@ Every format `quantize convert` writes loads: the diffusers-layout formats (shar
 (ComfyUI's and GGUF's files, or a converted original release) goes into the family's diffusers class through
 the family's one name table, read the other way (`models.Family.names`); a checkpoint whose names are the
 model's loads as it is. A checkpoint of several models (Wan2.2 A14B's two experts) loads each. A native tensor
-that stacks several of the class's (a fused q/k/v projection, `models.Stack`) gives each Linear its row ranges:
-of every part that has the weight's rows (a view of the file when the range is one), the whole of the parts
-that belong to the whole weight (a per-tensor scale, ComfyUI's marker).
+that stacks several of the class's (a fused q/k/v projection, `models.Stack`) gives each Linear its rows' parts
+as the format cuts them (`Format.cut_rows`): ranges of the parts that have the weight's rows (a view of the file
+when the range is one), the whole of the parts that belong to the whole weight (a per-tensor scale, ComfyUI's
+marker), a part made for the cut (an nf4 quant state of its shape).
 
 1. The skeleton: a class is built from the checkpoint's config.json (an original release's config is made the
    diffusers class's by its family) with its parameters on the meta device (buffers it computes itself, such
@@ -35,7 +36,15 @@ from torch import nn
 
 from quantize import dtypes
 from quantize.errors import InputError
-from quantize.formats import Format, FormatOptions, format_for, format_of_config, quantized_parts
+from quantize.formats import (
+    Format,
+    FormatOptions,
+    UnsupportedShapeError,
+    format_for,
+    format_of_config,
+    quantized_parts,
+)
+from quantize.formats.base import RowCut
 from quantize.models import FAMILIES, Family, Stack, family_of, same_but_size_one_dims, stack_rows
 from quantize.models.meta import parameters_on_meta
 from quantize.read.checkpoint import CONFIG_NAME, Component, TensorInfo, open_component, read_tensor
@@ -270,8 +279,9 @@ class _Entry:
     name: str
     module: nn.Module
     parent: nn.Module | None
-    #: local name -> source: a tensor, or the row ranges of a stacked one that are it, in order
-    tensors: dict[str, TensorInfo | tuple[TensorInfo, ...]] = field(default_factory=dict)
+    #: local name -> source: a stored tensor, the row ranges of a stacked one that are it, in order, or a part its
+    #: format made from a stacked weight's small parts (`Format.cut_rows`: a cut nf4 weight's quant state)
+    tensors: dict[str, TensorInfo | tuple[TensorInfo, ...] | torch.Tensor] = field(default_factory=dict)
     quantized: type[QuantizedLinear] | None = None
     options: FormatOptions | None = None
 
@@ -419,29 +429,29 @@ def _cut_entry(
     ranges = stack_rows(stack, rows)[f"{name}.weight"]
     stored = stacked[: -len(".weight")]
     options = _stored_options(stored, (rows, linear.in_features), keys, fmt, comp)
-    parts = {"weight": (stacked, None)}
-    layer_fmt = fmt
     if options is not None:
         layer_fmt = format_for(fmt, options)
         entry.quantized, entry.options = module_for(layer_fmt), options
         parts = quantized_parts(fmt, stored, (rows, linear.in_features), options)
-        block = layer_fmt.ROW_BLOCK
-        if not layer_fmt.ROW_SEPARABLE or any(a % block for r in ranges for a in r):
-            how = f"in row ranges of {block} that its parts' boundaries fall on" if block > 1 else "in rows"
+        try:
+            cuts = layer_fmt.cut_rows(
+                (rows, linear.in_features), options, ranges, lambda part: read_tensor(keys[parts[part][0]])
+            )
+        except UnsupportedShapeError as e:
             raise CheckpointMismatchError(
                 f"{comp.dir}: {stacked!r} ({layer_fmt.NAME}) stacks several of the model's Linears and cannot be "
-                f"cut into {name!r}: {layer_fmt.NAME} does not store a weight {how} (convert the diffusers-named "
-                "model instead, or to a format that does)"
-            )
+                f"cut into {name!r}: {e} (convert the diffusers-named model instead, or to a format that can)"
+            ) from None
+        for part, (key, _) in parts.items():
+            cut_from.add(key)
+            entry.tensors[part] = _cut_part(keys[key], cuts[part], comp)
     elif stacked not in keys:
         raise CheckpointMismatchError(
             f"{comp.dir}: the model's {name + '.weight'!r} ({stacked!r} in {names.why}) is not in the checkpoint"
         )
-    for part, (key, _) in parts.items():
-        part_info = keys[key]
-        cut_from.add(key)
-        whole = part in layer_fmt.WEIGHT_PARTS and options is not None
-        entry.tensors[part] = part_info if whole else _row_ranges(part_info, ranges, rows, comp)
+    else:
+        cut_from.add(stacked)
+        entry.tensors["weight"] = _row_ranges(keys[stacked], ranges, rows, comp)
     if linear.bias is not None:
         bias = names.stacked_into(f"{name}.bias")
         if bias is None or bias not in keys:
@@ -460,7 +470,26 @@ def _row_ranges(
         raise CheckpointMismatchError(
             f"{comp.dir}: {info.name!r} is {info.dtype}{list(info.shape)}: not {rows} rows to cut"
         )
-    row_bytes = info.nbytes // rows
+    return _dim0_ranges(info, ranges)
+
+
+def _cut_part(
+    info: TensorInfo, cut: RowCut, comp: Component
+) -> TensorInfo | tuple[TensorInfo, ...] | torch.Tensor:
+    """A quantized part of a cut Linear, as its format's `cut_rows` says: the whole part, ranges of its dim 0, or
+    the tensor the format made."""
+    if cut is None or isinstance(cut, torch.Tensor):
+        return info if cut is None else cut
+    if not info.shape or any(not 0 <= a <= b <= info.shape[0] for a, b in cut):
+        raise CheckpointMismatchError(
+            f"{comp.dir}: {info.name!r} is {info.dtype}{list(info.shape)}: it has no rows {list(cut)} to cut"
+        )
+    return _dim0_ranges(info, cut)
+
+
+def _dim0_ranges(info: TensorInfo, ranges: tuple[tuple[int, int], ...]) -> tuple[TensorInfo, ...]:
+    """Ranges of a stored tensor's dim 0: each its byte range of the file."""
+    row_bytes = info.nbytes // info.shape[0]
     return tuple(
         TensorInfo(
             info.name,
@@ -566,9 +595,12 @@ def _materialize(
     jobs = [(entry, local, info) for entry in group for local, info in entry.tensors.items()]
     pieces = iter(reader.read_group([i for _, _, info in jobs for i in _pieces(info)], owner=model))
     for entry, local, info in jobs:
-        parts = [next(pieces) for _ in _pieces(info)]
-        t = parts[0] if len(parts) == 1 else torch.cat(parts)  # a stacked tensor's ranges, joined: a copy
-        info = _pieces(info)[0] if len(parts) == 1 else None  # None: not a view of the file
+        if isinstance(info, torch.Tensor):  # made when matched
+            t, info = info.to(reader.device) if reader.device is not None else info, None
+        else:
+            parts = [next(pieces) for _ in _pieces(info)]
+            t = parts[0] if len(parts) == 1 else torch.cat(parts)  # a stacked tensor's ranges, joined: a copy
+            info = _pieces(info)[0] if len(parts) == 1 else None  # None: not a view of the file
         module = entry.module
         if isinstance(module, QuantizedLinear) and local in module.part_attrs:
             if reader.host == "mmap" and reader.device is None and info is not None:
@@ -590,7 +622,10 @@ def _materialize(
             module._buffers[local] = t
 
 
-def _pieces(info: TensorInfo | tuple[TensorInfo, ...]) -> tuple[TensorInfo, ...]:
+def _pieces(info: TensorInfo | tuple[TensorInfo, ...] | torch.Tensor) -> tuple[TensorInfo, ...]:
+    """What is read from the files for a source: its ranges, or itself; nothing for a tensor made when matched."""
+    if isinstance(info, torch.Tensor):
+        return ()
     return info if isinstance(info, tuple) else (info,)
 
 

@@ -13,17 +13,20 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Union
 
 from .options import NO_OPTIONS, FormatOptions
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Format", "PartSpec", "MetadataEntry", "NonFiniteWeightError", "UnsupportedShapeError"]
+__all__ = ["Format", "PartSpec", "RowCut", "MetadataEntry", "NonFiniteWeightError", "UnsupportedShapeError"]
 
 #: A part of an encoded weight: (dtype name from `quantize.dtypes`, shape; None for a late blob, see `writer`).
 PartSpec = tuple[str, tuple[int, ...] | None]
+#: How a part of a weight cut into row ranges is taken (`Format.cut_rows`): the ranges of its dim 0 to join, None for
+#: the whole part, or a tensor made from the whole's parts.
+RowCut = Union[tuple[tuple[int, int], ...], "torch.Tensor", None]
 #: A tensor of a component as its file metadata sees it: (output name, weight shape and options if quantized, else
 #: None and None).
 MetadataEntry = tuple[str, "tuple[int, ...] | None", "FormatOptions | None"]
@@ -132,6 +135,28 @@ class Format(abc.ABC):
         (comfy_fp8's per-tensor scale), from one streamed pass over its float32 row chunks. Default: nothing,
         and the chunks are not read."""
         return {}
+
+    def cut_rows(
+        self,
+        shape: tuple[int, int],
+        options: FormatOptions,
+        ranges: tuple[tuple[int, int], ...],
+        read: Callable[[str], torch.Tensor],
+    ) -> dict[str, RowCut]:
+        """How a Linear made of the rows `ranges` (in order, joined) of a stored weight of `shape` [rows, in] takes
+        each of that weight's parts (a loader cutting a fused q/k/v into the model's projections, bit for bit): per
+        part, the ranges of its dim 0 to join, None for a part taken whole, or a tensor made from the whole's small
+        parts (`read(part)` gives one). `UnsupportedShapeError`, saying where, when a range does not start and end
+        on a boundary the format stores. Default: a row-separable format's parts hold the weight's rows as their
+        dim 0 (in tiles of `ROW_BLOCK` rows), its `WEIGHT_PARTS` belong to the whole weight."""
+        if not self.ROW_SEPARABLE:
+            raise UnsupportedShapeError(f"{self.NAME} does not store a weight in rows")
+        inside = next((r for rng in ranges for r in rng if r % self.ROW_BLOCK), None)
+        if inside is not None:
+            raise UnsupportedShapeError(
+                f"{self.NAME} stores a weight in tiles of {self.ROW_BLOCK} rows, and row {inside} is inside one"
+            )
+        return {part: None if part in self.WEIGHT_PARTS else ranges for part in self.parts(shape, options)}
 
     # --- declarations ----------------------------------------------------------------------------------------
 

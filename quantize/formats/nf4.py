@@ -29,12 +29,13 @@ import functools
 import json
 import math
 import sys
+from collections.abc import Callable
 
 import torch
 
 from . import format_info
 from ._bnb_lib import quantize_blockwise
-from .base import Format, NonFiniteWeightError, PartSpec, UnsupportedShapeError
+from .base import Format, NonFiniteWeightError, PartSpec, RowCut, UnsupportedShapeError
 from .options import NO_OPTIONS, FormatOptions
 
 __all__ = ["FORMAT", "Nf4", "WEIGHT", "QUANT_STATE", "state_fields"]
@@ -265,6 +266,49 @@ class Nf4(Format):
         values = _per_block(values, BLOCKSIZE).mul_(absmax.view(-1, 1)).view(-1)
         first = b0 * BLOCKSIZE
         return values[start - first : end - first].view(r1 - r0, in_features).to(dtype)
+
+    def cut_rows(
+        self,
+        shape: tuple[int, int],
+        options: FormatOptions,
+        ranges: tuple[tuple[int, int], ...],
+        read: Callable[[str], torch.Tensor],
+    ) -> dict[str, RowCut]:
+        """Rows of an NF4 weight as an NF4 weight of their own, bit for bit: their packed codes, their blocks' coded
+        absmax and the nested absmax of those blocks' groups, the whole's code books and nested offset (the mean
+        of its absmax, which the coded absmax are relative to), and a quant state of the cut's shape. A nested
+        group holds 256 blocks' absmax, so every range starts and ends on a group (16384 weights), but for the
+        whole's end as the cut's last range (the short group that ends it)."""
+        rows, cols = shape
+        group = BLOCKSIZE * NESTED_BLOCKSIZE
+        last = len(ranges) - 1
+        inside = next(
+            (
+                r
+                for i, rng in enumerate(ranges)
+                for r in rng
+                if r * cols % group and not (i == last and r == rows)
+            ),
+            None,
+        )
+        if inside is not None:
+            raise UnsupportedShapeError(
+                f"nf4 codes a weight's block scales in groups of {group} weights, and row {inside} of "
+                f"{list(shape)} ({inside * cols} weights in) is inside one"
+            )
+
+        def of(unit: int) -> tuple[tuple[int, int], ...]:  # the ranges in units of `unit` weights
+            return tuple((a * cols // unit, -(-b * cols // unit)) for a, b in ranges)
+
+        cut = (sum(b - a for a, b in ranges), cols)
+        return {
+            WEIGHT: of(2),  # two codes a byte (cols is a multiple of the block: whole bytes)
+            "weight.absmax": of(BLOCKSIZE),
+            "weight.quant_map": None,
+            "weight.nested_absmax": of(group),
+            "weight.nested_quant_map": None,
+            QUANT_STATE: _packed_fields(cut, float(state_fields(read(QUANT_STATE))["nested_offset"])),
+        }
 
     def quantization_config(self, kept_linears: list[str]) -> dict:
         """diffusers' ``BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,

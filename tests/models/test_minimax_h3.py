@@ -390,12 +390,13 @@ def test_the_torchao_output_loads_in_diffusers_from_pretrained_and_runs(sources,
     assert type(model.transformer_blocks[0].attn.to_q.weight).__name__ == "Float8Tensor"
 
 
-@pytest.mark.parametrize("fmt", ["comfy_fp8", "comfy_nvfp4", "fp8_channel", "torchao_fp8"])
+@pytest.mark.parametrize("fmt", ["comfy_fp8", "comfy_nvfp4", "fp8_channel", "torchao_fp8", "nf4"])
 def test_release_outputs_verify_with_a_forward_and_our_loader_cuts_their_fused_tensors(
     sources, converted, fmt
 ):
     """The release's output (its own names, qkv_proj and fc1 fused): verify --forward runs it through diffusers'
-    class, and our loader builds that class from it, whose output is verify's figure against the oracle's model."""
+    class, and our loader builds that class from it, whose output is verify's figure against the oracle's model;
+    nf4's fused weights cut too (`Nf4.cut_rows`), and run in bitsandbytes' own dequantization."""
     import diffusers
 
     from loaders import load_quantized
@@ -411,6 +412,12 @@ def test_release_outputs_verify_with_a_forward_and_our_loader_cuts_their_fused_t
             diffusers.MiniMaxH3Transformer3DModel, out, dtype=torch.float32, compute="dequantize"
         )
         got = exact(**MM.inputs.call(reference.config, x))[0]
+        if fmt == "nf4":
+            fast = load_quantized(diffusers.MiniMaxH3Transformer3DModel, out, dtype=torch.bfloat16)
+            assert type(fast.transformer_blocks[0].attn.to_q).__name__ == "NF4Linear"
+            bf16 = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in x.items()}
+            y = fast(**MM.inputs.call(reference.config, bf16))[0].float()
+            assert reported - 6 < forward_sqnr_db(want, y) < reported + 3, reported
     assert round(forward_sqnr_db(want, got), 3) == reported
 
 
@@ -446,14 +453,23 @@ def test_sensitivity_runs_on_both_layouts_and_proposes_a_recipe(sources, tmp_pat
         assert load_recipe(str(proposal)).recipe.format == load_recipe(recipe).recipe.format
 
 
-def test_our_loader_refuses_in_one_line_to_cut_a_fused_nf4_weight(converted):
-    """nf4 packs a weight in blocks across rows: a fused qkv_proj cannot be cut into to_q, to_k and to_v."""
+def test_our_loader_refuses_in_one_line_a_fused_nf4_weight_cut_inside_a_group_of_block_scales(tmp_path):
+    """The tiny example's q, k and v are 96 rows of 128: 12288 weights, where nf4 codes its block scales in groups
+    of 16384 (the release's, 7168 x 5376, and the small example's fall on groups)."""
     import diffusers
 
     from loaders import CheckpointMismatchError, load_quantized
 
+    source, out, recipe = tmp_path / "tiny", tmp_path / "out", tmp_path / "qkv-nf4.yaml"
+    run_cli("example", source, "--family", "minimax-h3", "--preset", "tiny", check=True)
+    # its out_proj (96 inputs) is no nf4 width: q, k and v alone
+    recipe.write_text("name: qkv-nf4\nformat: nf4\ntargets: ['blocks\\.\\d+\\.attn\\.qkv_proj']\n")
+    run_cli("convert", source, out, "--recipe", recipe, check=True)
     with pytest.raises(CheckpointMismatchError) as e:
-        load_quantized(diffusers.MiniMaxH3Transformer3DModel, converted("original", "nf4"))
+        load_quantized(diffusers.MiniMaxH3Transformer3DModel, out)
     (line,) = str(e.value).splitlines()
     assert "'blocks.0.attn.qkv_proj.weight' (nf4) stacks several of the model's Linears" in line
-    assert "cannot be cut into 'transformer_blocks.0.attn.to_q': nf4 does not store a weight in rows" in line
+    assert (
+        "cannot be cut into 'transformer_blocks.0.attn.to_q': nf4 codes a weight's block scales in groups of "
+        "16384 weights, and row 96 of [288, 128] (12288 weights in) is inside one"
+    ) in line
