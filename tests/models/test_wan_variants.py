@@ -488,6 +488,30 @@ def test_the_vace_gguf_loads_in_diffusers_from_single_file_and_runs_close_to_bf1
     assert forward_sqnr_db(want, y) > 25
 
 
+def test_a_skyreels_gguf_loads_in_diffusers_from_single_file_and_runs_close_to_bf16(tmp_path):
+    """A SkyReels-V2 T2V / I2V model (no fps layers: diffusers' single-file converter, Wan's, does not map a DF
+    model's fps_projection, so diffusers' from_single_file leaves it unloaded; ComfyUI-GGUF and our loader read it)."""
+    import diffusers
+
+    torch.manual_seed(0)
+    reference = diffusers.SkyReelsV2Transformer3DModel(**TINY_WAN).eval()
+    src, out = tmp_path / "src", tmp_path / "out"
+    reference.to(torch.bfloat16).save_pretrained(src / "transformer")
+    reference.float()
+    run_cli("convert", src, out, "--format", "gguf", check=True)
+    model = diffusers.SkyReelsV2Transformer3DModel.from_single_file(
+        str(_native_file(out, "diffusers")), config=str(src), subfolder="transformer",
+        quantization_config=diffusers.GGUFQuantizationConfig(compute_dtype=torch.bfloat16), torch_dtype=torch.bfloat16,
+    )  # fmt: skip
+    assert type(model.blocks[0].attn1.to_q.weight).__name__ == "GGUFParameter"
+    x = load_inputs(None, SKY, reference.config)
+    with torch.no_grad():
+        want = reference(**SKY.inputs.call(reference.config, x))[0]
+        bf16 = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in x.items()}
+        y = model(**SKY.inputs.call(reference.config, bf16))[0].float()
+    assert forward_sqnr_db(want, y) > 25
+
+
 @pytest.mark.parametrize(
     ("family", "recipe"), [("wan-vace", "wan-vace-comfy-nvfp4"), ("skyreels-v2", "skyreels-v2-comfy-nvfp4")]
 )
