@@ -172,6 +172,11 @@ def _packed_fields(shape: tuple[int, ...], nested_offset: float) -> torch.Tensor
         "nested_dtype": "float32",
         "nested_offset": nested_offset,
     }
+    return _packed_state(fields)
+
+
+def _packed_state(fields: dict) -> torch.Tensor:
+    """A quant state's fields packed as bitsandbytes packs them: `json.dumps` (defaults), UTF-8, a uint8 tensor."""
     return torch.frombuffer(bytearray(json.dumps(fields).encode()), dtype=torch.uint8)
 
 
@@ -275,8 +280,8 @@ class Nf4(Format):
         read: Callable[[str], torch.Tensor],
     ) -> dict[str, RowCut]:
         """Rows of an NF4 weight as an NF4 weight of their own, bit for bit: their packed codes, their blocks' coded
-        absmax and the nested absmax of those blocks' groups, the whole's code books and nested offset (the mean
-        of its absmax, which the coded absmax are relative to), and a quant state of the cut's shape. A nested
+        absmax and the nested absmax of those blocks' groups, the whole's code books, and the whole's quant state
+        (its nested offset, the mean of its absmax, which the coded absmax are relative to) with the cut's shape. A nested
         group holds 256 blocks' absmax, so every range starts and ends on a group (16384 weights), but for the
         whole's end as the cut's last range (the short group that ends it)."""
         rows, cols = shape
@@ -307,7 +312,7 @@ class Nf4(Format):
             "weight.quant_map": None,
             "weight.nested_absmax": of(group),
             "weight.nested_quant_map": None,
-            QUANT_STATE: _packed_fields(cut, float(state_fields(read(QUANT_STATE))["nested_offset"])),
+            QUANT_STATE: _packed_state({**state_fields(read(QUANT_STATE)), "shape": list(cut)}),
         }
 
     def quantization_config(self, kept_linears: list[str]) -> dict:
