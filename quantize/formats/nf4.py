@@ -307,7 +307,7 @@ class Nf4(Format):
 
         cut = (sum(b - a for a, b in ranges), cols)
         return {
-            WEIGHT: of(2),  # two codes a byte (cols is a multiple of the block: whole bytes)
+            WEIGHT: of(2),  # two codes a byte (each range starts on a group: on a whole byte)
             "weight.absmax": of(BLOCKSIZE),
             "weight.quant_map": None,
             "weight.nested_absmax": of(group),
