@@ -309,9 +309,8 @@ class Nf4(Format):
         return {
             WEIGHT: of(2),  # two codes a byte (each range starts on a group: on a whole byte)
             "weight.absmax": of(BLOCKSIZE),
-            "weight.quant_map": None,
             "weight.nested_absmax": of(group),
-            "weight.nested_quant_map": None,
+            **dict.fromkeys(self.CODE_TABLES),  # the code books: whole
             QUANT_STATE: _packed_state({**state_fields(read(QUANT_STATE)), "shape": list(cut)}),
         }
 
