@@ -13,7 +13,7 @@ import torch
 from quantize.formats import nf4
 from quantize.formats._quiet import silenced
 
-__all__ = ["bitsandbytes", "functional", "quant_state"]
+__all__ = ["bitsandbytes", "functional", "quant_state", "cuda_problem"]
 
 
 @functools.cache
@@ -23,6 +23,23 @@ def bitsandbytes():
         import bitsandbytes
 
     return bitsandbytes
+
+
+@functools.cache
+def cuda_problem() -> str | None:
+    """Why bitsandbytes cannot multiply on CUDA here (no package, no CUDA backend, no native library for this
+    CUDA), or None where it can."""
+    try:
+        bitsandbytes()
+        import bitsandbytes.cextension as cext
+    except Exception as e:  # ImportError, RuntimeError, OSError: a package or library that does not load
+        return f"bitsandbytes does not import ({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''})"
+    backend = getattr(cext, "BNB_BACKEND", "CUDA")
+    mock = getattr(cext, "ErrorHandlerMockBNBNativeLibrary", None)
+    missing = mock is not None and isinstance(getattr(cext, "lib", None), mock)
+    if backend != "CUDA" or missing:
+        return f"bitsandbytes has no CUDA backend here (backend {backend}{', no native library' if missing else ''})"
+    return None
 
 
 @functools.cache

@@ -58,7 +58,16 @@ from quantize.formats import (
 from quantize.formats._e4m3 import FP8_DTYPE, FP8_MAX, row_absmax
 from quantize.formats._e4m3 import quantize_rows as e4m3_rows
 
-from . import bnb
+from . import bnb, fused
+from .emulation import (
+    BF16_REDUCED_SUM,
+    FP8_FAST_SUM,
+    FP32_SUM,
+    INT32_SUM,
+    Accumulation,
+    Emulation,
+    emulate_product,
+)
 
 __all__ = [
     "QuantizedLinear",
@@ -73,13 +82,20 @@ __all__ = [
     "TorchaoInt8Linear",
     "MODULES",
     "COMPUTE",
+    "KernelUnavailable",
     "module_for",
     "set_param",
 ]
 
 #: how a module computes: the faster of its kernel and its reference on the device ("fast"), its kernel wherever it
-#: runs ("kernel"), or the weight decoded for each call ("dequantize", the eager reference)
+#: runs and an error where it does not ("kernel"), or the weight decoded for each call ("dequantize", the eager
+#: reference)
 COMPUTE = ("fast", "kernel", "dequantize")
+
+
+class KernelUnavailable(RuntimeError):
+    """``compute="kernel"`` where the module's kernel cannot run: one line naming the module, the device, the input's
+    dtype and what is missing. ``compute="fast"`` decodes the weight there instead."""
 
 
 def _attr(part: str) -> str:
@@ -188,17 +204,36 @@ class QuantizedLinear(nn.Module):
 
     # -- computing: the fast path where it runs, else the eager reference ------------------------------
 
-    def has_kernel(self, x: torch.Tensor) -> bool:
-        """Whether the scheme's kernel can run on `x` (its device, dtype, this layer's shape). Default: no kernel."""
-        return False
+    #: whether the scheme has a kernel besides decoding the weight (GGUF has none: its reference is itself)
+    HAS_KERNEL: ClassVar[bool] = True
+    #: the [out, in] of the layer the once-per-device probe runs the kernel on (dims every kernel takes)
+    PROBE_SHAPE: ClassVar[tuple[int, int]] = (64, 128)
+
+    def kernel_problem(self, x: torch.Tensor) -> str | None:
+        """Why the scheme's kernel cannot run on `x` (its device, dtype, this layer's shape), or None where it runs
+        and its result, probed once per device and dtype, keeps to the emulation (`emulate`)."""
+        if not self.HAS_KERNEL:
+            return "the scheme has no kernel (its weight is decoded for each call)"
+        return self.static_problem(x) or _probe(type(self), x.device, x.dtype)
+
+    def static_problem(self, x: torch.Tensor) -> str | None:
+        """What about `x` or this layer (not the device's kernels) keeps the kernel from running; None: nothing."""
+        return None if x.dtype in _FLOATS else f"the kernel takes {', '.join(map(str, _FLOATS))} inputs"
 
     def uses_fast_path(self, x: torch.Tensor) -> bool:
-        """Whether a call on `x` runs the scheme's kernel (else: the weight decoded for the call), as `compute` says."""
-        if self.compute == "dequantize" or (
-            self.compute == "fast" and x.device.type == "cpu" and not self.KERNEL_ON_CPU
-        ):
+        """Whether a call on `x` runs the scheme's kernel (else: the weight decoded for the call), as `compute` says;
+        under ``compute="kernel"``, True or `KernelUnavailable`."""
+        if self.compute == "dequantize" or not self.HAS_KERNEL:
             return False
-        return self.has_kernel(x)
+        if self.compute == "fast" and x.device.type == "cpu" and not self.KERNEL_ON_CPU:
+            return False
+        problem = self.kernel_problem(x)
+        if problem is not None and self.compute == "kernel":
+            raise KernelUnavailable(
+                f"{type(self).__name__} [{self.out_features}, {self.in_features}] on {x.device} with {x.dtype} input "
+                f"(torch {torch.__version__}): {problem}; compute='fast' decodes the weight where the kernel cannot run"
+            )
+        return problem is None
 
     def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} has no fast path")
@@ -207,6 +242,42 @@ class QuantizedLinear(nn.Module):
         if self.uses_fast_path(x):
             return self.fast_forward(x)
         return self.reference_forward(x)
+
+    # -- the kernel's exact emulation (loaders/emulation.py) ----------------------------------------------
+
+    def kernel_operands(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The two operands the kernel multiplies for the 2-D input `rows`, each decoded exactly in float64 with its
+        scales: (activations [M, K] quantized as the kernel quantizes them, weight [N, K])."""
+        raise NotImplementedError(f"{type(self).__name__} has no kernel")
+
+    def accumulation(self, device: torch.device) -> Accumulation:
+        """How the kernel sums its products on `device`."""
+        return FP32_SUM
+
+    def kernel_bias(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The bias as the kernel adds it (in the input's dtype)."""
+        return None if self.bias is None else self.bias.to(x.dtype)
+
+    def kernel_dtype(self, x: torch.Tensor) -> torch.dtype:
+        """The dtype the kernel rounds its result to."""
+        return x.dtype
+
+    def emulate(self, x: torch.Tensor) -> Emulation:
+        """What the kernel computes on `x`, exactly (float64, before its rounding), and the bound a correct kernel's
+        output keeps to it: `Emulation.check(module(x), ...)`. The result has `x`'s leading dims."""
+        rows = _rows(x, self.in_features)
+        a, b = self.kernel_operands(rows)
+        bias = self.kernel_bias(x)
+        e = emulate_product(a, b, bias, self.kernel_dtype(x), self.accumulation(x.device))
+        shape = (*x.shape[:-1], self.out_features)
+        return Emulation(
+            e.value.reshape(shape),
+            e.magnitude.reshape(shape),
+            e.unbiased.reshape(shape),
+            e.k,
+            e.out_dtype,
+            e.accumulation,
+        )
 
     def reference_forward(self, x: torch.Tensor) -> torch.Tensor:
         """The eager reference: `F.linear` with the weight decoded to the input's dtype (what `verify --forward`
@@ -294,41 +365,63 @@ def set_param(module: nn.Module, name: str, value: torch.Tensor) -> None:
 
 _FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 
+#: (module class, device, input dtype) -> why its kernel does not run there (None: it runs, and keeps to its emulation)
+_PROBED: dict[tuple[type, torch.device, torch.dtype], str | None] = {}
 
-@functools.cache
-def _has_scaled_mm(device: torch.device, out_dtype: torch.dtype, rowwise: bool) -> bool:
-    """Whether `torch._scaled_mm` takes float8 operands with row-wise (else tensor-wise) float32 scales on this
-    device for this output dtype: tried once on a 16x16 problem (the CPU has it; which GPUs do depends on the
-    build: SM89 and later)."""
+
+def _probe(cls: type[QuantizedLinear], device: torch.device, dtype: torch.dtype) -> str | None:
+    """Run `cls`'s kernel once on this device and dtype, on a seeded layer of `PROBE_SHAPE` and 16 rows, and hold its
+    result to the emulation: None where it runs and keeps to it, else what went wrong (the error's first line, or by
+    how much it left the bound). A kernel that returns the wrong numbers is as missing as one that raises."""
+    key = (cls, device, dtype)
+    if key not in _PROBED:
+        _PROBED[key] = _try_kernel(cls, device, dtype)
+    return _PROBED[key]
+
+
+def _try_kernel(cls: type[QuantizedLinear], device: torch.device, dtype: torch.dtype) -> str | None:
     if device.type not in ("cpu", "cuda"):
-        return False
+        return f"no kernel on {device.type}"
+    g = torch.Generator().manual_seed(0)
+    out_features, in_features = cls.PROBE_SHAPE
+    w = torch.randn(out_features, in_features, generator=g)
+    b = torch.randn(out_features, generator=g).to(dtype)
+    x = torch.randn(16, in_features, generator=g).to(dtype)
     try:
-        a = torch.zeros(16, 16, device=device).to(FP8_DTYPE)
-        scale = torch.ones(16, 1, device=device) if rowwise else torch.ones((), device=device)
-        mm = torch._scaled_mm if rowwise else _tensorwise_scaled_mm
-        mm(a, a.t(), scale_a=scale, scale_b=scale.t(), bias=None, out_dtype=out_dtype)
-    except (
-        Exception
-    ):  # RuntimeError, NotImplementedError, TypeError; ValueError from some CUDA builds' checks
-        return False
-    return True
-
-
-@functools.cache
-def _has_int_mm(device: torch.device) -> bool:
-    """Whether `torch._int_mm` runs on this device (the CPU; CUDA GPUs from Turing on): tried once on 32x32."""
-    if device.type not in ("cpu", "cuda"):
-        return False
-    try:
-        a = torch.zeros(32, 32, dtype=torch.int8, device=device)
-        torch._int_mm(a, a.t())
-    except Exception:  # RuntimeError, NotImplementedError, TypeError, ValueError: no int8 GEMM here
-        return False
-    return True
+        layer = cls.from_weight(w, b).to(device)
+        y = layer.fast_forward(x.to(device))
+    except Exception as e:  # RuntimeError, NotImplementedError, TypeError, ValueError: no such kernel here
+        return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else 'no message'}"
+    excess = layer.emulate(x.to(device)).excess(y)
+    if excess > 1.0:
+        return f"its result leaves the exact emulation's bound ({excess:.3g}x) on a probe layer"
+    return None
 
 
 def _rows(x: torch.Tensor, in_features: int) -> torch.Tensor:
     return x.reshape(-1, in_features)
+
+
+def _fp8_problem(layer: QuantizedLinear, x: torch.Tensor) -> str | None:
+    """What the float8 `_scaled_mm` needs of a layer and its input: dims multiples of 16, a float input."""
+    if layer.in_features % 16 or layer.out_features % 16:
+        return f"float8 _scaled_mm needs both dims multiples of 16, the layer is [{layer.out_features}, {layer.in_features}]"
+    return QuantizedLinear.static_problem(layer, x)
+
+
+def _fast_accumulation(device: torch.device) -> bool:
+    """Whether the float8 GEMMs accumulate fast: on CUDA (Hopper's FP8 tensor cores keep about 14 bits of the sum
+    there, the price of twice bf16's rate, as torchao's inference kernels pay it); the CPU ignores the flag."""
+    return device.type == "cuda"
+
+
+def _fp8_accumulation(device: torch.device) -> Accumulation:
+    return FP8_FAST_SUM if _fast_accumulation(device) else FP32_SUM
+
+
+def _decoded(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Quantized values times their scales, exactly, in float64."""
+    return q.double() * scale.double()
 
 
 def _scaled_mm_with_bias(
@@ -340,21 +433,34 @@ def _scaled_mm_with_bias(
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
     """`torch._scaled_mm` with the bias fused, but on CUDA with a float32 output, which refuses a bias ("Bias is
-    not supported when out_dtype is set to Float32"): there it is added after, as torchao does."""
+    not supported when out_dtype is set to Float32"): there it is added after, as torchao does. Fast accumulation
+    on CUDA (`_fast_accumulation`)."""
     bias = None if bias is None else bias.to(out_dtype)
-    fused = bias is None or not (a.is_cuda and out_dtype == torch.float32)
-    mm = _tensorwise_scaled_mm if scale_a.dim() == 0 and scale_b.dim() == 0 else torch._scaled_mm
-    y = mm(a, b, scale_a=scale_a, scale_b=scale_b, bias=bias if fused else None, out_dtype=out_dtype)
-    return y if fused else y + bias
+    fused_bias = bias is None or not (a.is_cuda and out_dtype == torch.float32)
+    fast = _fast_accumulation(a.device)
+    kw = dict(scale_a=scale_a, scale_b=scale_b, bias=bias if fused_bias else None, out_dtype=out_dtype)
+    if scale_a.dim() == 0 and scale_b.dim() == 0:
+        y = _tensorwise_scaled_mm(a, b, use_fast_accum=fast, **kw)
+    else:
+        y = torch._scaled_mm(a, b, use_fast_accum=fast, **kw)
+    return y if fused_bias else y + bias
 
 
-def _tensorwise_scaled_mm(a, b, *, scale_a, scale_b, bias, out_dtype) -> torch.Tensor:
+def _tensorwise_scaled_mm(a, b, *, scale_a, scale_b, bias, out_dtype, use_fast_accum=False) -> torch.Tensor:
     """One scale per operand, the op comfy-kitchen's `TensorCoreFP8Layout` linear calls (reference:
-    ``comfy_kitchen.scaled_mm_v2.scaled_mm_v2``): `F.scaled_mm` with tensor-wise recipes and no fast accumulation
-    where torch has it (2.10 on), else `torch._scaled_mm`. The two are separate kernels that may sum in another
-    order on some CPUs, so the float32 outputs agree with ComfyUI's bit for bit only through the same one."""
+    ``comfy_kitchen.scaled_mm_v2.scaled_mm_v2``): `F.scaled_mm` with tensor-wise recipes where torch has it (2.10
+    on), else `torch._scaled_mm`. The two are separate kernels that may sum in another order on some CPUs, so the
+    float32 outputs agree with ComfyUI's bit for bit only through the same one."""
     if not hasattr(F, "scaled_mm"):
-        return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, bias=bias, out_dtype=out_dtype)
+        return torch._scaled_mm(
+            a,
+            b,
+            scale_a=scale_a,
+            scale_b=scale_b,
+            bias=bias,
+            out_dtype=out_dtype,
+            use_fast_accum=use_fast_accum,
+        )
     tensorwise = F.ScalingType.TensorWise
     return F.scaled_mm(
         a,
@@ -365,7 +471,7 @@ def _tensorwise_scaled_mm(a, b, *, scale_a, scale_b, bias, out_dtype) -> torch.T
         scale_recipe_b=tensorwise,
         bias=bias,
         output_dtype=out_dtype,
-        use_fast_accum=False,
+        use_fast_accum=use_fast_accum,
     )
 
 
@@ -373,26 +479,35 @@ class FP8Linear(QuantizedLinear):
     """`fp8_channel`: float8_e4m3fn weight, one float32 scale per output channel.
 
     Fast path: activations quantized per row (per token) to float8 on each call, as the checkpoint's config
-    says, and multiplied by `torch._scaled_mm` with both row-wise scales, bias fused, where the device has it for
-    the input's dtype (tried once per device: the CPU, SM89+ GPUs in bf16) and both dims are multiples of 16.
+    says (on CUDA by one fused pass, `fused.fp8_rows`, bit for bit `quantize_rows`), and multiplied by
+    `torch._scaled_mm` with both row-wise scales, bias fused, fast accumulation on CUDA, where the device has it
+    for the input's dtype (probed once per device: the CPU from torch 2.13, SM89+ GPUs) and both dims are
+    multiples of 16.
     """
 
     FORMAT = fp8_channel.FORMAT
     KERNEL_ON_CPU = False  # the CPU's _scaled_mm is emulated: 3.4x a bf16 step, decoding about 1x
 
-    def has_kernel(self, x: torch.Tensor) -> bool:
-        return (
-            self.in_features % 16 == 0
-            and self.out_features % 16 == 0
-            and x.dtype in _FLOATS
-            and _has_scaled_mm(x.device, x.dtype, True)
-        )
+    def static_problem(self, x: torch.Tensor) -> str | None:
+        return _fp8_problem(self, x)
+
+    def accumulation(self, device: torch.device) -> Accumulation:
+        return _fp8_accumulation(device)
+
+    def quantized_input(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return fused.fp8_rows(rows) if fused.available(rows.device) else quantize_rows(rows)
 
     def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, scale = self._buffers[fp8_channel.WEIGHT], self._buffers[fp8_channel.SCALE]
-        x_scale, x_q = quantize_rows(_rows(x, self.in_features))
+        x_scale, x_q = self.quantized_input(_rows(x, self.in_features))
         y = _scaled_mm_with_bias(x_q, weight.t(), x_scale, scale.t(), self.bias, x.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
+
+    def kernel_operands(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x_scale, x_q = quantize_rows(rows)
+        return _decoded(x_q, x_scale), _decoded(
+            self._buffers[fp8_channel.WEIGHT], self._buffers[fp8_channel.SCALE]
+        )
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -406,8 +521,9 @@ class ComfyFP8Linear(QuantizedLinear):
     """`comfy_fp8`: float8_e4m3fn weight with one float32 scale for the whole tensor (ComfyUI's "fp8 scaled").
 
     Fast path, as comfy-kitchen's `TensorCoreFP8Layout` runs the layer: the activations of the call are quantized
-    with one scale by ``quantize_per_tensor_fp8`` (times the reciprocal in the input's dtype, clamped, cast), then
-    `torch._scaled_mm` with both tensor scales, bias fused, output in the input's dtype; where the device has a
+    with one scale by ``quantize_per_tensor_fp8`` (times the reciprocal in the input's dtype, clamped, cast; on
+    CUDA by the fused `fused.fp8_tensor`, bit for bit `quantize_tensor`), then `torch._scaled_mm` with both tensor
+    scales, bias fused, output in the input's dtype (fast accumulation on CUDA); where the device has a
     tensor-wise `_scaled_mm` for that dtype and both dims are multiples of 16. The scale: the layer's stored
     ``input_scale`` where the checkpoint has one (`convert --calibrate`; ComfyUI passes it as ``scale=`` too, and
     an input beyond its amax is clamped), else a dynamic one, ``amax|x| / 448`` taken in the input's dtype and
@@ -422,21 +538,31 @@ class ComfyFP8Linear(QuantizedLinear):
         False  # as FP8Linear; ComfyUI too decodes float8 weights where the device has no FP8 compute
     )
 
-    def has_kernel(self, x: torch.Tensor) -> bool:
-        return (
-            self._buffers[comfy_fp8.WEIGHT].dtype == FP8_DTYPE  # e5m2 weights are decoded
-            and self.in_features % 16 == 0
-            and self.out_features % 16 == 0
-            and x.dtype in _FLOATS
-            and _has_scaled_mm(x.device, x.dtype, False)
-        )
+    def static_problem(self, x: torch.Tensor) -> str | None:
+        if self._buffers[comfy_fp8.WEIGHT].dtype != FP8_DTYPE:
+            return "the kernel multiplies float8_e4m3fn weights, this layer's are float8_e5m2"
+        return _fp8_problem(self, x)
+
+    def accumulation(self, device: torch.device) -> Accumulation:
+        return _fp8_accumulation(device)
+
+    def quantized_input(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        static = self._buffers.get(comfy_fp8.INPUT_SCALE)  # a part only where the options have it
+        if fused.available(rows.device):
+            return fused.fp8_tensor(rows, static)
+        return quantize_tensor(rows, static)
 
     def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, scale = self._buffers[comfy_fp8.WEIGHT], self._buffers[comfy_fp8.SCALE]
-        static = self._buffers.get(comfy_fp8.INPUT_SCALE)  # a part only where the options have it
-        x_scale, x_q = quantize_tensor(_rows(x, self.in_features), static)
+        x_scale, x_q = self.quantized_input(_rows(x, self.in_features))
         y = _scaled_mm_with_bias(x_q, weight.t(), x_scale, scale.float(), self.bias, x.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
+
+    def kernel_operands(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x_scale, x_q = quantize_tensor(rows, self._buffers.get(comfy_fp8.INPUT_SCALE))
+        return _decoded(x_q, x_scale), _decoded(
+            self._buffers[comfy_fp8.WEIGHT], self._buffers[comfy_fp8.SCALE]
+        )
 
 
 def quantize_tensor(x: torch.Tensor, scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -457,25 +583,39 @@ class Int8Linear(QuantizedLinear):
     bit for bit on the CPU, tested): the activations of the call are quantized per row to int8 (`quantize_int8`),
     multiplied by `torch._int_mm` with int32 accumulation, and scaled back in float32 by the product of both
     scales, cast to the input's dtype, then the bias added in it. Runs wherever `torch._int_mm` does (the CPU;
-    CUDA GPUs from Turing on, rows padded to what cuBLASLt takes).
+    CUDA GPUs from Turing on, rows padded to what cuBLASLt takes). On CUDA the quantization and the epilogue are
+    one fused pass each (`fused.int8_rows`, `fused.int8_epilogue`: bit for bit the eager ones).
     """
 
     FORMAT = comfy_int8.FORMAT
 
-    def has_kernel(self, x: torch.Tensor) -> bool:
-        return x.dtype in _FLOATS and _has_int_mm(x.device)
+    def accumulation(self, device: torch.device) -> Accumulation:
+        return INT32_SUM
 
-    def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight, scale = self._buffers[comfy_int8.WEIGHT], self._buffers[comfy_int8.SCALE]
+    def _input_rows(self, x: torch.Tensor) -> torch.Tensor:
         rows = _rows(x, self.in_features).contiguous()
         if self.FORMAT.layout(self.options).convrot:  # X·Wᵀ = (X·H)·(W·H)ᵀ: the stored weight is W·H
             rows = rotate_activations(rows)
+        return rows
+
+    def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight, scale = self._buffers[comfy_int8.WEIGHT], self._buffers[comfy_int8.SCALE]
+        rows = self._input_rows(x)
+        if fused.available(rows.device):
+            x_q, x_scale = fused.int8_rows(rows)
+            y = _int8_product(x_q, weight, x_scale, scale, self.bias, x.dtype, "comfy")
+            return y.reshape(*x.shape[:-1], self.out_features)
         x_q, x_scale = quantize_int8(rows)
         acc = int_mm(x_q, weight.t())
         y = acc.float().mul_(x_scale * scale.reshape(1, -1)).to(x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(x.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
+
+    def kernel_operands(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x_q, x_scale = quantize_int8(self._input_rows(x))
+        weight, scale = self._buffers[comfy_int8.WEIGHT], self._buffers[comfy_int8.SCALE]
+        return _decoded(x_q, x_scale), _decoded(weight, scale.reshape(-1, 1))
 
 
 def rotate_activations(x: torch.Tensor) -> torch.Tensor:
@@ -505,6 +645,20 @@ def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (x / divisor).round_().clamp_(-128.0, 127.0).to(torch.int8), scale
 
 
+#: how the fused int8 paths multiply on CUDA: "triton" (`fused.int8_mm`: the GEMM with the epilogue in it, the
+#: int32 sums never written) or "int_mm" (cuBLASLt's `torch._int_mm`, then `fused.int8_epilogue` in one pass over
+#: the int32 sums). Bit for bit the same numbers; `make gpu-check` times both: on an H200 at Wan 14B's shapes,
+#: 0.98-1.03x bf16 against 1.09-1.23x (docs/BENCHMARKS.md)
+INT8_GEMM = "triton"
+
+
+def _int8_product(x_q, weight, x_scale, w_scale, bias, out_dtype, style: str) -> torch.Tensor:
+    """The fused int8 product of `style`'s epilogue, by the GEMM `INT8_GEMM` names."""
+    if INT8_GEMM == "triton":
+        return fused.int8_mm(x_q, weight, x_scale, w_scale, bias, out_dtype, style)
+    return fused.int8_epilogue(int_mm(x_q, weight.t()), x_scale, w_scale, bias, out_dtype, style)
+
+
 def int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """int32 [m, n] = int8 a [m, k] @ int8 b [k, n] by `torch._int_mm`; on CUDA, the rows and the inner dim are
     padded with zeros to what cuBLASLt takes (m > 16 and a multiple of 8, k and n multiples of 8), which changes
@@ -526,11 +680,19 @@ class GGUFLinear(QuantizedLinear):
     (uint8 [out, row bytes]) on the host and on the device.
 
     Every call decodes the layer's weight to the input's dtype (gguf-py's values: Q8_0, the K-quants and the
-    _0 / _1 types in torch, on the layer's device) and runs `F.linear`: one layer in high precision at a time,
-    never the model. There is no faster path; its reference is itself.
+    _0 / _1 types in torch, on the layer's device; Q8_0 on CUDA by one fused pass, `fused.q8_0_decode`, bit for
+    bit the torch decoder) and runs `F.linear`: one layer in high precision at a time, never the model. There is
+    no other kernel; its reference is itself.
     """
 
     FORMAT = gguf.FORMAT
+    HAS_KERNEL = False
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        blocks = self._buffers[gguf.WEIGHT]
+        if self.options.type_name == "Q8_0" and fused.available(blocks.device):
+            return fused.q8_0_decode(blocks, dtype)
+        return super().dequantize(dtype)
 
 
 class Float8Linear(QuantizedLinear):
@@ -538,7 +700,7 @@ class Float8Linear(QuantizedLinear):
 
     The stored qdata and scale are plain buffers; each call wraps them (no copy) in the `Float8Tensor`
     that diffusers' torchao loader would have put in `.weight`, and `F.linear` dispatches to torchao,
-    so the numbers are torchao's own. `.weight` returns that tensor too.
+    so the numbers are torchao's own (its mm config accumulates fast). `.weight` returns that tensor too.
     """
 
     FORMAT = torchao_fp8.FORMAT
@@ -548,12 +710,17 @@ class Float8Linear(QuantizedLinear):
     def weight(self) -> torch.Tensor:
         return torchao_fp8.to_float8_tensor(self.stored())
 
-    def has_kernel(self, x: torch.Tensor) -> bool:
-        return True
+    def accumulation(self, device: torch.device) -> Accumulation:
+        return _fp8_accumulation(device)
 
     def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = None if self.bias is None else self.bias.to(x.dtype)
         return F.linear(x, self.weight, bias)
+
+    def kernel_operands(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        weight = self.weight  # torchao's own activation quantizer, with the weight's act_quant_kwargs
+        x_q = torchao_fp8.quantize_activation(rows, weight)
+        return _decoded(x_q.qdata, x_q.scale), _decoded(weight.qdata, weight.scale)
 
 
 class NF4Linear(QuantizedLinear):
@@ -590,13 +757,15 @@ class NF4Linear(QuantizedLinear):
         return bnb.quant_state(self.stored(), self._fields, self._buffers["nested_offset"])
 
     def _bnb_weight(self) -> torch.Tensor:
-        """The weight as bitsandbytes dequantizes it for a matmul on the CPU (in the quant state's dtype, bf16)."""
+        """The weight as bitsandbytes dequantizes it for a matmul (in the quant state's dtype, bf16)."""
         return bnb.functional().dequantize_4bit(
             self._buffers[nf4.WEIGHT], self._quant_state(), quant_type="nf4"
         )
 
-    def has_kernel(self, x: torch.Tensor) -> bool:
-        return True
+    def static_problem(self, x: torch.Tensor) -> str | None:
+        if x.device.type == "cuda" and (problem := bnb.cuda_problem()) is not None:
+            return problem
+        return super().static_problem(x)
 
     def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
         x_dtype = x.dtype
@@ -609,6 +778,18 @@ class NF4Linear(QuantizedLinear):
             y = bnb.bitsandbytes().matmul_4bit(x, weight, bias=bias, quant_state=self._quant_state())
         return y.to(x_dtype)
 
+    def kernel_bias(self, x: torch.Tensor) -> torch.Tensor | None:
+        return None if self.bias is None else self.bias.to(self.compute_dtype)
+
+    def accumulation(self, device: torch.device) -> Accumulation:
+        return BF16_REDUCED_SUM if device.type == "cuda" else FP32_SUM
+
+    def kernel_dtype(self, x: torch.Tensor) -> torch.dtype:
+        return self.compute_dtype  # computed in bf16, then widened or kept in the input's dtype
+
+    def kernel_operands(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return rows.to(self.compute_dtype).double(), self._bnb_weight().double()
+
 
 class TorchaoInt8Linear(QuantizedLinear):
     """`torchao_int8`: torchao's `Int8Tensor` (int8 weight, one float32 scale per output row); W8A8.
@@ -617,7 +798,9 @@ class TorchaoInt8Linear(QuantizedLinear):
     CPU, tested): the activations of the call quantized per row in their dtype as torchao's `from_hp` does
     (`torchao_int8.quantize_rows`), multiplied by `int_mm` (int32 accumulation; on CUDA padded, the weight never
     copied), times the activation scales in float32, cast to the input's dtype, times the weight scales in
-    float32, the bias added, cast back. Runs wherever `torch._int_mm` does. `.weight` is that `Int8Tensor`.
+    float32, the bias added, cast back. Runs wherever `torch._int_mm` does. `.weight` is that `Int8Tensor`. On
+    CUDA the quantization and the epilogue are one fused pass each (`fused.int8_rows_torchao`,
+    `fused.int8_epilogue`: bit for bit the eager ones).
     """
 
     FORMAT = torchao_int8.FORMAT
@@ -627,19 +810,40 @@ class TorchaoInt8Linear(QuantizedLinear):
     def weight(self) -> torch.Tensor:
         return torchao_int8.to_int8_tensor(self.stored())
 
-    def has_kernel(self, x: torch.Tensor) -> bool:
-        return x.dtype in _FLOATS and _has_int_mm(x.device)
+    def accumulation(self, device: torch.device) -> Accumulation:
+        return INT32_SUM
 
     def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, scale = self._buffers[torchao_int8.QDATA], self._buffers[torchao_int8.SCALE]
-        x_q, x_scale = torchao_int8.quantize_rows(_rows(x, self.in_features))
+        rows = _rows(x, self.in_features)
+        if fused.available(rows.device):
+            x_q, x_scale = fused.int8_rows_torchao(rows)
+            y = _int8_product(x_q, weight, x_scale, scale, self.bias, x.dtype, "torchao")
+            return y.reshape(*x.shape[:-1], self.out_features)
+        x_q, x_scale = torchao_int8.quantize_rows(rows)
         y = (int_mm(x_q, weight.t()).float() * x_scale).to(x.dtype) * scale.reshape(-1)
         if self.bias is not None:
             y = y + self.bias.to(x.dtype)
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
+    def kernel_operands(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x_q, x_scale = torchao_int8.quantize_rows(rows)
+        weight, scale = self._buffers[torchao_int8.QDATA], self._buffers[torchao_int8.SCALE]
+        return _decoded(x_q, x_scale), _decoded(weight, scale.reshape(-1, 1))
 
-#: format name -> the module that computes with it (each class names its format)
+
+def _block_scaled_problem(layer: QuantizedLinear, x: torch.Tensor, layout: str) -> str | None:
+    if x.dtype not in (torch.bfloat16, torch.float16):
+        return "the block-scaled kernel takes bf16 or fp16 inputs"
+    if layer.in_features % 32:
+        return (
+            f"the block-scaled kernel needs in_features a multiple of 32, the layer has {layer.in_features}"
+        )
+    if x.device.type != "cuda" or torch.cuda.get_device_capability(x.device) < (10, 0):
+        return f"block-scaled {layout} _scaled_mm needs a Blackwell GPU (SM100+)"
+    return None
+
+
 class NVFP4Linear(QuantizedLinear):
     """`comfy_nvfp4`: E2M1 weight with E4M3 block scales (per 16 inputs) and one float32 scale.
 
@@ -651,18 +855,18 @@ class NVFP4Linear(QuantizedLinear):
     """
 
     FORMAT = comfy_nvfp4.FORMAT
+    PROBE_SHAPE = (128, 128)
 
-    def has_kernel(self, x: torch.Tensor) -> bool:
-        return (
-            x.dtype in (torch.bfloat16, torch.float16)
-            and _has_block_scaled_mm(x.device, "nvfp4")
-            and self.in_features % 32 == 0
-        )
+    def static_problem(self, x: torch.Tensor) -> str | None:
+        return _block_scaled_problem(self, x, "nvfp4")
+
+    def _encoded_input(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        static = self._buffers.get(comfy_nvfp4.INPUT_SCALE)  # a part only where the options have it
+        return comfy_nvfp4.FORMAT.encode(rows, **({} if static is None else {"scale": static}))
 
     def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = _rows(x, self.in_features)
-        static = self._buffers.get(comfy_nvfp4.INPUT_SCALE)  # a part only where the options have it
-        a = comfy_nvfp4.FORMAT.encode(rows, **({} if static is None else {"scale": static}))
+        a = self._encoded_input(rows)
         w = self.stored()
         y = torch._scaled_mm(
             a[comfy_nvfp4.WEIGHT].view(torch.float4_e2m1fn_x2),
@@ -677,6 +881,11 @@ class NVFP4Linear(QuantizedLinear):
         y = y.to(x.dtype) if self.bias is None else (y + self.bias.float()).to(x.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
 
+    def kernel_operands(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a = self._encoded_input(rows)
+        shape = (rows.shape[0], self.in_features)
+        return self.FORMAT.decoded(a, shape, torch.float64), self.dequantize(torch.float64)
+
 
 class MXFP8Linear(QuantizedLinear):
     """`comfy_mxfp8`: float8_e4m3fn weight with E8M0 block scales (per 32 inputs).
@@ -687,13 +896,10 @@ class MXFP8Linear(QuantizedLinear):
     """
 
     FORMAT = comfy_mxfp8.FORMAT
+    PROBE_SHAPE = (128, 128)
 
-    def has_kernel(self, x: torch.Tensor) -> bool:
-        return (
-            x.dtype in (torch.bfloat16, torch.float16)
-            and _has_block_scaled_mm(x.device, "mxfp8")
-            and self.in_features % 32 == 0
-        )
+    def static_problem(self, x: torch.Tensor) -> str | None:
+        return _block_scaled_problem(self, x, "mxfp8")
 
     def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = _rows(x, self.in_features)
@@ -710,20 +916,10 @@ class MXFP8Linear(QuantizedLinear):
             y = y + self.bias.to(x.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
 
-
-@functools.cache
-def _has_block_scaled_mm(device: torch.device, layout: str) -> bool:
-    """Whether a block-scaled `torch._scaled_mm` of `layout` runs here: CUDA GPUs of compute capability 10+
-    (Blackwell), tried once on a 128x128 product of the format's own encoding."""
-    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (10, 0):
-        return False
-    module = NVFP4Linear if layout == "nvfp4" else MXFP8Linear
-    try:
-        layer = module.from_weight(torch.ones(128, 128)).to(device)
-        layer.fast_forward(torch.ones(128, 128, dtype=torch.bfloat16, device=device))
-    except Exception:  # RuntimeError, NotImplementedError, TypeError, ValueError: no such GEMM here
-        return False
-    return True
+    def kernel_operands(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a = comfy_mxfp8.FORMAT.encode(rows)
+        shape = (rows.shape[0], self.in_features)
+        return self.FORMAT.decoded(a, shape, torch.float64), self.dequantize(torch.float64)
 
 
 MODULES: dict[str, type[QuantizedLinear]] = {

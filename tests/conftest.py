@@ -248,3 +248,22 @@ def wan_fp8_modules(directory: Path) -> set[str]:
 
 def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
+
+
+def skip_without_kernel(module, x: torch.Tensor) -> None:
+    """Skip, saying why, where `module`'s kernel does not run on `x` here (an older torch without a CPU kernel: the
+    floor's CPU `_scaled_mm` has no row-wise scales and no bf16 output), instead of failing on what is missing."""
+    problem = module.kernel_problem(x)
+    if problem is not None:
+        pytest.skip(
+            f"{type(module).__name__} has no kernel on {x.device} for {x.dtype} with torch {torch.__version__}: {problem}"
+        )
+
+
+def skip_without_kquant_encoder(ggml_type: str) -> None:
+    """Skip where the K-quants' encoder (ggml's own quantizer, through ggml-python) is not installed (the GPU
+    machine's bundle has no ggml-python: it builds from source)."""
+    import importlib.util
+
+    if ggml_type.endswith("_K") and importlib.util.find_spec("ggml") is None:
+        pytest.skip(f"{ggml_type} needs ggml's own quantizer: ggml-python is not installed")

@@ -61,9 +61,13 @@ def torchao() -> SimpleNamespace:
             Int8Tensor,
             PerRow,
         )
-        from torchao.quantization.quantize_.workflows.float8.float8_tensor import QuantizeTensorToFloat8Kwargs
+        from torchao.quantization.quantize_.workflows.float8.float8_tensor import (
+            QuantizeTensorToFloat8Kwargs,
+            _choose_quant_func_and_quantize_tensor,
+        )
         from torchao.quantization.quantize_.workflows.int8.int8_tensor import QuantizeTensorToInt8Kwargs
     return SimpleNamespace(
+        quantize_activation=_choose_quant_func_and_quantize_tensor,
         config_to_dict=config_to_dict,
         JSONEncoder=TensorSubclassAttributeJSONEncoder,
         Float8DynamicActivationFloat8WeightConfig=Float8DynamicActivationFloat8WeightConfig,

@@ -31,7 +31,7 @@ from ._torchao import TorchaoFormat, torchao
 from .base import NonFiniteWeightError, PartSpec, UnsupportedShapeError
 from .options import NO_OPTIONS, FormatOptions
 
-__all__ = ["FORMAT", "TorchaoFp8", "QDATA", "SCALE", "to_float8_tensor"]
+__all__ = ["FORMAT", "TorchaoFp8", "QDATA", "SCALE", "to_float8_tensor", "quantize_activation"]
 
 QDATA = "_weight_qdata"
 SCALE = "_weight_scale"
@@ -139,6 +139,13 @@ def to_float8_tensor(parts: dict[str, torch.Tensor]) -> torch.Tensor:
         kernel_preference=cfg.kernel_preference,
         dtype=HP_DTYPE,
     )
+
+
+def quantize_activation(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The activations `x` as torchao's linear on the `Float8Tensor` `weight` quantizes them (reference: torchao's
+    ``_choose_quant_func_and_quantize_tensor(x, weight.act_quant_kwargs)``, what its ``F.linear`` dispatch calls):
+    a `Float8Tensor` whose ``qdata`` and ``scale`` are the float8 values and their per-row float32 scales."""
+    return torchao().quantize_activation(x, weight.act_quant_kwargs)
 
 
 @functools.cache

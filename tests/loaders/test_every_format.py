@@ -48,7 +48,7 @@ from quantize.models import FAMILIES, get_family
 from quantize.read.checkpoint import open_component, read_tensor
 from quantize.run.forward import forward_sqnr_db, load_inputs
 from tests import diffusers_models as models
-from tests.conftest import run_cli
+from tests.conftest import run_cli, skip_without_kernel
 from tests.loaders.conftest import FORMATS, gguf_tensors, same_bytes
 from tests.loaders.test_loader_modules import _storage_ids, _weights, _x
 
@@ -218,12 +218,14 @@ def test_the_eager_reference_computes_what_verify_reports_and_the_fast_path_is_c
     assert not in_process or torch.equal(got, verify_stored)  # verify's own numbers, bit for bit
     assert round(forward_sqnr_db(ref.want, got), 3) == reported
 
-    fast = load_quantized(Wan, out_comp, dtype=torch.bfloat16, compute="kernel")
-    runs_kernel = {  # each layer's own kernel on this device, where its scheme has one (GGUF has none)
-        m.uses_fast_path(torch.zeros(1, m.in_features, dtype=torch.bfloat16))
-        for m in fast.modules()
-        if isinstance(m, QuantizedLinear)
-    }
+    # each layer's own kernel on this device, where its scheme has one here (GGUF has none; the block-scaled ones
+    # need Blackwell, where "kernel" raises and "fast" decodes)
+    compute = "fast" if fmt in NO_KERNEL_HERE else "kernel"
+    fast = load_quantized(Wan, out_comp, dtype=torch.bfloat16, compute=compute)
+    layers = [m for m in fast.modules() if isinstance(m, QuantizedLinear)]
+    for m in layers if compute == "kernel" else ():
+        skip_without_kernel(m, torch.zeros(1, m.in_features, dtype=torch.bfloat16))
+    runs_kernel = {m.uses_fast_path(torch.zeros(1, m.in_features, dtype=torch.bfloat16)) for m in layers}
     assert runs_kernel == {fmt not in NO_KERNEL_HERE}
     with torch.no_grad():
         y = fast(**ref.kwargs(torch.bfloat16))[0]
@@ -458,6 +460,7 @@ def test_int8_linear_is_comfy_kitchens_eager_int8_linear_bit_for_bit(shape, dtyp
     w, b, x = _layer(*shape, dtype)
     for bias in (b, None):
         m = Int8Linear.from_weight(w, bias)
+        skip_without_kernel(m, x)
         assert m.uses_fast_path(x)
         parts = m.stored()
         want = int8_linear(x, parts["weight"], parts["weight_scale"], m.bias, out_dtype=x.dtype)
@@ -475,6 +478,7 @@ def test_torchao_int8_linear_is_torchaos_int8_tensor_linear_bit_for_bit(shape, d
     w, b, x = _layer(*shape, dtype)
     for bias in (b, None):
         m = TorchaoInt8Linear.from_weight(w, bias, compute="kernel")
+        skip_without_kernel(m, x)
         assert m.uses_fast_path(x) and type(m.weight).__name__ == "Int8Tensor"
         want = F.linear(x, m.weight, None if bias is None else bias.to(dtype))
         got = m(x)
@@ -501,6 +505,7 @@ def test_comfy_fp8_linear_is_comfy_kitchens_tensor_core_fp8_linear_bit_for_bit(s
 
     w, b, x = _layer(*shape, dtype)
     m = ComfyFP8Linear.from_weight(w, b, compute="kernel")  # on the CPU too, where "fast" decodes instead
+    skip_without_kernel(m, x)
     assert m.uses_fast_path(x)
     parts = m.stored()
     weight = QuantizedTensor(
@@ -518,13 +523,16 @@ def test_comfy_fp8_linear_is_comfy_kitchens_tensor_core_fp8_linear_bit_for_bit(s
 
 
 def test_comfy_fp8_linear_off_its_fast_path_and_on_a_zero_input():
-    """Dims not multiples of 16: the decoded weight, exactly; an all-zero input: the bias (scale 1, no 0/0)."""
+    """Dims not multiples of 16: "fast" decodes the weight, exactly ("kernel" refuses); an all-zero input: the bias
+    (scale 1, no 0/0)."""
     w, b, x = _layer(40, 24, 5, torch.bfloat16)
-    m = ComfyFP8Linear.from_weight(w, b, compute="kernel")
+    m = ComfyFP8Linear.from_weight(w, b)
+    m.KERNEL_ON_CPU = True  # "fast" would take the kernel here, were the dims its
     assert not m.uses_fast_path(x)
     assert torch.equal(m(x), F.linear(x, m.dequantize(torch.bfloat16), b))
     w, b, x = _layer(32, 64, 4, torch.bfloat16)
     m = ComfyFP8Linear.from_weight(w, b, compute="kernel")
+    skip_without_kernel(m, x)
     assert m.uses_fast_path(x) and torch.equal(m(torch.zeros_like(x)), b.expand(2, 4, 32))
 
 
@@ -543,6 +551,7 @@ def test_fast_runs_the_kernel_on_the_cpu_only_where_it_beats_decoding(cls, kerne
     bf16 step, decoding about 1x; int8's `_int_mm` is as fast as bf16. "fast" takes the faster, "kernel" the kernel."""
     w, b, x = _layer(32, 64, 4, torch.bfloat16)
     fast, kernel = cls.from_weight(w, b), cls.from_weight(w, b, compute="kernel")
+    skip_without_kernel(kernel, x)
     assert fast.uses_fast_path(x) == kernel_on_cpu and kernel.uses_fast_path(x)
     assert torch.equal(fast(x), kernel(x) if kernel_on_cpu else fast.reference_forward(x))
 
