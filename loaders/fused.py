@@ -53,6 +53,9 @@ import threading
 
 import torch
 
+from quantize.formats import _q8_0, comfy_int8, torchao_int8
+from quantize.formats._e4m3 import FP8_MAX
+
 __all__ = [
     "STYLES",
     "available",
@@ -67,10 +70,9 @@ __all__ = [
 
 #: the two int8 epilogues: comfy-kitchen's (`Int8Linear`) and torchao's (`TorchaoInt8Linear`)
 STYLES = ("comfy", "torchao")
-FP8_MAX = 448.0  # float8_e4m3fn's largest value
-_INT8_MAX = 127.0  # comfy-kitchen's divisor (comfy_int8.INT8_MAX)
-_HALF_RANGE = 127.5  # torchao's symmetric divisor (torchao_int8.HALF_RANGE)
-_Q8_0_BLOCK, _Q8_0_BYTES = 32, 34  # values per GGML Q8_0 block; its bytes: float16 d, then 32 int8
+# the formats' own constants, handed to the kernels as constexprs (float8's largest value, comfy-kitchen's and
+# torchao's divisors and scale floors, Q8_0's block): the formats' modules own them
+_Q8_0_BLOCK, _Q8_0_BYTES = _q8_0.BLOCK, _q8_0.BLOCK_BYTES
 
 # Launch sizes: module globals, read at each call (the tests shrink them to reach the loops with small input).
 _ROW_BLOCK_MAX = 16384  # the widest row held in registers; wider ones are read twice, in chunks
@@ -297,6 +299,7 @@ def _fp8_rows_kernel(
     q_ptr,
     scale_ptr,
     K: tl.constexpr,
+    QMAX: tl.constexpr,
     INV_C: tl.constexpr,
     RECIP: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -311,14 +314,14 @@ def _fp8_rows_kernel(
     else:
         x = _widen(tl.load(x_row + cols, mask=cols < K, other=0.0), EMULATE)
         amax = _max(tl.abs(x))
-    scale = _div_const(amax, 448.0, INV_C, RECIP)  # row_absmax(x.float()).div_(FP8_MAX)
+    scale = _div_const(amax, QMAX, INV_C, RECIP)  # row_absmax(x.float()).div_(FP8_MAX)
     scale = tl.where(scale == 0.0, 1.0, scale)  # torch.where(scale == 0, 1.0, scale)
     tl.store(scale_ptr + row, scale)
     for start in range(0, K, BLOCK):
         c = start + cols
         if CHUNKED:
             x = _widen(tl.load(x_row + c, mask=c < K, other=0.0), EMULATE)
-        v = tl.minimum(tl.maximum(tl.div_rn(x, scale), -448.0), 448.0)  # torch.div(x, scale).clamp_(±448)
+        v = tl.minimum(tl.maximum(tl.div_rn(x, scale), -QMAX), QMAX)  # torch.div(x, scale).clamp_(±448)
         tl.store(q_row + c, _e4m3_bits(v, EMULATE), mask=c < K)  # .to(float8_e4m3fn)
 
 
@@ -337,7 +340,7 @@ def fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
     if m:
         _fp8_rows_kernel[(m,)](
-            x, q.view(torch.uint8), scale, k, INV_C=_reciprocal(FP8_MAX), RECIP=x.is_cuda,
+            x, q.view(torch.uint8), scale, k, QMAX=FP8_MAX, INV_C=_reciprocal(FP8_MAX), RECIP=x.is_cuda,
             EMULATE=_EMULATE, **_row_launch(k), **_COMPILE,
         )  # fmt: skip
     return scale, q
@@ -370,6 +373,7 @@ def _fp8_tensor_kernel(
     PARTIALS,
     PARTIALS_BLOCK: tl.constexpr,
     DYNAMIC: tl.constexpr,
+    QMAX: tl.constexpr,
     INV_C: tl.constexpr,
     RECIP: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -381,7 +385,7 @@ def _fp8_tensor_kernel(
         p = tl.arange(0, PARTIALS_BLOCK)
         amax = _max(tl.load(partial_ptr + p, mask=p < PARTIALS, other=0.0))
         # (x.abs().amax() / FP8_MAX).float(): the division in x's dtype
-        scale = _round(_div_const(amax, 448.0, INV_C, RECIP), DTYPE, EMULATE)
+        scale = _round(_div_const(amax, QMAX, INV_C, RECIP), DTYPE, EMULATE)
         scale = tl.where(scale == 0.0, 1.0, scale)
         tl.store(scale_ptr, scale, mask=pid == 0)
     else:
@@ -390,7 +394,7 @@ def _fp8_tensor_kernel(
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     x = _widen(tl.load(x_ptr + offs, mask=offs < n, other=0.0), EMULATE)
     # torch.clamp(x * inv, -FP8_MAX, FP8_MAX), the product in x's dtype
-    v = tl.minimum(tl.maximum(_round(x * inv, DTYPE, EMULATE), -448.0), 448.0)
+    v = tl.minimum(tl.maximum(_round(x * inv, DTYPE, EMULATE), -QMAX), QMAX)
     tl.store(q_ptr + offs, _e4m3_bits(v, EMULATE), mask=offs < n)
 
 
@@ -430,7 +434,7 @@ def fp8_tensor(x: torch.Tensor, scale: torch.Tensor | None = None) -> tuple[torc
         _fp8_tensor_kernel[(triton.cdiv(n, _ELEMENTS),)](
             x, q.view(torch.uint8), partials, out_scale, n, programs,
             PARTIALS_BLOCK=triton.next_power_of_2(programs), DYNAMIC=scale is None,
-            INV_C=_reciprocal(FP8_MAX), RECIP=x.is_cuda, BLOCK=_ELEMENTS, EMULATE=_EMULATE,
+            QMAX=FP8_MAX, INV_C=_reciprocal(FP8_MAX), RECIP=x.is_cuda, BLOCK=_ELEMENTS, EMULATE=_EMULATE,
             num_warps=8, **_COMPILE,
         )  # fmt: skip
     return out_scale, q
@@ -446,6 +450,8 @@ def _int8_rows_kernel(
     scale_ptr,
     K: tl.constexpr,
     TINY: tl.constexpr,
+    QMAX: tl.constexpr,
+    FLOOR: tl.constexpr,
     INV_C: tl.constexpr,
     RECIP: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -461,7 +467,7 @@ def _int8_rows_kernel(
     else:
         x = _widen(tl.load(x_row + cols, mask=cols < K, other=0.0), EMULATE)
         amax = _max(tl.abs(x))
-    scale = tl.maximum(_div_const(amax, 127.0, INV_C, RECIP), 1e-30)  # (amax.float() / 127).clamp_(min=1e-30)
+    scale = tl.maximum(_div_const(amax, QMAX, INV_C, RECIP), FLOOR)  # (amax.float() / 127).clamp_(min=1e-30)
     divisor = _round(scale, DTYPE, EMULATE)  # scale.to(x.dtype), 0 there taken as finfo(x.dtype).tiny
     divisor = tl.where(divisor == 0.0, TINY, divisor)
     tl.store(scale_ptr + row, scale)
@@ -488,7 +494,8 @@ def int8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = torch.empty(m, 1, dtype=torch.float32, device=x.device)
     if m:
         _int8_rows_kernel[(m,)](
-            x, q, scale, k, TINY=torch.finfo(x.dtype).tiny, INV_C=_reciprocal(_INT8_MAX), RECIP=x.is_cuda,
+            x, q, scale, k, TINY=torch.finfo(x.dtype).tiny, QMAX=comfy_int8.INT8_MAX,
+            FLOOR=comfy_int8.MIN_SCALE, INV_C=_reciprocal(comfy_int8.INT8_MAX), RECIP=x.is_cuda,
             EMULATE=_EMULATE, **_row_launch(k), **_COMPILE,
         )  # fmt: skip
     return q, scale
@@ -503,6 +510,8 @@ def _int8_torchao_kernel(
     q_ptr,
     scale_ptr,
     K: tl.constexpr,
+    QMAX: tl.constexpr,
+    FLOOR: tl.constexpr,
     INV_C: tl.constexpr,
     RECIP: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -519,7 +528,7 @@ def _int8_torchao_kernel(
         x = _widen(tl.load(x_row + cols, mask=cols < K, other=0.0), EMULATE)
         amax = _max(tl.abs(x))
     # (row_absmax(x) / 127.5).clamp_(min=2**-23) in x's dtype, then .float()
-    scale = tl.maximum(_round(_div_const(amax, 127.5, INV_C, RECIP), DTYPE, EMULATE), 1.1920928955078125e-07)
+    scale = tl.maximum(_round(_div_const(amax, QMAX, INV_C, RECIP), DTYPE, EMULATE), FLOOR)
     inv = tl.div_rn(tl.full([], 1.0, tl.float32), scale)  # 1.0 / scale, in float32
     tl.store(scale_ptr + row, scale)
     for start in range(0, K, BLOCK):
@@ -544,7 +553,8 @@ def int8_rows_torchao(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = torch.empty(m, 1, dtype=torch.float32, device=x.device)
     if m:
         _int8_torchao_kernel[(m,)](
-            x, q, scale, k, INV_C=_reciprocal(_HALF_RANGE), RECIP=x.is_cuda, EMULATE=_EMULATE,
+            x, q, scale, k, QMAX=torchao_int8.HALF_RANGE, FLOOR=torchao_int8.MIN_SCALE,
+            INV_C=_reciprocal(torchao_int8.HALF_RANGE), RECIP=x.is_cuda, EMULATE=_EMULATE,
             **_row_launch(k), **_COMPILE,
         )  # fmt: skip
     return q, scale
@@ -790,19 +800,27 @@ def int8_mm(
 
 
 @_jit
-def _q8_0_kernel(blocks_ptr, out_ptr, total, BLOCKS: tl.constexpr, EMULATE: tl.constexpr):
+def _q8_0_kernel(
+    blocks_ptr,
+    out_ptr,
+    total,
+    VALUES: tl.constexpr,
+    BYTES: tl.constexpr,
+    BLOCKS: tl.constexpr,
+    EMULATE: tl.constexpr,
+):
     """BLOCKS Q8_0 blocks a program: d from its 2 little-endian bytes, value = float32(d) · q, cast."""
     DTYPE = out_ptr.dtype.element_ty
     blk = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
     ok = blk < total
-    base = blocks_ptr + blk * 34
+    base = blocks_ptr + blk * BYTES
     lo = tl.load(base, mask=ok, other=0).to(tl.uint16)
     hi = tl.load(base + 1, mask=ok, other=0).to(tl.uint16)
     d = (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)
-    j = tl.arange(0, 32)
+    j = tl.arange(0, VALUES)
     qs = tl.load(base[:, None] + 2 + j[None, :], mask=ok[:, None], other=0)
     v = qs.to(tl.int8, bitcast=True).to(tl.float32) * d[:, None]  # exact: 8 bits times 11
-    tl.store(out_ptr + blk[:, None] * 32 + j[None, :], _narrow(v, DTYPE, EMULATE), mask=ok[:, None])
+    tl.store(out_ptr + blk[:, None] * VALUES + j[None, :], _narrow(v, DTYPE, EMULATE), mask=ok[:, None])
 
 
 def q8_0_decode(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -825,6 +843,14 @@ def q8_0_decode(blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     total = rows * nb
     if total:
         _q8_0_kernel[(triton.cdiv(total, _Q8_0_BLOCKS),)](
-            blocks.contiguous(), out, total, BLOCKS=_Q8_0_BLOCKS, EMULATE=_EMULATE, num_warps=4, **_COMPILE
+            blocks.contiguous(),
+            out,
+            total,
+            VALUES=_Q8_0_BLOCK,
+            BYTES=_Q8_0_BYTES,
+            BLOCKS=_Q8_0_BLOCKS,
+            EMULATE=_EMULATE,
+            num_warps=4,
+            **_COMPILE,
         )
     return out
