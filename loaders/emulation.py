@@ -32,7 +32,7 @@ GPU's are each held to the emulation, never to each other.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -88,6 +88,15 @@ class Emulation:
     k: int
     out_dtype: torch.dtype
     accumulation: Accumulation
+
+    def reshaped(self, shape: tuple[int, ...]) -> Emulation:
+        """The same emulation with its elements in `shape` (a layer's input's leading dims, its outputs)."""
+        return replace(
+            self,
+            value=self.value.reshape(shape),
+            magnitude=self.magnitude.reshape(shape),
+            unbiased=self.unbiased.reshape(shape),
+        )
 
     def rounded(self) -> torch.Tensor:
         """The value rounded once to the output dtype: what an exact kernel returns."""

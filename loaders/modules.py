@@ -269,15 +269,7 @@ class QuantizedLinear(nn.Module):
         a, b = self.kernel_operands(rows)
         bias = self.kernel_bias(x)
         e = emulate_product(a, b, bias, self.kernel_dtype(x), self.accumulation(x.device))
-        shape = (*x.shape[:-1], self.out_features)
-        return Emulation(
-            e.value.reshape(shape),
-            e.magnitude.reshape(shape),
-            e.unbiased.reshape(shape),
-            e.k,
-            e.out_dtype,
-            e.accumulation,
-        )
+        return e.reshaped((*x.shape[:-1], self.out_features))
 
     def reference_forward(self, x: torch.Tensor) -> torch.Tensor:
         """The eager reference: `F.linear` with the weight decoded to the input's dtype (what `verify --forward`
