@@ -36,9 +36,9 @@ from pathlib import Path
 import torch
 
 from ..containers import get_container
-from ..encode import encode_and_measure, kept_rows
+from ..encode import ErrorStats, encode_and_measure, kept_rows
 from ..errors import InputError, QuantizeError
-from ..formats import Format, format_for, format_info, get_format, quantized_parts
+from ..formats import Format, PartSpec, format_for, format_info, get_format, quantized_parts
 from ..names import module_name, split_manifest_key
 from ..plan import ComponentPlan, Plan, TensorPlan, make_plan, with_input_scales
 from ..progress import NoProgress, Progress
@@ -50,10 +50,10 @@ from ..publish.manifest import (
     TensorEntry,
     read_manifest,
 )
-from ..read.checkpoint import Component, confined_path, read_rows, read_tensor
+from ..read.checkpoint import Component, TensorInfo, confined_path, read_rows, read_tensor
 from ..read.hashing import sha256_file
 from ..read.source import SourceFolder, local_source
-from ..recipes import Recipe, parse_recipe
+from ..recipes import Checks, Recipe, parse_recipe
 from ..run.forward import check_forward, require_known_models
 from ..steps import Rebuilt, TensorStep, rebuild
 
@@ -155,11 +155,53 @@ def verify(
 
     >>> # report = verify("Wan2.1-T2V-1.3B-fp8", source="Wan2.1-T2V-1.3B"); report.ok
     """
-    checkpoint = Path(checkpoint)
+    given = _checked_inputs(Path(checkpoint), source, forward, inputs, steps, step_files)
+    return _run_checks(given, workers, progress or NoProgress())
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """verify's arguments, checked and resolved."""
+
+    checkpoint: Path
+    manifest: Manifest
+    recipe: Recipe | None  # None where the manifest's is not a valid recipe (a failed check)
+    source: Path | None
+    src: SourceFolder | None  # the source resolved under the recipe: the forward check and parity share it
+    rebuilt: list[Rebuilt]  # the steps the manifest records, rebuilt
+    steps: Sequence[TensorStep]  # the rebuilt steps', then the caller's
+    forward: bool
+    inputs: str | Path | None
+
+
+def _checked_inputs(
+    checkpoint: Path,
+    source: str | Path | None,
+    forward: bool,
+    inputs: str | Path | None,
+    steps: Sequence[TensorStep],
+    step_files: Sequence[str | Path],
+) -> _Inputs:
+    """The arguments checked, in this order, and resolved: InputError for the first that is unusable."""
     if not checkpoint.is_dir():
         raise InputError(f"{checkpoint}: checkpoint directory not found")
     manifest = read_manifest(checkpoint)
     recipe = _manifest_recipe(manifest)
+    _check_step_files(checkpoint, manifest, source, step_files)
+    rebuilt: list[Rebuilt] = []
+    src = None
+    if source is not None:
+        source = Path(source)
+        rebuilt, src = _resolved_source(source, manifest, recipe, step_files)
+        steps = [*(r.step for r in rebuilt), *steps]
+    _check_forward_inputs(forward, inputs, source, src)
+    return _Inputs(checkpoint, manifest, recipe, source, src, rebuilt, steps, forward, inputs)
+
+
+def _check_step_files(
+    checkpoint: Path, manifest: Manifest, source: str | Path | None, step_files: Sequence[str | Path]
+) -> None:
+    """`step_files` only for a checkpoint whose manifest records steps, and only with a source."""
     if step_files and not manifest.steps:
         raise InputError(
             f"{checkpoint}: was converted without LoRAs, so `step_files` has nothing to re-apply",
@@ -170,18 +212,24 @@ def verify(
             "`step_files` re-applies LoRAs to the source: give `source` too",
             parameters=("step_files", "source"),
         )
-    rebuilt: list[Rebuilt] = []
-    src = None
-    if source is not None:
-        source = Path(source)
-        _require_source(source, manifest)
-        files = [Path(p) for p in step_files]
-        named = None if recipe is None else recipe.components
-        rebuilt = [rebuild(record, source, files, named) for record in manifest.steps]
-        steps = [*(r.step for r in rebuilt), *steps]
-        if recipe is not None:
-            # resolved once: the forward check and the parity plan share it
-            src = local_source(source, recipe)
+
+
+def _resolved_source(
+    source: Path, manifest: Manifest, recipe: Recipe | None, step_files: Sequence[str | Path]
+) -> tuple[list[Rebuilt], SourceFolder | None]:
+    """The recorded steps rebuilt for `source`, and the source resolved under the recipe (None without one)."""
+    _require_source(source, manifest)
+    files = [Path(p) for p in step_files]
+    named = None if recipe is None else recipe.components
+    rebuilt = [rebuild(record, source, files, named) for record in manifest.steps]
+    # resolved once: the forward check and the parity plan share it
+    return rebuilt, None if recipe is None else local_source(source, recipe)
+
+
+def _check_forward_inputs(
+    forward: bool, inputs: str | Path | None, source: Path | None, src: SourceFolder | None
+) -> None:
+    """`forward` only with a source whose models can run (on `inputs`); `inputs` only with `forward`."""
     if forward:
         if source is None:
             raise InputError(
@@ -194,45 +242,65 @@ def verify(
         raise InputError(
             "`inputs` are the forward pass's: give `forward` too", parameters=("inputs", "forward")
         )
-    progress = progress or NoProgress()
-    progress.start(*_work_size(manifest, source is not None))
+
+
+def _run_checks(given: _Inputs, workers: int | None, progress: Progress) -> Report:
+    """Every check the inputs allow, into one report."""
+    manifest = given.manifest
+    progress.start(*_work_size(manifest, given.source is not None))
     workers = (os.cpu_count() or 1) if workers is None else workers
-    report = Report(str(checkpoint), None if source is None else str(source))
+    report = Report(str(given.checkpoint), None if given.source is None else str(given.source))
     fmt = _format(manifest, report)
     with _pool(workers) as pool:
-        _check_files(checkpoint, manifest, report, pool, progress)
-        _check_recipe(checkpoint, manifest, recipe, report)
-        components = {c.path: _open(checkpoint, c, fmt, report) for c in manifest.components}
+        _check_files(given.checkpoint, manifest, report, pool, progress)
+        _check_recipe(given.checkpoint, manifest, given.recipe, report)
+        components = {c.path: _open(given.checkpoint, c, fmt, report) for c in manifest.components}
         # manifest keys ("<component>/<tensor>") whose stored parts do not fit the format: parity skips them
         damaged: set[str] = set()
         if fmt is not None:
             for entry in manifest.components:
                 if components[entry.path] is not None:
                     damaged |= _check_layout(components[entry.path], entry, manifest, fmt, report)
-        if source is not None:
-            _check_provenance(source, manifest, report, pool, progress)
-            for r in rebuilt:
-                for check, ok, failure in r.provenance(sha256_file):
-                    report.record("provenance", check, ok, failure)
-            if fmt is not None and recipe is not None:
-                plan = _check_parity(
-                    src, recipe, steps, components, damaged, fmt, manifest, report, pool, progress
-                )
-                for r in rebuilt if plan is not None else ():
-                    for category, check, ok, failure in r.after_plan():
-                        report.record(category, check, ok, failure)
-                if forward:
-                    if plan is None or not report.ok:
-                        report.fail(
-                            "forward",
-                            "output SQNR",
-                            "skipped: earlier checks failed, the models would not be comparable",
-                        )
-                    else:
-                        check_forward(
-                            plan, checkpoint, recipe, fmt, report, None if inputs is None else Path(inputs)
-                        )
+        if given.source is not None:
+            _check_against_source(given, components, damaged, fmt, report, pool, progress)
     return report
+
+
+def _check_against_source(
+    given: _Inputs,
+    components: dict[str, Component | None],
+    damaged: set[str],
+    fmt: Format | None,
+    report: Report,
+    pool: ThreadPoolExecutor,
+    progress: Progress,
+) -> None:
+    """Provenance, then (with a format and a recipe) parity, the rebuilt steps' checks and the forward check."""
+    _check_provenance(given.source, given.manifest, report, pool, progress)
+    for r in given.rebuilt:
+        for check, ok, failure in r.provenance(sha256_file):
+            report.record("provenance", check, ok, failure)
+    if fmt is None or given.recipe is None:
+        return
+    plan = _check_parity(
+        given.src, given.recipe, given.steps, components, damaged, fmt, given.manifest, report, pool, progress
+    )
+    for r in given.rebuilt if plan is not None else ():
+        for category, check, ok, failure in r.after_plan():
+            report.record(category, check, ok, failure)
+    if given.forward:
+        _check_forward_pass(plan, given, fmt, report)
+
+
+def _check_forward_pass(plan: Plan | None, given: _Inputs, fmt: Format, report: Report) -> None:
+    """One forward pass of the source and of the checkpoint, where the earlier checks leave them comparable."""
+    if plan is None or not report.ok:
+        report.fail(
+            "forward", "output SQNR", "skipped: earlier checks failed, the models would not be comparable"
+        )
+        return
+    inputs = None if given.inputs is None else Path(given.inputs)
+    check_forward(plan, given.checkpoint, given.recipe, fmt, report, inputs)
 
 
 def _manifest_recipe(manifest: Manifest) -> Recipe | None:
@@ -397,55 +465,82 @@ def _check_layout(
     component: Component, entry: ComponentEntry, manifest: Manifest, fmt: Format, report: Report
 ) -> set[str]:
     """Each quantized tensor's parts have its format's dtypes and shapes; the key count adds up; shard metadata
-    and config.json are the format's. Returns the modules whose parts do not fit (parity skips them)."""
-    stored = component.tensors
+    and config.json are the format's. Returns the manifest keys of the tensors whose parts do not fit (parity
+    skips them)."""
     expected_parts = 0
     damaged = set()
     for key, t in manifest.tensors.items():
         rel, name = split_manifest_key(key, [c.path for c in manifest.components])
         if rel != entry.path:
             continue
-        try:
-            options = fmt.options_type.from_type(t.type)  # the manifest names them (gguf: the GGML type)
-            parts = quantized_parts(fmt, module_name(name), tuple(t.shape), options)
-        except ValueError as e:
+        parts = _recorded_parts(manifest, key, name, t, fmt, report)
+        if parts is None:
+            damaged.add(key)
+            continue
+        expected_parts += len(parts)
+        if not _parts_fit(component, parts, fmt, report):
+            damaged.add(key)
+    _check_tensor_count(component, expected_parts + entry.kept, report)
+    _check_shard_metadata(component, report)
+    _check_config(component, entry, fmt, report)
+    return damaged
+
+
+def _recorded_parts(
+    manifest: Manifest, key: str, name: str, t: TensorEntry, fmt: Format, report: Report
+) -> dict[str, tuple[str, PartSpec]] | None:
+    """The parts the manifest's entry for tensor `key` makes in `fmt` (`formats.quantized_parts`); None, and a
+    failed check, where the format cannot hold what the manifest records."""
+    try:
+        options = fmt.options_type.from_type(t.type)  # the manifest names them (gguf: the GGML type)
+        parts = quantized_parts(fmt, module_name(name), tuple(t.shape), options)
+    except ValueError as e:
+        report.fail(
+            "integrity",
+            "manifest",
+            f"{MANIFEST_NAME}: tensor {key!r} has shape {t.shape}, which {fmt.NAME} cannot hold ({e})",
+        )
+        return None
+    try:  # a static input scale (`convert --calibrate`) is one more part
+        calibrated = _recorded_input_scale(manifest, key, fmt, options)
+    except ValueError as e:
+        report.fail("integrity", "manifest", f"{MANIFEST_NAME}: tensor {key!r}: {e}")
+        return None
+    if calibrated is not options:
+        parts = quantized_parts(fmt, module_name(name), tuple(t.shape), calibrated)
+    return parts
+
+
+def _parts_fit(
+    component: Component, parts: dict[str, tuple[str, PartSpec]], fmt: Format, report: Report
+) -> bool:
+    """Each of `parts` is stored with its dtype and shape (one check each); whether all are."""
+    all_fit = True
+    for full, (dt, shape) in parts.values():
+        info = component.tensors.get(full)
+        fits = (
+            info is not None
+            and info.dtype == dt
+            and (info.shape == shape if shape is not None else len(info.shape) == 1)
+        )
+        if not fits:
+            all_fit = False
+            found = "missing" if info is None else f"{info.dtype}{list(info.shape)}"
+            wanted = f"{dt}{list(shape) if shape is not None else '[n]'}"
+            where = component.dir if info is None else info.file.name
             report.fail(
                 "integrity",
-                "manifest",
-                f"{MANIFEST_NAME}: tensor {key!r} has shape {t.shape}, which {fmt.NAME} cannot hold ({e})",
+                "tensor layout",
+                f"{where}: tensor {full!r} is {found}, {fmt.NAME} requires {wanted}",
             )
-            damaged.add(key)
-            continue
-        try:  # a static input scale (`convert --calibrate`) is one more part
-            calibrated = _recorded_input_scale(manifest, key, fmt, options)
-        except ValueError as e:
-            report.fail("integrity", "manifest", f"{MANIFEST_NAME}: tensor {key!r}: {e}")
-            damaged.add(key)
-            continue
-        if calibrated is not options:
-            parts = quantized_parts(fmt, module_name(name), tuple(t.shape), calibrated)
-        for full, (dt, shape) in parts.values():
-            expected_parts += 1
-            info = stored.get(full)
-            fits = (
-                info is not None
-                and info.dtype == dt
-                and (info.shape == shape if shape is not None else len(info.shape) == 1)
-            )
-            if not fits:
-                damaged.add(key)
-                found = "missing" if info is None else f"{info.dtype}{list(info.shape)}"
-                wanted = f"{dt}{list(shape) if shape is not None else '[n]'}"
-                where = component.dir if info is None else info.file.name
-                report.fail(
-                    "integrity",
-                    "tensor layout",
-                    f"{where}: tensor {full!r} is {found}, {fmt.NAME} requires {wanted}",
-                )
-            else:
-                report.record("integrity", "tensor layout", True)
-    expected = expected_parts + entry.kept
-    ok = len(stored) == expected
+        else:
+            report.record("integrity", "tensor layout", True)
+    return all_fit
+
+
+def _check_tensor_count(component: Component, expected: int, report: Report) -> None:
+    """The component stores as many tensors as the manifest accounts for."""
+    ok = len(component.tensors) == expected
     report.record(
         "integrity",
         "tensor count",
@@ -453,15 +548,23 @@ def _check_layout(
         ""
         if ok
         else (
-            f"{component.dir}: {len(stored)} tensors stored, the manifest accounts for {expected} "
+            f"{component.dir}: {len(component.tensors)} tensors stored, the manifest accounts for {expected} "
             "(a key was added or removed; --source names it)"
         ),
     )
+
+
+def _check_shard_metadata(component: Component, report: Report) -> None:
+    """Every shard of the component carries the same __metadata__."""
     metadata = list(component.metadata.values())
     ok = all(m == metadata[0] for m in metadata)
     report.record(
         "integrity", "shard metadata", ok, "" if ok else f"{component.dir}: the shards' __metadata__ differ"
     )
+
+
+def _check_config(component: Component, entry: ComponentEntry, fmt: Format, report: Report) -> None:
+    """config.json is the one the format's container writes for this component, quantization_config included."""
     config = component.config or {}
     source_config = {k: v for k, v in config.items() if k != "quantization_config"}
     container = get_container(format_info(fmt.NAME).container)
@@ -474,7 +577,6 @@ def _check_layout(
         if ok
         else f"{component.config_path}: quantization_config is not the one {fmt.NAME} writes for this checkpoint",
     )
-    return damaged
 
 
 def _recorded_input_scale(manifest: Manifest, key: str, fmt: Format, options):
@@ -557,13 +659,7 @@ def _check_parity(
                     "parity", "keys", f"component {cp.rel!r} of the recipe is missing from the checkpoint"
                 )
             continue
-        expected = {spec.name for tp in cp.tensors for spec in tp.outputs}
-        for key in sorted(expected - set(stored.tensors)):
-            report.fail("parity", "keys", f"{stored.dir}: tensor {key!r} is missing")
-        for key in sorted(set(stored.tensors) - expected):
-            report.fail(
-                "parity", "keys", f"{stored.dir}: tensor {key!r} is not in the recipe's plan (extra key)"
-            )
+        _check_keys(cp, stored, report)
         _check_format_metadata(cp, stored, fmt, report)
         futures = [
             pool.submit(
@@ -583,6 +679,15 @@ def _check_parity(
             for category, name, ok, failure in future.result():
                 report.record(category, name, ok, failure)
     return plan
+
+
+def _check_keys(cp: ComponentPlan, stored: Component, report: Report) -> None:
+    """The component stores exactly the keys its plan makes."""
+    expected = {spec.name for tp in cp.tensors for spec in tp.outputs}
+    for key in sorted(expected - set(stored.tensors)):
+        report.fail("parity", "keys", f"{stored.dir}: tensor {key!r} is missing")
+    for key in sorted(set(stored.tensors) - expected):
+        report.fail("parity", "keys", f"{stored.dir}: tensor {key!r} is not in the recipe's plan (extra key)")
 
 
 def _check_format_metadata(cp: ComponentPlan, stored: Component, fmt: Format, report: Report) -> None:
@@ -651,7 +756,26 @@ def _db(x: float | None) -> str:
 def _check_quantized(
     rel: str, tp: TensorPlan, stored: Component, fmt: Format, recipe: Recipe, entry: TensorEntry | None
 ) -> list[Result]:
+    """Requantizing the source reproduces the stored parts, whose error figures pass the recipe's checks and
+    are the ones the manifest records."""
     infos = {part: stored.tensors[spec.name] for part, spec in zip(tp.parts, tp.outputs, strict=True)}
+    stats, identical = _requantized(tp, fmt, infos)
+    shard = infos[next(iter(infos))].file.name
+    where = f"{rel}/{shard} -> {tp.name}"
+    return [
+        (
+            "parity",
+            "requantize",
+            identical,
+            "" if identical else f"{where}: requantizing the source does not reproduce the stored bytes",
+        ),
+        *_check_figures(where, stats, recipe.checks, entry),
+    ]
+
+
+def _requantized(tp: TensorPlan, fmt: Format, infos: dict[str, TensorInfo]) -> tuple[ErrorStats, bool]:
+    """The source encoded again and compared, chunk by chunk, with the stored parts `infos`: the error figures
+    of the stored parts, and whether every encoded part is the stored one."""
     identical = True
 
     def compare(parts: dict[str, torch.Tensor], rows: tuple[int, int] | None) -> dict[str, torch.Tensor]:
@@ -670,19 +794,16 @@ def _check_quantized(
         return mine
 
     stats = encode_and_measure(tp, fmt, compare)
-    shard = infos[next(iter(infos))].file.name
-    where = f"{rel}/{shard} -> {tp.name}"
-    results: list[Result] = [
-        (
-            "parity",
-            "requantize",
-            identical,
-            "" if identical else f"{where}: requantizing the source does not reproduce the stored bytes",
-        )
-    ]
-    checks, sqnr, cosine = recipe.checks, stats.sqnr_db, stats.cosine
+    return stats, identical
+
+
+def _check_figures(where: str, stats: ErrorStats, checks: Checks, entry: TensorEntry | None) -> list[Result]:
+    """The decoded weight is finite, within the recipe's `checks`, and has the figures the manifest records."""
+    sqnr, cosine = stats.sqnr_db, stats.cosine
     finite = math.isfinite(stats.max_abs) and math.isfinite(cosine)
-    results.append(("parity", "weight finite", finite, "" if finite else f"{where}: decodes to NaN or Inf"))
+    results: list[Result] = [
+        ("parity", "weight finite", finite, "" if finite else f"{where}: decodes to NaN or Inf")
+    ]
     if checks.min_sqnr_db is not None:
         ok = sqnr is None or sqnr >= checks.min_sqnr_db
         results.append(
