@@ -347,77 +347,125 @@ def propose(
     m: Measurement, *, min_forward_sqnr_db: float | None = None, max_bytes: int | None = None
 ) -> Proposal:
     """The cheapest raises that reach `min_forward_sqnr_db` (measured), or the best forward SQNR within
-    `max_bytes` of tensor files on disk (headers and padding included); see the module docstring. `reached` is False when the target cannot be met."""
+    `max_bytes` of tensor files on disk (headers and padding included); see the module docstring. `reached` is
+    False when the target cannot be met."""
     if (min_forward_sqnr_db is None) == (max_bytes is None):
         raise ValueError("give exactly one of min_forward_sqnr_db and max_bytes")
     fmt = m.plan.format
     choices = _choices(m.layers)
-    base_bytes = m.plan.output_bytes
-    measured = dict(m.forward_sqnr_db)
-    passes = 0
-
-    def total_bytes() -> int:
-        return base_bytes + sum(lay.bytes[c.level] - lay.bytes[0] for c in choices for lay in c.layers)
-
-    def remeasure() -> dict[str, float]:
-        changes: dict[str, dict[str, TensorPlan]] = {}
-        for c in choices:
-            for lay in c.layers:
-                if c.level:
-                    changes.setdefault(lay.component, {})[f"{lay.param}.weight"] = lay.plans[c.level]
-        return m.remeasure(changes)
-
-    def on_disk() -> int:  # the files' bytes, headers and padding included
-        raised = {(lay.component, lay.plans[0].name): lay.plans[c.level] for c in choices for lay in c.layers}
-        return _files_size(m.plan, raised)
-
     if max_bytes is not None:
-        overhead = on_disk() - total_bytes()  # before any raise: what the files take beyond their tensors
-        reached = on_disk() <= max_bytes
-        if reached:
-            scale = _fit(choices, measured)
-            steps: list[_Choice] = []
-            while True:
-                predicted = _predicted(choices, scale)
-                worst = {max(predicted, key=predicted.__getitem__)}  # the figure is the worst component's
-                step = _best_step(choices, scale, m.plan, worst, room=max_bytes - overhead - total_bytes())
-                if step is None:
-                    break
-                step.level += 1
-                steps.append(step)
-            while steps and on_disk() > max_bytes:  # a raise's padding or header outgrew the room: undo it
-                steps.pop().level -= 1
-            if any(c.level for c in choices):
-                measured, passes = remeasure(), 1
-                if min(measured.values()) < m.worst_forward_sqnr_db:  # predicted better, measured worse
-                    for c in choices:
-                        c.level = 0
-                    measured = dict(m.forward_sqnr_db)
+        measured, reached, passes = _propose_within_bytes(m, choices, max_bytes)
     else:
-        target = 10 ** (-min_forward_sqnr_db / 10)  # relative noise
-        while True:
-            reached = min(measured.values()) >= min_forward_sqnr_db
-            if reached or passes >= MAX_PASSES:
-                break
-            scale = _fit(choices, measured)
-            steps = 0
-            while True:
-                short = {rel for rel, noise in _predicted(choices, scale).items() if noise > target}
-                if steps and not short:
-                    break
-                # at least one step a pass, for the components the last pass measured short of the target
-                needy = short or {rel for rel, db in measured.items() if db < min_forward_sqnr_db}
-                step = _best_step(choices, scale, m.plan, needy)
-                if step is None:
-                    break
-                step.level += 1
-                steps += 1
-            if steps == 0:
-                break  # nothing left to raise
-            measured, passes = remeasure(), passes + 1
+        measured, reached, passes = _propose_for_sqnr(m, choices, min_forward_sqnr_db)
     raised = [(c.module, c.layers[0].rungs[c.level].label(fmt)) for c in choices if c.level]
     recipe = proposed_recipe(m.plan.recipe, choices, fmt, min_forward_sqnr_db, measured)
-    return Proposal(recipe, measured, reached, raised, on_disk(), files_size(m.plan), passes)
+    return Proposal(recipe, measured, reached, raised, _on_disk(m, choices), files_size(m.plan), passes)
+
+
+def _propose_within_bytes(
+    m: Measurement, choices: list[_Choice], max_bytes: int
+) -> tuple[dict[str, float], bool, int]:
+    """`--max-size`: `choices` raised, by predicted gain per byte for the worst component, while they fit in
+    `max_bytes`, then measured once; back to the recipe where that measures worse. Returns the forward SQNRs
+    measured, whether the recipe itself fits, and the passes measured."""
+    measured = dict(m.forward_sqnr_db)
+    on_disk = _on_disk(m, choices)
+    # before any raise: what the files take beyond their tensors
+    overhead = on_disk - _tensor_bytes(m, choices)
+    if on_disk > max_bytes:
+        return measured, False, 0
+    _raise_within_bytes(m, choices, _fit(choices, measured), max_bytes, overhead)
+    if not any(c.level for c in choices):
+        return measured, True, 0
+    measured = _remeasured(m, choices)
+    if min(measured.values()) < m.worst_forward_sqnr_db:  # predicted better, measured worse
+        for c in choices:
+            c.level = 0
+        measured = dict(m.forward_sqnr_db)
+    return measured, True, 1
+
+
+def _raise_within_bytes(
+    m: Measurement, choices: list[_Choice], scale: dict[str, float], max_bytes: int, overhead: int
+) -> None:
+    """Raise the best step for the component predicted worst while one fits in the room left; then undo the
+    last raises while the files (headers and padding included) outgrow `max_bytes`."""
+    steps: list[_Choice] = []
+    while True:
+        predicted = _predicted(choices, scale)
+        worst = {max(predicted, key=predicted.__getitem__)}  # the figure is the worst component's
+        room = max_bytes - overhead - _tensor_bytes(m, choices)
+        step = _best_step(choices, scale, m.plan, worst, room=room)
+        if step is None:
+            break
+        step.level += 1
+        steps.append(step)
+    while steps and _on_disk(m, choices) > max_bytes:  # a raise's padding or header outgrew the room: undo it
+        steps.pop().level -= 1
+
+
+def _propose_for_sqnr(
+    m: Measurement, choices: list[_Choice], min_forward_sqnr_db: float
+) -> tuple[dict[str, float], bool, int]:
+    """`--min-forward-sqnr`: `choices` raised pass by pass, each pass's raises measured, until the measured
+    forward SQNR reaches `min_forward_sqnr_db`, nothing is left to raise, or `MAX_PASSES`. Returns the forward
+    SQNRs last measured, whether they reach the target, and the passes measured."""
+    measured = dict(m.forward_sqnr_db)
+    passes = 0
+    while True:
+        reached = min(measured.values()) >= min_forward_sqnr_db
+        if reached or passes >= MAX_PASSES:
+            break
+        if not _raise_for_sqnr(m, choices, _fit(choices, measured), measured, min_forward_sqnr_db):
+            break  # nothing left to raise
+        measured, passes = _remeasured(m, choices), passes + 1
+    return measured, reached, passes
+
+
+def _raise_for_sqnr(
+    m: Measurement,
+    choices: list[_Choice],
+    scale: dict[str, float],
+    measured: dict[str, float],
+    min_forward_sqnr_db: float,
+) -> int:
+    """One pass's raises: the best step for the components predicted short of the target, until none is (at
+    least one step). Returns the steps taken."""
+    target = 10 ** (-min_forward_sqnr_db / 10)  # relative noise
+    steps = 0
+    while True:
+        short = {rel for rel, noise in _predicted(choices, scale).items() if noise > target}
+        if steps and not short:
+            break
+        # at least one step a pass, for the components the last pass measured short of the target
+        needy = short or {rel for rel, db in measured.items() if db < min_forward_sqnr_db}
+        step = _best_step(choices, scale, m.plan, needy)
+        if step is None:
+            break
+        step.level += 1
+        steps += 1
+    return steps
+
+
+def _tensor_bytes(m: Measurement, choices: list[_Choice]) -> int:
+    """The tensors' bytes with `choices` raised (no headers, no padding)."""
+    return m.plan.output_bytes + sum(lay.bytes[c.level] - lay.bytes[0] for c in choices for lay in c.layers)
+
+
+def _on_disk(m: Measurement, choices: list[_Choice]) -> int:
+    """The files' bytes with `choices` raised, headers and padding included."""
+    raised = {(lay.component, lay.plans[0].name): lay.plans[c.level] for c in choices for lay in c.layers}
+    return _files_size(m.plan, raised)
+
+
+def _remeasured(m: Measurement, choices: list[_Choice]) -> dict[str, float]:
+    """Each component's forward SQNR, measured again with `choices` raised."""
+    changes: dict[str, dict[str, TensorPlan]] = {}
+    for c in choices:
+        for lay in c.layers:
+            if c.level:
+                changes.setdefault(lay.component, {})[f"{lay.param}.weight"] = lay.plans[c.level]
+    return m.remeasure(changes)
 
 
 def files_size(plan: Plan) -> int:
