@@ -90,7 +90,7 @@ def _convert(
 ):
     from ..plan import make_plan
     from .card import CardFacts, pipeline_tag, source_card_metadata
-    from .pipeline import io_problem, write_checkpoint
+    from .pipeline import Provenance, io_problem, write_checkpoint
 
     for step in steps:
         for f in step.inputs:
@@ -114,9 +114,8 @@ def _convert(
     )
     with staging_dir(out) as tmp:
         try:
-            manifest = write_checkpoint(
-                plan, loaded, tmp, max_bytes, workers, progress, src.name, facts, hasher, steps, calibration
-            )
+            provenance = Provenance(loaded, src.name, facts, steps, calibration)
+            manifest = write_checkpoint(plan, tmp, max_bytes, workers, progress, hasher, provenance)
             publish(tmp, out, overwrite)
         except OSError as e:
             raise _output_error(io_problem(e, out, "writing the output"), tmp, out) from None

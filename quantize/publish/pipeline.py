@@ -14,8 +14,9 @@ import errno
 import os
 import platform
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -45,7 +46,7 @@ from .manifest import (
 )
 from .output import NO_SPACE_ERRNOS, fsync_path, write_file
 
-__all__ = ["write_checkpoint", "write_tensor", "io_problem"]
+__all__ = ["write_checkpoint", "Provenance", "write_tensor", "io_problem"]
 
 
 def io_problem(e: OSError, fallback: Path, doing: str) -> str:
@@ -90,23 +91,58 @@ class _Work:
         ]
 
 
+@dataclass(frozen=True)
+class Provenance:
+    """What the manifest and the card record beside the plan: where the recipe and the source came from, and
+    what was done to the source."""
+
+    loaded: LoadedRecipe  # the recipe, with where it was loaded from
+    source_name: str  # the manifest's name for the source
+    facts: CardFacts  # what the card says of the source model
+    #: the plan's per-tensor steps, each recording itself in the manifest (`TensorStep.record`)
+    steps: Sequence[TensorStep] = ()
+    #: the record of the static input scales the plan holds (`convert --calibrate`)
+    calibration: CalibrationEntry | None = None
+
+
+@dataclass(frozen=True)
+class _Components:
+    """What writing the components gave: the manifest's entries, and the model files the card names."""
+
+    entries: list[ComponentEntry]
+    tensors: dict[str, TensorEntry]
+    model_files: list[str]
+
+
 def write_checkpoint(
     plan: Plan,
-    loaded: LoadedRecipe,
     tmp: Path,
     max_bytes: int,
     workers: int,
     progress: Progress,
-    source_name: str,
-    facts: CardFacts,
     hasher: FileHasher,
-    steps: Sequence[TensorStep] = (),
-    calibration: CalibrationEntry | None = None,
+    provenance: Provenance,
 ) -> Manifest:
     """Fill the staging directory `tmp` with the whole checkpoint of `plan`; returns its manifest.
-    `hasher` may already be hashing the source's files (each file is hashed once); `steps`: the plan's
-    per-tensor steps, each recording itself in the manifest (`TensorStep.record`); `calibration`: the record of
-    the static input scales the plan holds (`convert --calibrate`)."""
+    `hasher` may already be hashing the source's files (each file is hashed once)."""
+    with _working(workers, hasher, progress) as work:
+        source_files = [f for cp in plan.components for f in cp.component.own_files()] + list(plan.copied)
+        for f in source_files:
+            work.hash_later(f, background=True)  # hashed while the tensors are converted
+        written = _write_components(plan, tmp, max_bytes, work)
+        _copy_files(plan, tmp, work)
+        recipe_text = dump_recipe(plan.recipe)
+        write_file(tmp / RECIPE_NAME, recipe_text)
+        progress.note(f"hashing {len(source_files)} source files and the output")
+        manifest = _manifest(plan, provenance, written, source_files, recipe_text, tmp, work)
+        card = render_card(manifest, dataclasses.replace(provenance.facts, model_files=written.model_files))
+        write_file(tmp / CARD_NAME, card)  # from everything but the output hashes
+        return _write_manifest(manifest, tmp, work)
+
+
+@contextmanager
+def _working(workers: int, hasher: FileHasher, progress: Progress) -> Iterator[_Work]:
+    """The conversion's pools, shut down on the way out, and torch's thread count put back."""
     saved_threads = torch.get_num_threads()
     work = _Work(
         pool=ThreadPoolExecutor(
@@ -117,51 +153,66 @@ def write_checkpoint(
         progress=progress,
     )
     try:
-        source_files = [f for cp in plan.components for f in cp.component.own_files()] + list(plan.copied)
-        for f in source_files:
-            work.hash_later(f, background=True)  # hashed while the tensors are converted
-        tensors: dict[str, TensorEntry] = {}
-        components, model_files = [], []
-        for cp in plan.components:
-            entries, written = _write_component(cp, plan, tmp, max_bytes, work)
-            tensors.update(entries)
-            components.append(_component_entry(cp, sum(w.data_bytes for w in written)))
-            model_files += [(Path(cp.rel) / w.file.name).as_posix() for w in written]
-        _copy_files(plan, tmp, work)
-        recipe_text = dump_recipe(plan.recipe)
-        write_file(tmp / RECIPE_NAME, recipe_text)
-        progress.note(f"hashing {len(source_files)} source files and the output")
-        manifest = Manifest(
-            tool={"name": "dit-quantize", "version": __version__},
-            libraries=_library_versions(plan),
-            format=plan.recipe.format,
-            recipe=RecipeEntry(
-                name=plan.recipe.name,
-                origin=_origin(loaded),
-                sha256=work.hash_later(tmp / RECIPE_NAME).result(),
-                text=recipe_text,
-            ),
-            source={"name": source_name},
-            source_files=work.file_entries(plan.source, source_files),
-            components=components,
-            tensors=dict(sorted(tensors.items())),
-            output_files=[],
-            steps=[
-                r for step in steps if (r := step.record(lambda p: work.hash_later(p).result())) is not None
-            ],
-            calibration=calibration,
-        )
-        card = render_card(manifest, dataclasses.replace(facts, model_files=model_files))
-        write_file(tmp / CARD_NAME, card)  # from everything but the output hashes
-        output_files = work.file_entries(tmp, [p for p in tmp.rglob("*") if p.is_file()])
-        work.synced()
-        manifest = manifest.model_copy(update={"output_files": output_files})
-        write_file(tmp / MANIFEST_NAME, manifest.to_json())
-        return manifest
+        yield work
     finally:
         for pool in (work.pool, work.syncer):
             pool.shutdown(wait=True, cancel_futures=True)
         torch.set_num_threads(saved_threads)
+
+
+def _write_components(plan: Plan, tmp: Path, max_bytes: int, work: _Work) -> _Components:
+    """Every component's files, one component after another."""
+    tensors: dict[str, TensorEntry] = {}
+    entries, model_files = [], []
+    for cp in plan.components:
+        component_tensors, written = _write_component(cp, plan, tmp, max_bytes, work)
+        tensors.update(component_tensors)
+        entries.append(_component_entry(cp, sum(w.data_bytes for w in written)))
+        model_files += [(Path(cp.rel) / w.file.name).as_posix() for w in written]
+    return _Components(entries, tensors, model_files)
+
+
+def _manifest(
+    plan: Plan,
+    provenance: Provenance,
+    written: _Components,
+    source_files: list[Path],
+    recipe_text: str,
+    tmp: Path,
+    work: _Work,
+) -> Manifest:
+    """The manifest of everything but the output files (listed once the card is written)."""
+    return Manifest(
+        tool={"name": "dit-quantize", "version": __version__},
+        libraries=_library_versions(plan),
+        format=plan.recipe.format,
+        recipe=RecipeEntry(
+            name=plan.recipe.name,
+            origin=_origin(provenance.loaded),
+            sha256=work.hash_later(tmp / RECIPE_NAME).result(),
+            text=recipe_text,
+        ),
+        source={"name": provenance.source_name},
+        source_files=work.file_entries(plan.source, source_files),
+        components=written.entries,
+        tensors=dict(sorted(written.tensors.items())),
+        output_files=[],
+        steps=[
+            r
+            for step in provenance.steps
+            if (r := step.record(lambda p: work.hash_later(p).result())) is not None
+        ],
+        calibration=provenance.calibration,
+    )
+
+
+def _write_manifest(manifest: Manifest, tmp: Path, work: _Work) -> Manifest:
+    """`manifest` with every file of `tmp` listed (hashed, and flushed to disk), written last; returns it."""
+    output_files = work.file_entries(tmp, [p for p in tmp.rglob("*") if p.is_file()])
+    work.synced()
+    manifest = manifest.model_copy(update={"output_files": output_files})
+    write_file(tmp / MANIFEST_NAME, manifest.to_json())
+    return manifest
 
 
 def _library_versions(plan: Plan) -> dict[str, str]:
