@@ -61,19 +61,19 @@ def quant_state(
     """
     F = functional()
     fields = fields if fields is not None else nf4.state_fields(parts[nf4.QUANT_STATE])
-    absmax = parts["weight.absmax"]
+    absmax = parts[nf4.ABSMAX]
     if offset is None:
         offset = torch.tensor(float(fields["nested_offset"]), device=absmax.device)
     nested = F.QuantState(
-        absmax=parts["weight.nested_absmax"],
-        code=parts["weight.nested_quant_map"],
+        absmax=parts[nf4.NESTED_ABSMAX],
+        code=parts[nf4.NESTED_QUANT_MAP],
         blocksize=fields["nested_blocksize"],
         dtype=getattr(torch, fields["nested_dtype"]),
     )
     return F.QuantState(
         absmax=absmax,
         shape=torch.Size(fields["shape"]),
-        code=parts["weight.quant_map"],
+        code=parts[nf4.QUANT_MAP],
         blocksize=fields["blocksize"],
         quant_type=fields["quant_type"],
         dtype=getattr(torch, fields["dtype"]),

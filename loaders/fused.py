@@ -2,15 +2,16 @@
 
 On a GPU the eager activation quantizers read and write the whole activation once per step (`x.float()`, the
 max, the division, the clamp, the cast); each kernel here makes one pass (two for a per-tensor scale: its
-maximum first). Each function names its reference, and tests/loaders/test_fused_kernels.py holds the two
-equal bit for bit (`torch.equal` on the bytes) on the CPU, through Triton's interpreter, and on CUDA.
+maximum first). Each function names its reference (the activation quantizers': their format's own), and
+tests/loaders/test_fused_kernels.py holds the two equal bit for bit (`torch.equal` on the bytes) on the CPU,
+through Triton's interpreter, and on CUDA. Each quantizer returns (values, scales), as its reference does.
 
 | function | its eager reference |
 |---|---|
-| `fp8_rows` | `loaders.modules.quantize_rows` (per-row float8 activations, `FP8Linear`) |
-| `fp8_tensor` | `loaders.modules.quantize_tensor` (per-tensor float8 activations, `ComfyFP8Linear`) |
-| `int8_rows` | `loaders.modules.quantize_int8` (comfy-kitchen's per-row int8, `Int8Linear`) |
-| `int8_rows_torchao` | `quantize.formats.torchao_int8.quantize_rows` (torchao's per-row int8) |
+| `fp8_rows` | `quantize.formats.fp8_channel.quantize_rows` (per-row float8 activations, `FP8Linear`) |
+| `fp8_tensor` | `quantize.formats.comfy_fp8.quantize_tensor` (per-tensor float8 activations, `ComfyFP8Linear`) |
+| `int8_rows` | `quantize.formats.comfy_int8.quantize_rows` (comfy-kitchen's per-row int8, `Int8Linear`) |
+| `int8_rows_torchao` | `quantize.formats.torchao_int8.quantize_rows` (torchao's per-row int8, `TorchaoInt8Linear`) |
 | `int8_epilogue` | the scaling in `Int8Linear.fast_forward` / `TorchaoInt8Linear.fast_forward` |
 | `int8_mm` | `int8_epilogue(torch._int_mm(x_q, w_q.t()), ...)`: the GEMM and the epilogue in one kernel |
 | `q8_0_decode` | `quantize.formats._q8_0.dequantize(blocks).to(dtype)` |
@@ -326,13 +327,12 @@ def _fp8_rows_kernel(
 
 
 def fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row float8 quantization of 2-D activations: (float32 scales [rows, 1], float8_e4m3fn values), bit
-    for bit ``loaders.modules.quantize_rows(x)``, i.e. ``_e4m3.quantize_rows(x.float(), row_absmax(x.float())
-    / 448)``: scale = rowmax|x| / 448 in float32 (a scale of 0 taken as 1), q = e4m3(clamp(x / scale, ±448)),
-    the division IEEE's, the cast to nearest even. One program per row, one read of it (two above 16384
-    values).
+    """Per-row float8 quantization of 2-D activations: (float8_e4m3fn values, float32 scales [rows, 1]), bit
+    for bit ``quantize.formats.fp8_channel.quantize_rows(x)``: scale = rowmax|x| / 448 in float32 (a scale of 0
+    taken as 1), q = e4m3(clamp(x / scale, ±448)), the division IEEE's, the cast to nearest even. One program
+    per row, one read of it (two above 16384 values).
 
-    >>> scale, q = fp8_rows(x)  # doctest: +SKIP
+    >>> q, scale = fp8_rows(x)  # doctest: +SKIP
     """
     x = _rows(x, "fp8_rows")
     m, k = x.shape
@@ -343,7 +343,7 @@ def fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             x, q.view(torch.uint8), scale, k, QMAX=FP8_MAX, INV_C=_reciprocal(FP8_MAX), RECIP=x.is_cuda,
             EMULATE=_EMULATE, **_row_launch(k), **_COMPILE,
         )  # fmt: skip
-    return scale, q
+    return q, scale
 
 
 # -- fp8_tensor ----------------------------------------------------------------------------------------------
@@ -399,14 +399,14 @@ def _fp8_tensor_kernel(
 
 
 def fp8_tensor(x: torch.Tensor, scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-tensor float8 quantization of 2-D activations: (float32 scale [], float8_e4m3fn values), bit for
-    bit ``loaders.modules.quantize_tensor(x, scale)`` (comfy-kitchen's ``quantize_per_tensor_fp8``): a dynamic
-    scale is ``(x.abs().amax() / 448).float()``, the division in x's dtype, 0 taken as 1; then ``clamp(x *
-    (1.0 / scale).to(x.dtype), ±448).to(float8)``, the reciprocal in float32 rounded to x's dtype, the product
+    """Per-tensor float8 quantization of 2-D activations: (float8_e4m3fn values, float32 scale []), bit for
+    bit ``quantize.formats.comfy_fp8.quantize_tensor(x, scale)`` (comfy-kitchen's ``quantize_per_tensor_fp8``): a
+    dynamic scale is ``(x.abs().amax() / 448).float()``, the division in x's dtype, 0 taken as 1; then ``clamp(x
+    * (1.0 / scale).to(x.dtype), ±448).to(float8)``, the reciprocal in float32 rounded to x's dtype, the product
     in x's dtype. A static `scale` (float32, one value) is used as given (and returned). Two kernels: each
     program of the first leaves the maximum of its part of x; the second reduces those, and scales and casts.
 
-    >>> scale, q = fp8_tensor(x)  # doctest: +SKIP
+    >>> q, scale = fp8_tensor(x)  # doctest: +SKIP
     """
     x = _rows(x, "fp8_tensor")
     n = x.numel()
@@ -437,7 +437,7 @@ def fp8_tensor(x: torch.Tensor, scale: torch.Tensor | None = None) -> tuple[torc
             QMAX=FP8_MAX, INV_C=_reciprocal(FP8_MAX), RECIP=x.is_cuda, BLOCK=_ELEMENTS, EMULATE=_EMULATE,
             num_warps=8, **_COMPILE,
         )  # fmt: skip
-    return out_scale, q
+    return q, out_scale
 
 
 # -- int8_rows (comfy-kitchen) -------------------------------------------------------------------------------
@@ -482,8 +482,8 @@ def _int8_rows_kernel(
 
 def int8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row int8 quantization of 2-D activations, comfy-kitchen's arithmetic: (int8 values, float32 scales
-    [rows, 1]), bit for bit ``loaders.modules.quantize_int8(x)``: scale = max(rowmax|x| / 127 in float32,
-    1e-30); divisor = the scale in x's dtype (finfo(x.dtype).tiny where that is 0); q = clamp(round(x /
+    [rows, 1]), bit for bit ``quantize.formats.comfy_int8.quantize_rows(x)``: scale = max(rowmax|x| / 127 in
+    float32, 1e-30); divisor = the scale in x's dtype (finfo(x.dtype).tiny where that is 0); q = clamp(round(x /
     divisor), -128, 127), the division rounded to x's dtype, then half to even. One program per row.
 
     >>> q, scale = int8_rows(x)  # doctest: +SKIP

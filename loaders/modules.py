@@ -31,7 +31,6 @@ all, the CPU included (how the tests hold it to its reference there).
 
 from __future__ import annotations
 
-import functools
 from typing import ClassVar
 
 import torch
@@ -55,8 +54,7 @@ from quantize.formats import (
     torchao_fp8,
     torchao_int8,
 )
-from quantize.formats._e4m3 import FP8_DTYPE, FP8_MAX, row_absmax
-from quantize.formats._e4m3 import quantize_rows as e4m3_rows
+from quantize.formats._e4m3 import FP8_DTYPE
 
 from . import bnb, fused
 from .emulation import (
@@ -471,10 +469,10 @@ class FP8Linear(QuantizedLinear):
     """`fp8_channel`: float8_e4m3fn weight, one float32 scale per output channel.
 
     Fast path: activations quantized per row (per token) to float8 on each call, as the checkpoint's config
-    says (on CUDA by one fused pass, `fused.fp8_rows`, bit for bit `quantize_rows`), and multiplied by
-    `torch._scaled_mm` with both row-wise scales, bias fused, fast accumulation on CUDA, where the device has it
-    for the input's dtype (probed once per device: the CPU from torch 2.13, SM89+ GPUs) and both dims are
-    multiples of 16.
+    says (`fp8_channel.quantize_rows`; on CUDA by one fused pass, `fused.fp8_rows`, bit for bit the same), and
+    multiplied by `torch._scaled_mm` with both row-wise scales, bias fused, fast accumulation on CUDA, where the
+    device has it for the input's dtype (probed once per device: the CPU from torch 2.13, SM89+ GPUs) and both
+    dims are multiples of 16.
     """
 
     FORMAT = fp8_channel.FORMAT
@@ -487,42 +485,37 @@ class FP8Linear(QuantizedLinear):
         return _fp8_accumulation(device)
 
     def quantized_input(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return fused.fp8_rows(rows) if fused.available(rows.device) else quantize_rows(rows)
+        if fused.available(rows.device):
+            return fused.fp8_rows(rows)
+        return fp8_channel.quantize_rows(rows)
 
     def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, scale = self._buffers[fp8_channel.WEIGHT], self._buffers[fp8_channel.SCALE]
-        x_scale, x_q = self.quantized_input(_rows(x, self.in_features))
+        x_q, x_scale = self.quantized_input(_rows(x, self.in_features))
         y = _scaled_mm_with_bias(x_q, weight.t(), x_scale, scale.t(), self.bias, x.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def kernel_operands(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x_scale, x_q = quantize_rows(rows)
+        x_q, x_scale = fp8_channel.quantize_rows(rows)
         return _decoded(x_q, x_scale), _decoded(
             self._buffers[fp8_channel.WEIGHT], self._buffers[fp8_channel.SCALE]
         )
-
-
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dynamic per-row float8 quantization of 2-D activations: (float32 scale [rows, 1], float8 values)."""
-    xf = x.float()
-    q, scale = e4m3_rows(xf, row_absmax(xf).div_(FP8_MAX))
-    return scale, q
 
 
 class ComfyFP8Linear(QuantizedLinear):
     """`comfy_fp8`: float8_e4m3fn weight with one float32 scale for the whole tensor (ComfyUI's "fp8 scaled").
 
     Fast path, as comfy-kitchen's `TensorCoreFP8Layout` runs the layer: the activations of the call are quantized
-    with one scale by ``quantize_per_tensor_fp8`` (times the reciprocal in the input's dtype, clamped, cast; on
-    CUDA by the fused `fused.fp8_tensor`, bit for bit `quantize_tensor`), then `torch._scaled_mm` with both tensor
-    scales, bias fused, output in the input's dtype (fast accumulation on CUDA); where the device has a
-    tensor-wise `_scaled_mm` for that dtype and both dims are multiples of 16. The scale: the layer's stored
-    ``input_scale`` where the checkpoint has one (`convert --calibrate`; ComfyUI passes it as ``scale=`` too, and
-    an input beyond its amax is clamped), else a dynamic one, ``amax|x| / 448`` taken in the input's dtype and
-    held in float32 (comfy-kitchen's default; an all-zero input gets 1, where comfy-kitchen's would divide by
-    zero. ComfyUI's own FP8 layout takes the scale 1 for a layer without ``input_scale``). The eager reference
-    quantizes no activation, with a static scale or without: it is the weight's decoding alone, what `verify
-    --forward` proves.
+    with one scale by ``quantize_per_tensor_fp8`` (`comfy_fp8.quantize_tensor`: times the reciprocal in the
+    input's dtype, clamped, cast; on CUDA by the fused `fused.fp8_tensor`, bit for bit the same), then
+    `torch._scaled_mm` with both tensor scales, bias fused, output in the input's dtype (fast accumulation on
+    CUDA); where the device has a tensor-wise `_scaled_mm` for that dtype and both dims are multiples of 16.
+    The scale: the layer's stored ``input_scale`` where the checkpoint has one (`convert --calibrate`; ComfyUI
+    passes it as ``scale=`` too, and an input beyond its amax is clamped), else a dynamic one, ``amax|x| / 448``
+    taken in the input's dtype and held in float32 (comfy-kitchen's default; an all-zero input gets 1, where
+    comfy-kitchen's would divide by zero. ComfyUI's own FP8 layout takes the scale 1 for a layer without
+    ``input_scale``). The eager reference quantizes no activation, with a static scale or without: it is the
+    weight's decoding alone, what `verify --forward` proves.
     """
 
     FORMAT = comfy_fp8.FORMAT
@@ -542,39 +535,29 @@ class ComfyFP8Linear(QuantizedLinear):
         static = self._buffers.get(comfy_fp8.INPUT_SCALE)  # a part only where the options have it
         if fused.available(rows.device):
             return fused.fp8_tensor(rows, static)
-        return quantize_tensor(rows, static)
+        return comfy_fp8.quantize_tensor(rows, static)
 
     def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, scale = self._buffers[comfy_fp8.WEIGHT], self._buffers[comfy_fp8.SCALE]
-        x_scale, x_q = self.quantized_input(_rows(x, self.in_features))
+        x_q, x_scale = self.quantized_input(_rows(x, self.in_features))
         y = _scaled_mm_with_bias(x_q, weight.t(), x_scale, scale.float(), self.bias, x.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def kernel_operands(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x_scale, x_q = quantize_tensor(rows, self._buffers.get(comfy_fp8.INPUT_SCALE))
+        x_q, x_scale = comfy_fp8.quantize_tensor(rows, self._buffers.get(comfy_fp8.INPUT_SCALE))
         return _decoded(x_q, x_scale), _decoded(
             self._buffers[comfy_fp8.WEIGHT], self._buffers[comfy_fp8.SCALE]
         )
-
-
-def quantize_tensor(x: torch.Tensor, scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-tensor float8 quantization of activations, comfy-kitchen's arithmetic (reference:
-    ``TensorCoreFP8Layout.quantize(x, scale=scale)`` = ``quantize_per_tensor_fp8(x, scale)``): (float32 scale [],
-    float8 values). `scale`: a static one (float32 []); None: dynamic, amax(|x|) / 448 (1 for an all-zero `x`)."""
-    if scale is None:
-        scale = (x.abs().amax() / FP8_MAX).float()
-        scale = torch.where(scale == 0, torch.ones_like(scale), scale)
-    q = torch.clamp(x * (1.0 / scale).to(x.dtype), -FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-    return scale, q
 
 
 class Int8Linear(QuantizedLinear):
     """`comfy_int8`: int8 weight, one float32 scale per output row; W8A8.
 
     Fast path, comfy-kitchen's eager ``int8_linear`` (what ComfyUI calls for a `TensorWiseINT8Layout` weight;
-    bit for bit on the CPU, tested): the activations of the call are quantized per row to int8 (`quantize_int8`),
-    multiplied by `torch._int_mm` with int32 accumulation, and scaled back in float32 by the product of both
-    scales, cast to the input's dtype, then the bias added in it. Runs wherever `torch._int_mm` does (the CPU;
+    bit for bit on the CPU, tested): the activations of the call are quantized per row to int8
+    (`comfy_int8.quantize_rows`; ConvRot: rotated first, `comfy_int8.rotate_activations`), multiplied by
+    `torch._int_mm` with int32 accumulation, and scaled back in float32 by the product of both scales, cast to
+    the input's dtype, then the bias added in it. Runs wherever `torch._int_mm` does (the CPU;
     CUDA GPUs from Turing on, rows padded to what cuBLASLt takes). On CUDA the quantization and the epilogue are
     one fused pass each (`fused.int8_rows`, `fused.int8_epilogue`: bit for bit the eager ones).
     """
@@ -587,7 +570,7 @@ class Int8Linear(QuantizedLinear):
     def _input_rows(self, x: torch.Tensor) -> torch.Tensor:
         rows = _rows(x, self.in_features).contiguous()
         if self.FORMAT.layout(self.options).convrot:  # X·Wᵀ = (X·H)·(W·H)ᵀ: the stored weight is W·H
-            rows = rotate_activations(rows)
+            rows = comfy_int8.rotate_activations(rows)
         return rows
 
     def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -597,7 +580,7 @@ class Int8Linear(QuantizedLinear):
             x_q, x_scale = fused.int8_rows(rows)
             y = _int8_product(x_q, weight, x_scale, scale, self.bias, x.dtype, "comfy")
             return y.reshape(*x.shape[:-1], self.out_features)
-        x_q, x_scale = quantize_int8(rows)
+        x_q, x_scale = comfy_int8.quantize_rows(rows)
         acc = int_mm(x_q, weight.t())
         y = acc.float().mul_(x_scale * scale.reshape(1, -1)).to(x.dtype)
         if self.bias is not None:
@@ -605,36 +588,9 @@ class Int8Linear(QuantizedLinear):
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def kernel_operands(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x_q, x_scale = quantize_int8(self._input_rows(x))
+        x_q, x_scale = comfy_int8.quantize_rows(self._input_rows(x))
         weight, scale = self._buffers[comfy_int8.WEIGHT], self._buffers[comfy_int8.SCALE]
         return _decoded(x_q, x_scale), _decoded(weight, scale.reshape(-1, 1))
-
-
-def rotate_activations(x: torch.Tensor) -> torch.Tensor:
-    """x·H in groups of 256 (ConvRot), as ComfyUI rotates a layer's input (comfy-kitchen's ``_rotate_activation``:
-    a matrix product in x's dtype with the normalized Hadamard matrix)."""
-    group = comfy_int8.GROUP
-    h = _hadamard(x.device, x.dtype)
-    return torch.matmul(x.reshape(-1, x.shape[-1] // group, group), h).reshape(x.shape)
-
-
-@functools.cache
-def _hadamard(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """The normalized Hadamard matrix of ConvRot (H·I, by the format's own rotation), in `dtype` on `device`."""
-    return comfy_int8.hadamard_rotate(torch.eye(comfy_int8.GROUP, dtype=torch.float64)).to(device, dtype)
-
-
-def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dynamic per-row int8 quantization of 2-D activations, comfy-kitchen's arithmetic (reference: eager
-    ``quantize_int8_rowwise(x)``): scale = max(rowmax|x| / 127 in float32, 1e-30); q = round(x / scale) with the
-    scale in the input's dtype (a scale that is 0 there taken as its smallest normal), half to even, clamped.
-    Returns (int8 values, float32 scales [rows, 1])."""
-    scale = (x.abs().amax(dim=-1, keepdim=True).float() / comfy_int8.INT8_MAX).clamp_(
-        min=comfy_int8.MIN_SCALE
-    )
-    divisor = scale.to(x.dtype)
-    divisor = torch.where(divisor == 0, torch.full_like(divisor, torch.finfo(x.dtype).tiny), divisor)
-    return (x / divisor).round_().clamp_(-128.0, 127.0).to(torch.int8), scale
 
 
 #: how the fused int8 paths multiply on CUDA: "triton" (`fused.int8_mm`: the GEMM with the epilogue in it, the

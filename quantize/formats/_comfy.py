@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 
 from . import format_info
-from .base import Format, MetadataEntry
+from .base import Format, MetadataEntry, NonFiniteWeightError
 from .options import COMFY_INPUT_RANGES, ComfyOptions, FormatOptions
 
 __all__ = [
@@ -38,6 +38,8 @@ __all__ = [
     "marker_json",
     "read_marker",
     "layout_of_marker",
+    "amax_of",
+    "tensor_scale",
     "quantization_config",
 ]
 
@@ -90,6 +92,30 @@ def layout_of_marker(conf: dict) -> ComfyOptions:
     return ComfyOptions(str(fmt))
 
 
+def amax_of(chunks: Iterable[torch.Tensor]) -> torch.Tensor:
+    """max |w| over a weight's float32 row chunks, float32 []: what a per-tensor scale is taken from (the max of the
+    chunks' maxima is the weight's); `NonFiniteWeightError` where it is not finite."""
+    amax = torch.zeros((), dtype=torch.float32)
+    for chunk in chunks:
+        amax = torch.maximum(amax, chunk.abs().amax())  # NaN propagates
+    if not bool(torch.isfinite(amax)):
+        raise NonFiniteWeightError("holds NaN or Inf values")
+    return amax
+
+
+def tensor_scale(amax: torch.Tensor, top: float) -> torch.Tensor:
+    """The one scale of a tensor whose max |x| is `amax` in a layout of range `top`: amax / top, divided in amax's
+    dtype (an activation's in its own, as comfy-kitchen takes it), as float32 []; 1 where that is 0 (an all-zero
+    tensor: exact zeros, where comfy-kitchen would divide by zero). A weight's (`weight_options`), a call's input
+    (comfy_fp8's `quantize_tensor`) and a calibrated input's (`ComfyFormat.calibrated`).
+
+    >>> float(tensor_scale(torch.tensor(896.0), 448.0)), float(tensor_scale(torch.tensor(0.0), 448.0))
+    (2.0, 1.0)
+    """
+    scale = (amax / top).float()
+    return torch.where(scale == 0, torch.ones_like(scale), scale)
+
+
 class ComfyFormat(Format):
     """A ComfyUI format: its layers carry the marker (`MARKER`), written once per weight; the other parts are its
     own. Subclasses set `LAYOUT` (their default layout's marker name) and the numerics."""
@@ -118,8 +144,7 @@ class ComfyFormat(Format):
         a = torch.tensor(amax, dtype=torch.float32)
         if not bool(torch.isfinite(a)) or float(a) < 0:
             raise ValueError(f"an input amax is a finite value >= 0; got {amax!r}")
-        scale = float(a / top)
-        return dataclasses.replace(own, input_scale=scale if scale > 0 else 1.0)
+        return dataclasses.replace(own, input_scale=float(tensor_scale(a, top)))
 
     def quantized_input(
         self, x: torch.Tensor, options: FormatOptions, static: bool = True

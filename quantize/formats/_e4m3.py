@@ -29,8 +29,8 @@ def row_absmax(w: torch.Tensor) -> torch.Tensor:
 def quantize_rows(w: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(e4m3 values, float32 scale) of float32 rows `w` for their chosen scales [rows, 1] (the formats differ
     only in how they choose them): a scale of 0 becomes 1 (exact zeros), q = e4m3(clamp(w / scale, ±448)),
-    rounded to nearest even by the cast. The e4m3 quantizer for per-row scales: fp8_channel, torchao_fp8 and
-    the loader's per-token activations all use it (comfy_fp8 follows comfy-kitchen: times the reciprocal)."""
+    rounded to nearest even by the cast. The e4m3 quantizer for per-row scales: fp8_channel (its weights and
+    per-token activations) and torchao_fp8 use it (comfy_fp8 follows comfy-kitchen: times the reciprocal)."""
     scale = torch.where(scale == 0, 1.0, scale)
     return torch.div(w, scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
 

@@ -18,6 +18,9 @@ whose range e4m3 cannot span.
 The scale depends on the whole weight: it is taken in a first streamed pass over the weight's row chunks
 (`weight_options`: the max of the chunks' max |w|, exactly the weight's), then the weight is encoded chunk by
 chunk with it (`ROW_SEPARABLE`); the scale and the marker are written once (`WEIGHT_PARTS`).
+
+ComfyUI quantizes each call's input the same way (`quantize_tensor`, in the input's dtype): with the layer's
+``input_scale``, or one of its own, max|x| / M; the loader's `ComfyFP8Linear` calls it.
 """
 
 from __future__ import annotations
@@ -28,10 +31,10 @@ import torch
 
 from . import _comfy
 from ._e4m3 import dequantize_rows
-from .base import NonFiniteWeightError, PartSpec
+from .base import PartSpec
 from .options import NO_OPTIONS, FormatOptions
 
-__all__ = ["FORMAT", "ComfyFp8", "LAYOUT", "WEIGHT", "SCALE", "INPUT_SCALE", "FLOAT8"]
+__all__ = ["FORMAT", "ComfyFp8", "LAYOUT", "WEIGHT", "SCALE", "INPUT_SCALE", "FLOAT8", "quantize_tensor"]
 
 LAYOUT = "float8_e4m3fn"  # ComfyUI's name for the default layout (comfy-kitchen TensorCoreFP8Layout)
 WEIGHT = "weight"
@@ -64,13 +67,7 @@ class ComfyFp8(_comfy.ComfyFormat):
     ) -> dict[str, torch.Tensor]:
         """The weight's scale from its float32 row chunks: max|w| / M (1 for an all-zero weight)."""
         _, _, top = FLOAT8[self.layout(options).layout]
-        amax = torch.zeros((), dtype=torch.float32)
-        for chunk in chunks:
-            amax = torch.maximum(amax, chunk.abs().amax())  # NaN propagates
-        if not bool(torch.isfinite(amax)):
-            raise NonFiniteWeightError("holds NaN or Inf values")
-        scale = amax / top
-        return {"scale": torch.ones((), dtype=torch.float32) if float(scale) == 0 else scale}
+        return {"scale": _comfy.tensor_scale(_comfy.amax_of(chunks), top)}
 
     def encode(
         self, weight: torch.Tensor, options: FormatOptions = NO_OPTIONS, scale: torch.Tensor | None = None
@@ -85,12 +82,10 @@ class ComfyFp8(_comfy.ComfyFormat):
         if weight.dim() != 2:
             raise ValueError(f"comfy_fp8 quantizes 2-D weights, got shape {list(weight.shape)}")
         own = self.layout(options)
-        dtype, _, top = FLOAT8[own.layout]
         w = weight.float()
         if scale is None:
             scale = self.weight_options([w], own)["scale"]
-        # comfy-kitchen's order of operations: times the float32 reciprocal, clamped, cast
-        q = torch.clamp(w * (1.0 / scale), -top, top).to(dtype)
+        q, scale = quantize_tensor(w, scale, own.layout)
         return {WEIGHT: q, SCALE: scale, _comfy.MARKER: _comfy.marker(own), **self.input_scale_part(own)}
 
     def decode(
@@ -107,6 +102,25 @@ class ComfyFp8(_comfy.ComfyFormat):
         if rows is not None:
             q = q[rows[0] : rows[1]]
         return q.float().mul_(scale).to(dtype)
+
+
+def quantize_tensor(
+    x: torch.Tensor, scale: torch.Tensor | None = None, layout: str = LAYOUT
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float8 values, float32 scale []) of `x` quantized with one scale in its own dtype, comfy-kitchen's
+    ``quantize_per_tensor_fp8(x, scale, dtype)`` bit for bit: x times the float32 reciprocal of the scale rounded to
+    x's dtype, the product in x's dtype, clamped to ±M, cast (to nearest even). `scale`: float32 [], returned as
+    given; None: x's own, max|x| / M taken in x's dtype (`_comfy.tensor_scale`: 1 for an all-zero `x`). The weights
+    (float32, with `weight_options`' scale) and, in the loader's `ComfyFP8Linear`, each call's input.
+
+    >>> q, scale = quantize_tensor(torch.tensor([[896.0, -1.0]]))
+    >>> q.float().tolist(), float(scale)
+    ([[448.0, -0.5]], 2.0)
+    """
+    dtype, _, top = FLOAT8[layout]
+    if scale is None:
+        scale = _comfy.tensor_scale(x.abs().amax(), top)
+    return torch.clamp(x * (1.0 / scale).to(x.dtype), -top, top).to(dtype), scale
 
 
 FORMAT = ComfyFp8()

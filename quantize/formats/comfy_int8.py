@@ -25,9 +25,14 @@ step of the float32 call (tested). Decoding rotates back the same way: q.float()
 
 Every part but the marker is per row: a weight is encoded in row chunks (`ROW_SEPARABLE`), the marker written
 once (`WEIGHT_PARTS`). Nothing goes into the file's metadata: ComfyUI reads the per-layer markers.
+
+ComfyUI multiplies int8 by int8: each call's input is quantized per row the same way, in its own dtype
+(`quantize_rows`), after a ConvRot layer's rotates it (`rotate_activations`); the loader's `Int8Linear` calls both.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -35,7 +40,16 @@ from . import _comfy
 from .base import NonFiniteWeightError, PartSpec, UnsupportedShapeError
 from .options import NO_OPTIONS, FormatOptions
 
-__all__ = ["FORMAT", "ComfyInt8", "LAYOUT", "WEIGHT", "SCALE", "hadamard_rotate"]
+__all__ = [
+    "FORMAT",
+    "ComfyInt8",
+    "LAYOUT",
+    "WEIGHT",
+    "SCALE",
+    "quantize_rows",
+    "hadamard_rotate",
+    "rotate_activations",
+]
 
 LAYOUT = "int8_tensorwise"  # ComfyUI's name for the layout (comfy-kitchen TensorWiseINT8Layout)
 WEIGHT = "weight"
@@ -80,11 +94,9 @@ class ComfyInt8(_comfy.ComfyFormat):
             if not bool(torch.isfinite(w).all()):  # the rotation would spread a NaN over its group
                 raise NonFiniteWeightError("holds NaN or Inf values")
             w = hadamard_rotate(w)
-        amax = w.abs().amax(dim=-1, keepdim=True)
-        if not bool(torch.isfinite(amax).all()):
+        q, scale = quantize_rows(w)
+        if not bool(torch.isfinite(scale).all()):  # a NaN or Inf anywhere in a row makes its scale one
             raise NonFiniteWeightError("holds NaN or Inf values")
-        scale = (amax / INT8_MAX).clamp_(min=MIN_SCALE)
-        q = torch.div(w, scale).round_().clamp_(-128.0, 127.0).to(torch.int8)  # round: half to even
         return {WEIGHT: q, SCALE: scale, _comfy.MARKER: _comfy.marker(own)}
 
     def decode(
@@ -102,6 +114,23 @@ class ComfyInt8(_comfy.ComfyFormat):
         return (hadamard_rotate(w) if self.layout(options).convrot else w).to(dtype)
 
 
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 values, float32 scales [rows, 1]) of 2-D `x` quantized per row in its own dtype, comfy-kitchen's eager
+    ``quantize_int8_rowwise(x)`` bit for bit: scale = max(rowmax|x| / 127 in float32, 1e-30); q = clamp(round(x /
+    divisor), -128, 127), half to even, the divisor the scale in x's dtype (a scale that is 0 there taken as its
+    smallest normal) and the division in x's dtype. The weights (in float32: the divisor is the scale) and, in the
+    loader's `Int8Linear`, each call's input.
+
+    >>> q, scale = quantize_rows(torch.tensor([[254.0, -1.0, 3.0]]))
+    >>> q.tolist(), scale.tolist()
+    ([[127, 0, 2]], [[2.0]])
+    """
+    scale = (x.abs().amax(dim=-1, keepdim=True).float() / INT8_MAX).clamp_(min=MIN_SCALE)
+    divisor = scale.to(x.dtype)
+    divisor = torch.where(divisor == 0, torch.full_like(divisor, torch.finfo(x.dtype).tiny), divisor)
+    return (x / divisor).round_().clamp_(-128.0, 127.0).to(torch.int8), scale  # round: half to even
+
+
 def hadamard_rotate(x: torch.Tensor) -> torch.Tensor:
     """x·H in groups of `GROUP` along the last dim (H = H4⊗H4⊗H4⊗H4 / 16, its own inverse), computed in float64
     and rounded once to x's dtype: the same bits on every machine and for any batch of rows. H4 is the all-ones
@@ -117,6 +146,20 @@ def hadamard_rotate(x: torch.Tensor) -> torch.Tensor:
         total = (x0 + x1).add_(x2).add_(x3).unsqueeze(axis)
         y = y.flip(axis).mul_(-2.0).add_(total)
     return y.div_(16.0).reshape(*lead, n).to(x.dtype)
+
+
+def rotate_activations(x: torch.Tensor) -> torch.Tensor:
+    """x·H in groups of `GROUP` along the last dim, as ComfyUI rotates a ConvRot layer's input (comfy-kitchen's
+    ``_rotate_activation``): a matrix product in x's dtype with the normalized Hadamard matrix (exact in it:
+    ±1/16), summed as the BLAS sums. The weight's rotation is `hadamard_rotate`'s, the same on every machine."""
+    h = _hadamard(x.device, x.dtype)
+    return torch.matmul(x.reshape(-1, x.shape[-1] // GROUP, GROUP), h).reshape(x.shape)
+
+
+@functools.cache
+def _hadamard(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """The normalized Hadamard matrix H of ConvRot (`hadamard_rotate` of the identity), in `dtype` on `device`."""
+    return hadamard_rotate(torch.eye(GROUP, dtype=torch.float64)).to(device, dtype)
 
 
 FORMAT = ComfyInt8()

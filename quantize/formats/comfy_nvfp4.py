@@ -32,7 +32,7 @@ from collections.abc import Iterable
 import torch
 
 from . import _blocked, _comfy
-from .base import NonFiniteWeightError, PartSpec
+from .base import PartSpec
 from .options import NO_OPTIONS, FormatOptions
 
 __all__ = [
@@ -92,13 +92,7 @@ class ComfyNvfp4(_comfy.ComfyFormat):
         self, chunks: Iterable[torch.Tensor], options: FormatOptions = NO_OPTIONS
     ) -> dict[str, torch.Tensor]:
         """The tensor's scale from its float32 row chunks: max|w| / 2688 (1 for an all-zero weight)."""
-        amax = torch.zeros((), dtype=torch.float32)
-        for chunk in chunks:
-            amax = torch.maximum(amax, chunk.abs().amax())  # NaN propagates
-        if not bool(torch.isfinite(amax)):
-            raise NonFiniteWeightError("holds NaN or Inf values")
-        scale = amax / (E4M3_MAX * E2M1_MAX)
-        return {"scale": torch.ones((), dtype=torch.float32) if float(scale) == 0 else scale}
+        return {"scale": _comfy.tensor_scale(_comfy.amax_of(chunks), E4M3_MAX * E2M1_MAX)}
 
     def encode(
         self, weight: torch.Tensor, options: FormatOptions = NO_OPTIONS, scale: torch.Tensor | None = None
@@ -107,7 +101,7 @@ class ComfyNvfp4(_comfy.ComfyFormat):
 
         >>> p = FORMAT.encode(torch.tensor([[6.0, -3.0] + [0.0] * 14]))
         >>> p["weight"][0, 0].item(), FORMAT.decode(p)[0, :2].tolist()
-        (93, [6.0, -3.0])
+        (125, [6.0, -3.0])
         """
         if weight.dim() != 2:
             raise ValueError(f"comfy_nvfp4 quantizes 2-D weights, got shape {list(weight.shape)}")

@@ -10,7 +10,8 @@ A row whose scale is 0 (all zeros, or too small for float32 after the division) 
 so it stays finite and its values are exact zeros.
 
 `quantization_config` follows the compressed-tensors schema (`float-quantized`): weights
-float/8-bit/channel/symmetric/static, input activations float/8-bit/token/dynamic.
+float/8-bit/channel/symmetric/static, input activations float/8-bit/token/dynamic: each call's input
+is quantized per row (per token) by the same arithmetic (`quantize_rows`), which the loader's `FP8Linear` calls.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from __future__ import annotations
 import torch
 
 from . import format_info
-from ._e4m3 import FP8_MAX, dequantize_rows, quantize_rows
+from ._e4m3 import FP8_MAX, dequantize_rows
+from ._e4m3 import quantize_rows as _e4m3_rows
 from ._e4m3 import row_absmax as _row_absmax
 from .base import Format, NonFiniteWeightError, PartSpec
 from .options import NO_OPTIONS, FormatOptions
 
-__all__ = ["FORMAT", "Fp8Channel", "WEIGHT", "SCALE", "FP8_MAX"]
+__all__ = ["FORMAT", "Fp8Channel", "WEIGHT", "SCALE", "FP8_MAX", "quantize_rows"]
 
 WEIGHT = "weight"
 SCALE = "weight_scale"
@@ -46,11 +48,9 @@ class Fp8Channel(Format):
         """
         if weight.dim() != 2:
             raise ValueError(f"fp8_channel quantizes 2-D weights, got shape {list(weight.shape)}")
-        w = weight.float()
-        amax = _row_absmax(w)
-        if not bool(torch.isfinite(amax).all()):
+        q, scale = quantize_rows(weight)
+        if not bool(torch.isfinite(scale).all()):  # a NaN or Inf anywhere in a row makes its scale one
             raise NonFiniteWeightError("holds NaN or Inf values")
-        q, scale = quantize_rows(w, amax / FP8_MAX)
         return {WEIGHT: q, SCALE: scale}
 
     def decode(
@@ -98,6 +98,19 @@ class Fp8Channel(Format):
             "kv_cache_scheme": None,
             "global_compression_ratio": None,
         }
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float8_e4m3fn values, float32 scales [rows, 1]) of 2-D `x` quantized per row in float32 (from its values
+    as they are): scale = rowmax|x| / 448 (0 taken as 1), q = e4m3(clamp(x / scale, ±448)), to nearest even. The
+    weights (per output channel) and, in the loader's `FP8Linear`, each call's input (per token).
+
+    >>> q, scale = quantize_rows(torch.tensor([[896.0, -1.0], [0.0, 0.0]]))
+    >>> q.float().tolist(), scale.flatten().tolist()
+    ([[448.0, -0.5], [0.0, 0.0]], [2.0, 1.0])
+    """
+    xf = x.float()
+    return _e4m3_rows(xf, _row_absmax(xf).div_(FP8_MAX))
 
 
 FORMAT = Fp8Channel()

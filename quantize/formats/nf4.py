@@ -38,12 +38,26 @@ from ._bnb_lib import quantize_blockwise
 from .base import Format, NonFiniteWeightError, PartSpec, RowCut, UnsupportedShapeError
 from .options import NO_OPTIONS, FormatOptions
 
-__all__ = ["FORMAT", "Nf4", "WEIGHT", "QUANT_STATE", "state_fields"]
+__all__ = [
+    "FORMAT",
+    "Nf4",
+    "WEIGHT",
+    "ABSMAX",
+    "QUANT_MAP",
+    "NESTED_ABSMAX",
+    "NESTED_QUANT_MAP",
+    "QUANT_STATE",
+    "state_fields",
+]
 
 BLOCKSIZE = 64
 NESTED_BLOCKSIZE = 256
 HP_DTYPE = torch.bfloat16
 WEIGHT = "weight"
+ABSMAX = "weight.absmax"
+QUANT_MAP = "weight.quant_map"
+NESTED_ABSMAX = "weight.nested_absmax"
+NESTED_QUANT_MAP = "weight.nested_quant_map"
 QUANT_STATE = "weight.quant_state.bitsandbytes__nf4"
 _HIGH_HALF = 1 if sys.byteorder == "little" else 0  # of a float32 seen as two uint16
 _CHUNK_ELEMS = BLOCKSIZE * 16384  # one million values a step: stays in cache, amortizes calls
@@ -188,9 +202,9 @@ def state_fields(packed: torch.Tensor) -> dict:
 def _block_absmax(parts: dict[str, torch.Tensor], offset: float, b0: int, b1: int) -> torch.Tensor:
     """The float32 absmax of blocks [b0, b1): nested code value · nested absmax of its group of 256, + offset."""
     n0, n1 = b0 // NESTED_BLOCKSIZE, -(-b1 // NESTED_BLOCKSIZE)
-    coded = parts["weight.absmax"][n0 * NESTED_BLOCKSIZE : n1 * NESTED_BLOCKSIZE]
-    values = parts["weight.nested_quant_map"].index_select(0, coded.int())
-    scaled = _per_block(values, NESTED_BLOCKSIZE).mul_(parts["weight.nested_absmax"][n0:n1].view(-1, 1))
+    coded = parts[ABSMAX][n0 * NESTED_BLOCKSIZE : n1 * NESTED_BLOCKSIZE]
+    values = parts[NESTED_QUANT_MAP].index_select(0, coded.int())
+    scaled = _per_block(values, NESTED_BLOCKSIZE).mul_(parts[NESTED_ABSMAX][n0:n1].view(-1, 1))
     absmax = scaled.view(-1)[: coded.numel()].add_(torch.tensor(offset, dtype=torch.float32))
     return absmax[b0 - n0 * NESTED_BLOCKSIZE : b1 - n0 * NESTED_BLOCKSIZE]
 
@@ -215,7 +229,7 @@ def _pair_table(code: torch.Tensor) -> torch.Tensor:
 class Nf4(Format):
     NAME = "nf4"
     ROW_SEPARABLE = False
-    CODE_TABLES = ("weight.quant_map", "weight.nested_quant_map")  # bitsandbytes' float32 code books
+    CODE_TABLES = (QUANT_MAP, NESTED_QUANT_MAP)  # bitsandbytes' float32 code books
 
     def parts(self, shape: tuple[int, ...], options: FormatOptions = NO_OPTIONS) -> dict[str, PartSpec]:
         if shape[-1] % BLOCKSIZE:
@@ -227,10 +241,10 @@ class Nf4(Format):
         blocks = -(-n // BLOCKSIZE)
         return {
             WEIGHT: ("U8", ((n + 1) // 2, 1)),
-            "weight.absmax": ("U8", (blocks,)),
-            "weight.quant_map": ("F32", (16,)),
-            "weight.nested_absmax": ("F32", (-(-blocks // NESTED_BLOCKSIZE),)),
-            "weight.nested_quant_map": ("F32", (256,)),
+            ABSMAX: ("U8", (blocks,)),
+            QUANT_MAP: ("F32", (16,)),
+            NESTED_ABSMAX: ("F32", (-(-blocks // NESTED_BLOCKSIZE),)),
+            NESTED_QUANT_MAP: ("F32", (256,)),
             QUANT_STATE: ("U8", None),
         }
 
@@ -242,10 +256,10 @@ class Nf4(Format):
         qabsmax, nested_absmax = quantize_blockwise(absmax - offset, _dynamic_code(), NESTED_BLOCKSIZE)
         return {
             WEIGHT: packed,
-            "weight.absmax": qabsmax,
-            "weight.quant_map": _nf4_code().clone(),
-            "weight.nested_absmax": nested_absmax,
-            "weight.nested_quant_map": _dynamic_code().clone(),
+            ABSMAX: qabsmax,
+            QUANT_MAP: _nf4_code().clone(),
+            NESTED_ABSMAX: nested_absmax,
+            NESTED_QUANT_MAP: _dynamic_code().clone(),
             QUANT_STATE: _packed_fields(tuple(w.shape), float(offset)),
         }
 
@@ -267,7 +281,7 @@ class Nf4(Format):
         b0, b1 = start // BLOCKSIZE, -(-end // BLOCKSIZE)
         absmax = _block_absmax(parts, float(fields["nested_offset"]), b0, b1)
         packed = parts[WEIGHT].view(-1)[b0 * BLOCKSIZE // 2 : -(-b1 * BLOCKSIZE // 2)]
-        values = _pair_table(parts["weight.quant_map"]).index_select(0, packed.int()).view(torch.float32)
+        values = _pair_table(parts[QUANT_MAP]).index_select(0, packed.int()).view(torch.float32)
         values = _per_block(values, BLOCKSIZE).mul_(absmax.view(-1, 1)).view(-1)
         first = b0 * BLOCKSIZE
         return values[start - first : end - first].view(r1 - r0, in_features).to(dtype)
@@ -308,8 +322,8 @@ class Nf4(Format):
         cut = (sum(b - a for a, b in ranges), cols)
         return {
             WEIGHT: of(2),  # two codes a byte (each range starts on a group: on a whole byte)
-            "weight.absmax": of(BLOCKSIZE),
-            "weight.nested_absmax": of(group),
+            ABSMAX: of(BLOCKSIZE),
+            NESTED_ABSMAX: of(group),
             **dict.fromkeys(self.CODE_TABLES),  # the code books: whole
             QUANT_STATE: _packed_state({**state_fields(read(QUANT_STATE)), "shape": list(cut)}),
         }

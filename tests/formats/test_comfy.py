@@ -89,3 +89,34 @@ def test_an_all_zero_weight_gets_a_finite_scale_and_zeros(fmt):
     parts = fmt.encode(torch.zeros(16, 32, dtype=torch.bfloat16))
     assert bool(torch.isfinite(parts["weight_scale"]).all())
     assert not parts["weight"].float().any() and not fmt.decode(parts).any()
+
+
+def _activations(dtype, seed=5) -> torch.Tensor:
+    """Rows of each magnitude from float16's subnormals to large values, one of them all zeros."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(6, 320, generator=g) * 10.0 ** torch.arange(-6, 6, 2).float().view(-1, 1)
+    x[2] = 0
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_the_activation_quantizers_are_comfy_kitchens_in_the_inputs_dtype(dtype):
+    """What ComfyUI does to each call's input, in its dtype: int8 per row (`quantize_int8_rowwise`), float8 with one
+    scale (`TensorCoreFP8Layout.quantize`, dynamic or static), ConvRot's rotation (`_rotate_activation`)."""
+    from comfy_kitchen.tensor.int8_utils import _build_hadamard, _rotate_activation
+
+    from quantize.formats import comfy_fp8 as fp8_module
+    from quantize.formats import comfy_int8 as int8_module
+
+    x = _activations(dtype)
+    q, scale = int8_module.quantize_rows(x)
+    want_q, want_scale = ck.quantize_int8_rowwise(x)
+    assert torch.equal(q, want_q) and torch.equal(scale, want_scale)
+    x = x[3:]  # an all-zero tensor: our scale is 1, comfy-kitchen divides by zero
+    for static in (None, torch.tensor(0.37)):
+        q, scale = fp8_module.quantize_tensor(x, static)
+        want_q, params = TensorCoreFP8Layout.quantize(x, scale=static)
+        assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(scale, params.scale)
+    h = _build_hadamard(256, dtype=torch.float64)
+    x = _activations(dtype)[:, :256]
+    assert torch.equal(int8_module.rotate_activations(x), _rotate_activation(x, h, 256))

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from loaders import fused, modules
-from quantize.formats import _q8_0, comfy_int8, torchao_int8
+from quantize.formats import _q8_0, comfy_fp8, comfy_int8, fp8_channel, torchao_int8
 
 # float16 overflows to inf where the references do (a static scale far below the values, torchao's epilogue on
 # sums past 65504 · scale); numpy, which runs the interpreter's casts, says so
@@ -102,10 +102,11 @@ E4M3_MIDPOINTS = (_E4M3[:-1] + _E4M3[1:]) / 2
 
 # -- the activation quantizers -------------------------------------------------------------------------------
 
+#: each kernel and its reference: the format's own quantizer, which the module's eager path calls
 ROW_QUANTIZERS = {
-    "fp8_rows": (fused.fp8_rows, modules.quantize_rows),
-    "fp8_tensor": (fused.fp8_tensor, modules.quantize_tensor),
-    "int8_rows": (fused.int8_rows, modules.quantize_int8),
+    "fp8_rows": (fused.fp8_rows, fp8_channel.quantize_rows),
+    "fp8_tensor": (fused.fp8_tensor, comfy_fp8.quantize_tensor),
+    "int8_rows": (fused.int8_rows, comfy_int8.quantize_rows),
     "int8_rows_torchao": (fused.int8_rows_torchao, torchao_int8.quantize_rows),
 }
 
@@ -149,11 +150,11 @@ def test_fp8_tensor_with_a_static_scale_and_zeros(dtype, device):
     x = activations((3, 320), dtype, device)
     for scale in (0.37, 1e-3):  # 1e-3: most values past ±448 · scale, clamped
         static = torch.tensor(scale, device=device)
-        got, want = fused.fp8_tensor(x, static), modules.quantize_tensor(x, static)
-        assert got[0] is static
+        got, want = fused.fp8_tensor(x, static), comfy_fp8.quantize_tensor(x, static)
+        assert got[1] is static
         assert_same(got, want)
     zeros = torch.zeros(2, 96, dtype=dtype, device=device)  # scale 0 -> 1
-    assert_same(fused.fp8_tensor(zeros), modules.quantize_tensor(zeros))
+    assert_same(fused.fp8_tensor(zeros), comfy_fp8.quantize_tensor(zeros))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -23,10 +23,10 @@ from loaders import (
 )
 from loaders.bnb import quant_state
 from loaders.emulation import ulp
-from loaders.modules import quantize_rows
 from quantize.formats import NO_OPTIONS, ComfyOptions, GgufOptions
 from quantize.formats import nf4 as nf4_module
 from quantize.formats.fp8_channel import FORMAT as fp8_channel
+from quantize.formats.fp8_channel import quantize_rows
 from quantize.formats.nf4 import FORMAT as nf4
 from quantize.formats.torchao_fp8 import FORMAT as torchao_fp8
 from tests.conftest import skip_without_kernel, skip_without_kquant_encoder
@@ -86,7 +86,7 @@ def test_fp8_scaled_mm_in_bf16_is_within_bf16_rounding_of_the_float32_result():
 
 
 def test_fp8_activation_quantization_keeps_zero_rows_finite():
-    scale, q = quantize_rows(torch.zeros(3, 32))
+    q, scale = quantize_rows(torch.zeros(3, 32))
     assert torch.equal(scale, torch.ones(3, 1)) and not q.float().any()
 
 
