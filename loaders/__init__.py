@@ -5,8 +5,8 @@
 >>> # enable_block_offload(model, device="cuda", host="pinned")
 
 Every format `quantize convert` writes loads (diffusers-layout safetensors, ComfyUI's files, GGUF), in either
-naming of its family. It imports the formats, the families' name tables and the checkpoint readers of
-`quantize`, and nothing else of it.
+naming of its family. It imports the formats, the families' name tables (and `run.names`, the map a forward
+pass reads a native model through) and the checkpoint readers of `quantize`, and nothing else of it.
 """
 
 from .blocks import find_block_lists, find_blocks

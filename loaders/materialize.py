@@ -50,6 +50,7 @@ from quantize.models.meta import parameters_on_meta
 from quantize.read.checkpoint import CONFIG_NAME, Component, TensorInfo, open_component, read_tensor
 from quantize.read.files import read_json_object
 from quantize.read.gguf import open_gguf_component
+from quantize.run.names import class_names
 
 from .blocks import find_blocks
 from .host import TensorReader, remember_source
@@ -329,25 +330,23 @@ def _checkpoint_names(model: nn.Module, comp: Component, family: Family | None) 
 
 
 def _native_names(family: Family, stored: list[str]) -> _Names:
-    """A native checkpoint's names read as a forward pass reads them (`Family.diffusers_name`,
-    `Family.runnable_stacks`), turned around: the class's tensor -> the checkpoint's tensor that is it, or the
-    stacked one it is rows of. A release may hold apart what the native table stacks (a fused projection's parts,
-    each under its own name); a model tensor the checkpoint lacks keeps the table's name, for the message."""
+    """A native checkpoint's names read through the map a forward pass reads them through (`class_names`): the
+    class's tensor -> the checkpoint's tensor that is it, or the stacked one it is rows of. A release may hold apart
+    what the native table stacks (a fused projection's parts, each under its own name); a model tensor the
+    checkpoint lacks keeps the table's name, for the message."""
     stored = [n for n in stored if not family.carried(n)]  # no part of the class (`_load_one`)
     # a quantized weight is stored as parts hanging from its module (`<module>.<part>`: no `<module>.weight`)
     weights = {f"{'.'.join(p[:i])}.weight" for n in stored if (p := n.split(".")) for i in range(1, len(p))}
-    own = {d: n for n in (*weights, *stored) if (d := family.diffusers_name(n)) is not None}
-    stacks = family.runnable_stacks(stored)
-    into = {part: name for name, stack in stacks.items() for part, _, _ in stack}
+    native = class_names(family, [*weights, *stored])
 
     def stacked_into(key: str) -> str | None:
-        return into.get(key) or (None if key in own else family.names.stacked_into(key))
+        return native.stacked.get(key) or (None if key in native.stored else family.names.stacked_into(key))
 
     return _Names(
-        lambda key: own.get(key) or family.native_name(key),
+        lambda key: native.stored.get(key) or family.native_name(key),
         f"{family.title}'s native names, which the checkpoint has",
         stacked_into,
-        lambda key: stacks.get(key) or family.names.native_stack(key),
+        lambda key: native.stacks.get(key) or family.names.native_stack(key),
     )
 
 

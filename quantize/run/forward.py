@@ -3,7 +3,8 @@
 A component is run as its model family's diffusers class (`models.Family.diffusers_class`), found by the class
 its config names; a model of the family's original release (`Family.native_classes`) is run as that class too, its
 config derived from the original one and the tensor shapes (`Family.diffusers_config`), its tensors renamed
-through the family's one name table (`Family.runnable_names`). A stacked tensor (a native fused projection,
+through the family's one name table as the loader renames them (`names.class_names`), once the family has refused
+what its class lacks (`Family.runnable_names`). A stacked tensor (a native fused projection,
 `Family.runnable_stacks`; or one a conversion stacks from diffusers' separate ones, `read.StackedSource`) is cut
 into the class's parameters by row ranges (`Runnable.rows`); a tensor stored with other size-1 dimensions than its
 parameter is viewed to its shape (`models.same_but_size_one_dims`); the carried ones (`Family.carried`) are no part
@@ -54,6 +55,7 @@ from ..read.checkpoint import CONFIG_NAME, Component, read_rows, read_tensor
 from ..read.source import SourceFolder
 from ..read.tensor_source import StackedSource
 from ..recipes import Recipe
+from .names import class_names
 
 __all__ = [
     "Runnable",
@@ -221,13 +223,14 @@ def runnable(cp: ComponentPlan) -> Runnable:
                 plans[tp.name] = tp
         return Runnable(family, config, plans, rows)
     names = [tp.name for tp in cp.tensors]
-    renamed, stacks = family.runnable_names(names, where), family.runnable_stacks(names)
+    family.runnable_names(names, where)  # the family refuses what its class lacks, naming the tensor
+    native = class_names(family, names)
     for tp in cp.tensors:
-        if tp.name in stacks:  # a native fused tensor: the class's tensors are its row ranges
-            for name, ranges in stack_rows(stacks[tp.name], tp.source.rows).items():
+        if tp.name in native.stacks:  # a native fused tensor: the class's tensors are its row ranges
+            for name, ranges in stack_rows(native.stacks[tp.name], tp.source.rows).items():
                 plans[name], rows[name] = tp, ranges
-        elif not family.carried(tp.name):  # a release's other parts (its VAE) are no part of the class
-            plans[renamed[tp.name]] = tp
+        elif tp.name in native.renamed:  # not carried (a release's VAE is no part of the class)
+            plans[native.renamed[tp.name]] = tp
     return Runnable(family, family.diffusers_config(config, cp.component.tensors, where), plans, rows)
 
 

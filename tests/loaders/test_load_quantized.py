@@ -360,12 +360,13 @@ def test_a_checkpoint_with_several_models_loads_each_into_a_class_and_asks_an_in
 
 
 def test_loaders_import_no_converter_or_cli():
-    # the formats, the families' name tables and the checkpoint readers (safetensors, GGUF), and what they are made
-    # of (names: the part-key rule; ggml_types: the GGML type table the formats read; read.files: which files form
-    # a component)
+    # the formats, the families' name tables (and run.names, the map of a native model's tensors a forward pass reads
+    # too) and the checkpoint readers (safetensors, GGUF), and what they are made of (names: the part-key rule;
+    # ggml_types: the GGML type table the formats read; read.files: which files form a component)
     allowed = (
         "formats",
         "models",
+        "run.names",
         "read.checkpoint",
         "read.gguf",
         "read.files",
@@ -377,7 +378,8 @@ def test_loaders_import_no_converter_or_cli():
     code = (
         "import sys, loaders; "
         f"allowed = {allowed!r}; "
-        "bad = sorted(m for m in sys.modules if m.startswith('quantize.') and m != 'quantize.read' and not any("
+        "bad = sorted(m for m in sys.modules if m.startswith('quantize.') and m not in ('quantize.read', "
+        "'quantize.run') and not any("
         "m[len('quantize.'):] == a or m[len('quantize.'):].startswith(a + '.') for a in allowed)); print(bad)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
