@@ -165,7 +165,7 @@ def source_bytes(src: Path) -> int:
 def is_complete(path: Path, preset: str) -> bool:
     """Every expected tensor is there, bf16, with its shape, and every shard is whole."""
     from quantize.errors import QuantizeError
-    from quantize.models import get_family
+    from quantize.models.examples import examples_of
     from quantize.read.checkpoint import open_component
 
     if not (path / "example.json").is_file():
@@ -176,7 +176,7 @@ def is_complete(path: Path, preset: str) -> bool:
         return False
     found = {name: info.shape for name, info in component.tensors.items()}
     bf16 = all(info.dtype == "BF16" for info in component.tensors.values())
-    (model,) = get_family("wan").example(preset, "t2v")
+    (model,) = examples_of("wan").models(preset, "t2v")
     return bf16 and found == dict(model.tensors)
 
 
@@ -577,10 +577,10 @@ def machine_lines(data_dir: Path) -> list[str]:
 
 
 def checkpoint_line(src: Path, preset: str) -> str:
-    from quantize.models import get_family
+    from quantize.models.examples import examples_of
 
-    s = get_family("wan").presets[preset]
-    (model,) = get_family("wan").example(preset, "t2v")
+    s = examples_of("wan").presets[preset]
+    (model,) = examples_of("wan").models(preset, "t2v")
     shards = len(source_shards(src))
     return (
         f"Wan2.1-{preset}-shaped T2V DiT, original key names, random weights: dim {s.dim}, ffn {s.ffn_dim}, "

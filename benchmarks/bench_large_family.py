@@ -103,7 +103,7 @@ def generate(data_dir: Path, family: str, preset: str, layout: str) -> None:
     import torch
 
     from quantize.examples import write_random_checkpoint
-    from quantize.models import get_family
+    from quantize.models.examples import examples_of
 
     path = data_dir / f"{family}-{preset}-{layout}-bf16"
     if (path / "example.json").is_file():
@@ -113,7 +113,7 @@ def generate(data_dir: Path, family: str, preset: str, layout: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    models, keep, full = fitted(get_family(family).example(preset, layout), shutil.disk_usage(tmp).free)
+    models, keep, full = fitted(examples_of(family).models(preset, layout), shutil.disk_usage(tmp).free)
     log(
         f"generating {path}: {keep} of {full} blocks, {nbytes([t for m in models for t in m.tensors]) / 1e9:.1f} GB"
     )
@@ -135,6 +135,7 @@ def generate(data_dir: Path, family: str, preset: str, layout: str) -> None:
 def convert(src: Path, scratch: Path, fmt: str, family: str) -> list[str]:
     """One measured conversion: its table row (a plan-time refusal is a row saying so, in the family's words when
     it has them, `Family.why_no`)."""
+    from quantize.formats import format_info
     from quantize.models import get_family
 
     out = scratch / "out"
@@ -144,7 +145,10 @@ def convert(src: Path, scratch: Path, fmt: str, family: str) -> list[str]:
         [*quantize_command(), "plan", str(src), "--format", fmt], capture_output=True, text=True
     )
     if probe.returncode == 2:  # refused before anything is read: not a measurement
-        reason = get_family(family).why_no(fmt) or (probe.stderr.strip().splitlines() or [""])[-1]
+        reason = (
+            get_family(family).why_no(fmt, format_info(fmt).names == "native")
+            or (probe.stderr.strip().splitlines() or [""])[-1]
+        )
         return [f"convert --format {fmt}", "refused at plan time", "-", "-", reason.removeprefix("error: ")]
     wall, peak = run_process(argv, scratch / f"{fmt}.log")
     out_bytes = sum(f.stat().st_size for f in out.rglob("*") if f.suffix in (".safetensors", ".gguf"))
@@ -172,9 +176,9 @@ def main(argv: list[str] | None = None) -> None:
     data_dir = args.data_dir.absolute()
     data_dir.mkdir(parents=True, exist_ok=True)
     if args.layout is None:
-        from quantize.models import get_family
+        from quantize.models.examples import examples_of
 
-        args.layout = get_family(args.family).example_layouts[0]
+        args.layout = examples_of(args.family).layouts[0]
     if args.generate:
         generate(data_dir, args.family, args.preset, args.layout)
         return

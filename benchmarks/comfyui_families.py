@@ -120,9 +120,9 @@ def write_trimmed_example(family: str, preset: str, layout: str, blocks: int, de
     from bench_large_family import block_index, repeated_blocks
 
     from quantize.examples import write_random_checkpoint
-    from quantize.models import get_family
+    from quantize.models.examples import examples_of
 
-    models = get_family(family).example(preset, layout)
+    models = examples_of(family).models(preset, layout)
     prefix, _ = repeated_blocks([t for m in models for t in m.tensors])
     for i, m in enumerate(models):
         tensors = [
@@ -265,7 +265,9 @@ def main() -> int:
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
     mm, folder_paths, nodes, gg = check.import_comfy(args)
     runner = check.Runner(args, mm, folder_paths, nodes, gg)
+    from quantize.formats import format_info
     from quantize.models import get_family
+    from quantize.models.examples import examples_of
 
     print(
         f"ComfyUI {check.tree_rev(args.comfyui)}, ComfyUI-GGUF {check.tree_rev(args.comfyui_gguf)}",
@@ -280,8 +282,8 @@ def main() -> int:
     for family in families:
         by_layout = EXPECTED[family]
         fam = get_family(family)
-        layouts = [lay for lay in fam.example_layouts if lay in by_layout] or (
-            list(fam.example_layouts) if "*" in by_layout else []
+        layouts = [lay for lay in examples_of(fam).layouts if lay in by_layout] or (
+            list(examples_of(fam).layouts) if "*" in by_layout else []
         )
         for layout in layouts:
             expected = by_layout.get(layout, by_layout.get("*", set()))
@@ -326,7 +328,11 @@ def main() -> int:
                 out = args.work / "fam-out" / f"{family}-{layout}-{fmt}"
                 how = ["--format", fmt]
                 source = src
-                if fmt == "gguf" and family in GGUF_AT_RELEASED_WIDTHS and layout == fam.example_layouts[0]:
+                if (
+                    fmt == "gguf"
+                    and family in GGUF_AT_RELEASED_WIDTHS
+                    and layout == examples_of(fam).layouts[0]
+                ):
                     source, recipe = _released_widths_gguf(args, family, layout)
                     how = ["--recipe", str(recipe)]
                 p = subprocess.run(
@@ -335,7 +341,9 @@ def main() -> int:
                 (args.work / "logs" / f"{family}-{layout}-{fmt}.log").write_text(p.stdout + p.stderr)
                 if p.returncode:
                     text = (p.stdout + p.stderr).strip().splitlines()[-1:] or [""]
-                    refusal = p.returncode == 2 and fam.why_no(fmt) is not None  # the family says why
+                    refusal = (
+                        p.returncode == 2 and fam.why_no(fmt, format_info(fmt).names == "native") is not None
+                    )  # the family says why
                     r = dict(id=cid, ok=refusal, refused=text[0][:300])
                     results.append(r)
                     print(_line(r), flush=True)

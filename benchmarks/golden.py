@@ -75,11 +75,12 @@ def write_sources(root: Path) -> None:
     from safetensors.torch import save_file
 
     from quantize.models import FAMILIES
+    from quantize.models.examples import examples_of
 
     root.mkdir(parents=True, exist_ok=True)
     for family in FAMILIES:
-        preset = "tiny" if "tiny" in family.presets else family.default_preset
-        for layout in family.example_layouts:
+        preset = "tiny" if "tiny" in examples_of(family).presets else examples_of(family).default_preset
+        for layout in examples_of(family).layouts:
             args = ["example", root / f"{family.name}-{layout}", "--family", family.name, "--preset", preset]
             args += ["--layout", layout]
             if family.name == "wan" and layout == "t2v":
@@ -87,7 +88,7 @@ def write_sources(root: Path) -> None:
             code, text = cli(*args)
             print(f"{family.name} {layout}: {code} {text.strip()[:200]}")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests.test_bundled_recipes import _diffusers_wan  # a Wan in diffusers' names, as a pipeline holds it
+    from tests.diffusers_models import wan_of_width as _diffusers_wan  # a Wan in diffusers' names, as a pipeline holds it
 
     _diffusers_wan(root / "wan-diffusers" / "transformer", width=64)
     g = torch.Generator().manual_seed(1)
@@ -114,7 +115,9 @@ def convert_all(root: Path, out: Path) -> None:
     sources = sorted(p for p in root.iterdir() if p.is_dir())
     for src in sources:
         for recipe in recipes_for(src):
-            code, text = cli("convert", src, out / f"{src.name}--{recipe.removesuffix('.yaml')}", "-r", recipe)
+            code, text = cli(
+                "convert", src, out / f"{src.name}--{recipe.removesuffix('.yaml')}", "-r", recipe
+            )
             log.append(f"{src.name} -r {recipe}: {code}")
     wan = root / "wan-t2v"
     for fmt in FORMATS:
@@ -141,7 +144,9 @@ def convert_all(root: Path, out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="what", required=True)
     sub.add_parser("sources").add_argument("root", type=Path)
     c = sub.add_parser("convert")

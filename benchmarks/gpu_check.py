@@ -970,10 +970,10 @@ def write_ckpt_source(sizes: Sizes, dest: Path) -> tuple[Any, int]:
     import dataclasses
 
     from quantize.examples import write_random_checkpoint
-    from quantize.models import get_family
+    from quantize.models.examples import examples_of
     from quantize.models.wan import wan_config, wan_tensors
 
-    shape = dataclasses.replace(get_family("wan").presets[sizes.ckpt_preset], num_layers=sizes.ckpt_layers)
+    shape = dataclasses.replace(examples_of("wan").presets[sizes.ckpt_preset], num_layers=sizes.ckpt_layers)
     files = write_random_checkpoint(dest, wan_tensors(shape), config=wan_config(shape))
     return shape, sum(f.stat().st_size for f in files)
 

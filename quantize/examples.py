@@ -1,13 +1,14 @@
 """Random-weight checkpoints with the real key names of a model family, for demos, tests and benchmarks.
 
 No model can be downloaded here, and none is needed to exercise the toolchain: the converter only
-cares about names, shapes and dtypes. Each family gives its example models (`models.Family.example`:
+cares about names, shapes and dtypes. Each family's examples give its example models (`models.examples`:
 names, shapes and config.json as its releases write them, with the dimensions the runtimes fix), and they
 are written shard by shard with the same streaming writer as the converter, so even a 14B-shaped one
 needs little RAM.
 
->>> from quantize.models import DEFAULT_FAMILY, get_family
->>> get_family(DEFAULT_FAMILY).example("tiny", "t2v")[0].tensors[0]
+>>> from quantize.models import DEFAULT_FAMILY
+>>> from quantize.models.examples import examples_of
+>>> examples_of(DEFAULT_FAMILY).models("tiny", "t2v")[0].tensors[0]
 ('patch_embedding.weight', (128, 16, 1, 2, 2))
 """
 
@@ -21,7 +22,8 @@ import torch
 
 from . import dtypes
 from .containers.writer import ShardWriter, TensorSpec
-from .models import DEFAULT_FAMILY, get_family
+from .models import DEFAULT_FAMILY
+from .models.examples import examples_of
 from .read.files import SHARD_METADATA, group_by_size, index_json, index_name, shard_names
 
 __all__ = ["write_random_checkpoint", "write_example", "write_example_lora"]
@@ -80,8 +82,8 @@ def write_example(
     """An example checkpoint of `family` (its `preset` shape, in its folder `layout`), with the other files of
     its releases beside it (copied when a recipe asks)."""
     out_dir = Path(out_dir)
-    chosen = get_family(family)
-    models = chosen.example(preset, layout)
+    chosen = examples_of(family)
+    models = chosen.models(preset, layout)
     for i, model in enumerate(models):
         write_random_checkpoint(
             out_dir / model.component,
@@ -93,7 +95,7 @@ def write_example(
             seed=seed + i,
             metadata=dict(model.metadata or {}),
         )
-    for rel, text in chosen.example_files().items():
+    for rel, text in chosen.files().items():
         (out_dir / rel).parent.mkdir(parents=True, exist_ok=True)
         (out_dir / rel).write_text(text)
     (out_dir / "example.json").write_text(
@@ -112,8 +114,8 @@ def write_example_lora(
     seed: int = 0,
 ) -> Path:
     """A random-weight LoRA for a `write_example` model, as the family's LoRAs in the wild are written
-    (`models.Family.example_lora`; alpha = rank/2), streamed to `path` one tensor at a time."""
-    tensors = get_family(family).example_lora(preset, layout, rank)
+    (`models.examples.Examples.lora`; alpha = rank/2), streamed to `path` one tensor at a time."""
+    tensors = examples_of(family).lora(preset, layout, rank)
     specs = [TensorSpec(name, dt, dims) for name, dims, dt in tensors]
     with ShardWriter(Path(path), specs, SHARD_METADATA) as w:
         for name, dims, _ in tensors:

@@ -151,11 +151,11 @@ class ComponentPlan:
         return manifest_key(self.rel, tp.output_name)
 
     def carried_metadata(self) -> dict[str, str]:
-        """The source files' ``__metadata__`` entries the family's runtimes read (`Family.carried_metadata`: LTX-2's
+        """The source files' ``__metadata__`` entries the family's runtimes read (`Carried.metadata`: LTX-2's
         ``config``, which ComfyUI builds the model and its VAEs from), in shard order: what every output file of
         the component carries (a safetensors file in its ``__metadata__``; a GGUF file as string key-values, which
         ComfyUI-GGUF hands ComfyUI as the file's metadata since its PR #399)."""
-        keys = () if self.family is None else self.family.carried_metadata
+        keys = () if self.family is None else self.family.plan.carried.metadata
         return {k: v for meta in self.component.metadata.values() for k, v in meta.items() if k in keys}
 
     def metadata_entries(self) -> list[tuple[str, tuple[int, ...] | None, FormatOptions | None]]:

@@ -12,10 +12,10 @@ __all__ = ["example_cmd"]
 
 
 def _all(attribute: str) -> list[str]:
-    """Every family's presets or layouts (each family checks its own)."""
-    from ..models import FAMILIES
+    """Every family's example presets or layouts (each family's examples check their own)."""
+    from ..models.examples import EXAMPLES
 
-    return list(dict.fromkeys(v for f in FAMILIES for v in getattr(f, attribute)))
+    return list(dict.fromkeys(v for e in EXAMPLES.values() for v in getattr(e, attribute)))
 
 
 def _default_family() -> str:
@@ -47,7 +47,7 @@ def _families() -> list[str]:
 )
 @click.option(
     "--layout",
-    type=click.Choice(_all("example_layouts")),
+    type=click.Choice(_all("layouts")),
     default=None,
     help="Folder layout and extra layers [default: the family's first: t2v for wan].",
 )
@@ -77,18 +77,20 @@ def example_cmd(
     from ..errors import OutputExistsError
     from ..examples import write_example, write_example_lora
     from ..models import get_family
+    from ..models.examples import examples_of
     from ..read.files import parse_size
 
     quiet_model_imports()  # a family built from diffusers' own class: what importing it pulls in stays quiet
     chosen = get_family(family)
-    preset = preset or chosen.default_preset
-    layout = layout or chosen.example_layouts[0]
+    examples = examples_of(chosen)
+    preset = preset or examples.default_preset
+    layout = layout or examples.layouts[0]
     for path in (output, lora):
         if path is not None and path.exists():
             raise OutputExistsError(f"{path}: already exists; remove it or pick another path")
-    chosen.example(preset, layout)  # an unknown preset or layout of this family, before anything is written
+    examples.models(preset, layout)  # an unknown preset or layout of this family, before anything is written
     if lora is not None:
-        chosen.example_lora(preset, layout, 16)
+        examples.lora(preset, layout, 16)
     write_example(
         output,
         preset,

@@ -1,7 +1,7 @@
 """`gguf_file`: a component as one GGUF v3 file (``<component>.gguf``; ``diffusion_model.gguf`` at the root),
 what ComfyUI-GGUF's Unet Loader and diffusers' `from_single_file` read, and config.json as for every format.
 
-The file's key-values: ``general.architecture`` (the model family's, `models.Family.gguf_architecture`),
+The file's key-values: ``general.architecture`` (the model family's, `models.family.PlanPolicy.gguf_architecture`),
 ``general.quantization_version`` (GGML's, 2), ``general.file_type`` (llama.cpp's file type of the component's most
 used type, `_M` when a mix raises some tensors), and the source's metadata entries the family's runtimes read, under
 their own keys as strings (`ComponentPlan.carried_metadata`: LTX-2's ``config``; ComfyUI-GGUF, since its PR #399,
@@ -63,14 +63,14 @@ def file_type(cp: ComponentPlan) -> int:
 
 
 def key_values(cp: ComponentPlan) -> dict[str, str | int]:
-    arch = None if cp.family is None else cp.family.gguf_architecture
+    arch = None if cp.family is None else cp.family.plan.gguf_architecture
     if arch is None:
         if cp.family is None:
             raise InputError(
                 f"{cp.component.dir}: a model of no known family has no GGUF architecture: GGUF files need one"
             )
         raise InputError(
-            f"{cp.component.dir}: {cp.family.title} has no GGUF architecture ({cp.family.no_gguf_why}): "
+            f"{cp.component.dir}: {cp.family.title} has no GGUF architecture ({cp.family.plan.no_gguf_why}): "
             "convert it to another format (quantize recipes --for lists them)"
         )
     return {

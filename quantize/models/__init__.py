@@ -14,25 +14,22 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from ..errors import InputError
-from .base import (
-    IDENTITY,
-    ROLES,
-    BlockNames,
-    Blocks,
-    ExampleModel,
-    Family,
-    ModelInputs,
-    NameTable,
-    Rows,
-    SourceLayout,
-    Stack,
-    same_but_size_one_dims,
-    stack_rows,
-)
+from .family import Family, ModelInputs, SourceLayout
 from .hunyuanvideo15 import HUNYUANVIDEO15
 from .kandinsky5 import KANDINSKY5
 from .ltx2 import LTX2
 from .minimax_h3 import MINIMAX_H3
+from .names import (
+    IDENTITY,
+    ROLES,
+    BlockNames,
+    Blocks,
+    NameTable,
+    Rows,
+    Stack,
+    same_but_size_one_dims,
+    stack_rows,
+)
 from .skyreels_v2 import SKYREELS_V2
 from .wan import WAN
 from .wan_animate import WAN_ANIMATE
@@ -53,7 +50,6 @@ __all__ = [
     "Blocks",
     "SourceLayout",
     "ModelInputs",
-    "ExampleModel",
     "get_family",
     "family_of",
     "family_of_class",
@@ -127,7 +123,7 @@ def default_recipes() -> dict[str, dict[str, str]]:
 
 def lora_prefixes() -> tuple[str, ...]:
     """Every prefix a family's LoRA keys carry in the wild, longest first (each stripped, in any order)."""
-    prefixes = {p for f in FAMILIES for p in f.lora_prefixes}
+    prefixes = {p for f in FAMILIES for p in f.lora.prefixes}
     return tuple(sorted(prefixes, key=lambda p: (-len(p), p)))
 
 
@@ -142,7 +138,7 @@ def lora_renamings() -> Iterator[tuple[str, object]]:
 
 def modulation_names() -> tuple[str, ...]:
     """The names a block's modulation table has in any family and naming (what a LoRA's ``diff_m`` adds to)."""
-    return tuple(dict.fromkeys(n for f in FAMILIES for n in f.modulation_names))
+    return tuple(dict.fromkeys(n for f in FAMILIES for n in f.lora.modulation))
 
 
 def diffusers_classes() -> frozenset[str]:

@@ -20,7 +20,7 @@ Three namings, one table:
   ``AdaLayerNormContinuous``'s scale, shift), a root-level stack (`_StackedNames`).
 - *release*: the Tencent release's own names are the native ones except that its double blocks keep q, k and v
   apart (``img_attn_q``, ``img_attn_k``, ``img_attn_v``, the same for ``txt_``): ComfyUI cannot load them as they
-  are. A release converted to a format of native names stacks them (`HunyuanVideo15._native_stacks`); the
+  are. A release converted to a format of native names stacks them (`HunyuanVideo15.native_stacks`); the
   formats of source names (fp8_channel, torchao_fp8, torchao_int8, nf4) keep them as released, and the release's
   config.json. A forward pass maps them one to one (`diffusers_name`), and so does ``loaders`` (it reads a native
   checkpoint's own names through `diffusers_name` and `runnable_stacks`, turned around), building the diffusers
@@ -47,30 +47,30 @@ ByT5 mapper 1472 -> 2048 -> 2048 -> hidden, the vision projection 1152 wide (Sig
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InputError
-from .base import (
-    _LEAVES,
-    BlockNames,
-    Blocks,
-    ExampleModel,
+from .family import (
+    Detection,
     Family,
+    Folders,
+    LoraNames,
     ModelInputs,
-    Rows,
-    SourceLayout,
-    Stack,
+    PlanPolicy,
+    bundled_recipes,
+    count_blocks,
 )
+from .names import _LEAVES, BlockNames, Blocks, Rows, Stack
 
 if TYPE_CHECKING:
     import torch
 
-    from ..read.checkpoint import Component, TensorInfo
+    from ..read.checkpoint import TensorInfo
 
-__all__ = ["HUNYUANVIDEO15", "HunyuanVideo15", "HunyuanVideo15Shape", "NAMES", "release_tensors"]
+__all__ = ["HUNYUANVIDEO15", "HunyuanVideo15", "NAMES", "RELEASE_CLASS"]
 
 # --- names ---------------------------------------------------------------------------------------------
 
@@ -241,7 +241,7 @@ def _random(config: dict, g: torch.Generator) -> dict[str, torch.Tensor]:
     return t
 
 
-_INPUTS = ModelInputs(
+INPUTS = ModelInputs(
     keys=_keys,
     shapes=_shapes,
     random=_random,
@@ -249,191 +249,34 @@ _INPUTS = ModelInputs(
     accepts=_keys({"use_meanflow": True}),
 )
 
-# --- examples --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class HunyuanVideo15Shape:
-    """An example HunyuanVideo 1.5: its width and double blocks; the rest is what ComfyUI builds whatever the
-    tensors say (heads of 128, two refiner blocks, the text, ByT5 and vision widths) and the release's channels
-    (32 latent channels, the image latent and a mask beside the noise: 65 in)."""
-
-    hidden_size: int
-    num_layers: int
-    in_channels: int = 65
-    out_channels: int = 32
-    text_dim: int = 3584
-    byt5_dim: int = 1472
-    vision_dim: int = 1152
-    refiner_layers: int = 2
-    mlp_ratio: int = 4
-    head_dim: int = 128
-    rope_axes: tuple[int, int, int] = (16, 56, 56)
-    task: str = "t2v"
-    resolution: str = "480p"
-
-    @property
-    def heads(self) -> int:
-        return self.hidden_size // self.head_dim
-
-
-def _linear(name: str, out: int, inp: int, bias: bool = True) -> list[tuple[str, tuple[int, ...]]]:
-    return [(f"{name}.weight", (out, inp))] + ([(f"{name}.bias", (out,))] if bias else [])
-
-
-def _norm(name: str, width: int) -> list[tuple[str, tuple[int, ...]]]:
-    return [(f"{name}.weight", (width,)), (f"{name}.bias", (width,))]
-
-
-def release_tensors(s: HunyuanVideo15Shape) -> list[tuple[str, tuple[int, ...]]]:
-    """Names and shapes of the release's ``HunyuanVideo_1_5_DiffusionTransformer`` (q, k, v apart in the double
-    blocks), in module order."""
-    d, ff = s.hidden_size, s.mlp_ratio * s.hidden_size
-    t = [("img_in.proj.weight", (d, s.in_channels, 1, 1, 1)), ("img_in.proj.bias", (d,))]
-    t += _linear("time_in.mlp.0", d, 256) + _linear("time_in.mlp.2", d, d)
-    t += _linear("txt_in.input_embedder", d, s.text_dim)
-    t += _linear("txt_in.t_embedder.mlp.0", d, 256) + _linear("txt_in.t_embedder.mlp.2", d, d)
-    t += _linear("txt_in.c_embedder.linear_1", d, s.text_dim) + _linear("txt_in.c_embedder.linear_2", d, d)
-    for i in range(s.refiner_layers):
-        b = f"txt_in.individual_token_refiner.blocks.{i}"
-        t += (
-            _norm(f"{b}.norm1", d)
-            + _linear(f"{b}.self_attn_qkv", 3 * d, d)
-            + _linear(f"{b}.self_attn_proj", d, d)
-        )
-        t += _norm(f"{b}.norm2", d) + _linear(f"{b}.mlp.fc1", ff, d) + _linear(f"{b}.mlp.fc2", d, ff)
-        t += _linear(f"{b}.adaLN_modulation.1", 2 * d, d)
-    t += _norm("byt5_in.layernorm", s.byt5_dim) + _linear("byt5_in.fc1", 2048, s.byt5_dim)
-    t += _linear("byt5_in.fc2", 2048, 2048) + _linear("byt5_in.fc3", d, 2048)
-    t += _norm("vision_in.proj.0", s.vision_dim) + _linear("vision_in.proj.1", s.vision_dim, s.vision_dim)
-    t += _linear("vision_in.proj.3", d, s.vision_dim) + _norm("vision_in.proj.4", d)
-    t += [("cond_type_embedding.weight", (3, d))]
-    for i in range(s.num_layers):
-        b = f"double_blocks.{i}"
-        for stream in ("img", "txt"):
-            t += _linear(f"{b}.{stream}_mod.linear", 6 * d, d)
-            for x in "qkv":
-                t += _linear(f"{b}.{stream}_attn_{x}", d, d)
-            t += [
-                (f"{b}.{stream}_attn_q_norm.weight", (s.head_dim,)),
-                (f"{b}.{stream}_attn_k_norm.weight", (s.head_dim,)),
-            ]
-            t += _linear(f"{b}.{stream}_attn_proj", d, d)
-            t += _linear(f"{b}.{stream}_mlp.fc1", ff, d) + _linear(f"{b}.{stream}_mlp.fc2", d, ff)
-    return (
-        t
-        + _linear("final_layer.linear", s.out_channels, d)
-        + _linear("final_layer.adaLN_modulation.1", 2 * d, d)
-    )
-
-
-def release_config(s: HunyuanVideo15Shape) -> dict:
-    """config.json as the release writes it (``transformer/480p_t2v/config.json``)."""
-    return {
-        "_class_name": RELEASE_CLASS,
-        "attn_mode": "flash",
-        "attn_param": None,
-        "concat_condition": True,
-        "glyph_byT5_v2": True,
-        "guidance_embed": False,
-        "heads_num": s.heads,
-        "hidden_size": s.hidden_size,
-        "ideal_resolution": s.resolution,
-        "ideal_task": s.task,
-        "in_channels": s.out_channels,  # the latent's; the model's input adds the image latent and a mask
-        "is_reshape_temporal_channels": False,
-        "mlp_act_type": "gelu_tanh",
-        "mlp_width_ratio": s.mlp_ratio,
-        "mm_double_blocks_depth": s.num_layers,
-        "mm_single_blocks_depth": 0,
-        "out_channels": s.out_channels,
-        "patch_size": [1, 1, 1],
-        "qk_norm": True,
-        "qk_norm_type": "rms",
-        "qkv_bias": True,
-        "rope_dim_list": list(s.rope_axes),
-        "rope_theta": 256,
-        "text_pool_type": None,
-        "text_projection": "single_refiner",
-        "text_states_dim": s.text_dim,
-        "text_states_dim_2": None,
-        "use_attention_mask": True,
-        "use_cond_type_embedding": True,
-        "use_meanflow": False,
-        "vision_projection": "linear",
-        "vision_states_dim": s.vision_dim,
-    }
-
-
-#: example layouts: ``release`` one variant folder of the release; ``diffusers`` diffusers' ``transformer/``
-_LAYOUTS = ("release", "diffusers")
-
 
 class HunyuanVideo15(Family):
     name = "hunyuanvideo15"
     title = "HunyuanVideo 1.5"
-    diffusers_class = "HunyuanVideo15Transformer3DModel"
-    native_classes = (RELEASE_CLASS,)
     names = NAMES
-    native_marks = NATIVE_MARKS
-    diffusers_marks = DIFFUSERS_MARKS
-    gguf_architecture = "hyvid"  # ComfyUI-GGUF's IMG_ARCH_LIST; ComfyUI then tells 1.5 by vision_in (1152)
-    lora_prefixes = ("diffusion_model.", "model.diffusion_model.", "transformer.", "base_model.model.")
-    modulation_names = ()
-    # nn.Embedding in both runtimes (ComfyUI builds a plain torch one): a table, no Linear; F32 in GGUF
-    plain_weights = ("cond_type_embedding.", "cond_type_embed.")
+    detection = Detection(
+        "HunyuanVideo15Transformer3DModel",
+        native_classes=(RELEASE_CLASS,),
+        native_marks=NATIVE_MARKS,
+        diffusers_marks=DIFFUSERS_MARKS,
+    )
+    folders = Folders(
+        "hunyuanvideo15-diffusers",
+        "hunyuanvideo15",
+        "HunyuanVideo 1.5, one model of the release (original names: a transformer/<variant>/ folder)",
+        release_classes=(RELEASE_CLASS, None),
+    )
+    plan = PlanPolicy(
+        gguf_architecture="hyvid",  # ComfyUI-GGUF's IMG_ARCH_LIST; ComfyUI then tells 1.5 by vision_in (1152)
+        # nn.Embedding in both runtimes (ComfyUI builds a plain torch one): a table, no Linear; F32 in GGUF
+        plain_weights=("cond_type_embedding.", "cond_type_embed."),
+    )
+    lora = LoraNames(
+        prefixes=("diffusion_model.", "model.diffusion_model.", "transformer.", "base_model.model.")
+    )
     default_recipes = {
-        "hunyuanvideo15": {
-            "fp8_channel": "hunyuanvideo15-fp8",
-            "torchao_fp8": "hunyuanvideo15-torchao-fp8",
-            "torchao_int8": "hunyuanvideo15-torchao-int8",
-            "nf4": "hunyuanvideo15-nf4",
-            "comfy_fp8": "hunyuanvideo15-comfy-fp8",
-            "comfy_int8": "hunyuanvideo15-comfy-int8",
-            "comfy_nvfp4": "hunyuanvideo15-comfy-nvfp4",
-            "comfy_mxfp8": "hunyuanvideo15-comfy-mxfp8",
-            "gguf": "hunyuanvideo15-gguf-q8_0",
-        },
-        "hunyuanvideo15-diffusers": {
-            "fp8_channel": "hunyuanvideo15-diffusers-fp8",
-            "torchao_fp8": "hunyuanvideo15-diffusers-torchao-fp8",
-            "torchao_int8": "hunyuanvideo15-diffusers-torchao-int8",
-            "nf4": "hunyuanvideo15-diffusers-nf4",
-            "comfy_fp8": "hunyuanvideo15-diffusers-comfy-fp8",
-            "comfy_int8": "hunyuanvideo15-diffusers-comfy-int8",
-            "comfy_nvfp4": "hunyuanvideo15-diffusers-comfy-nvfp4",
-            "comfy_mxfp8": "hunyuanvideo15-diffusers-comfy-mxfp8",
-            "gguf": "hunyuanvideo15-diffusers-gguf-q8_0",
-        },
+        layout: bundled_recipes(layout) for layout in ("hunyuanvideo15", "hunyuanvideo15-diffusers")
     }
-    presets = {
-        "tiny": HunyuanVideo15Shape(hidden_size=128, num_layers=2),
-        # every Linear of the blocks a multiple of 256 wide (GGML's K-quants)
-        "small": HunyuanVideo15Shape(hidden_size=256, num_layers=4),
-        # the release: 2048 wide, 16 heads, 54 double blocks (8.3B)
-        "8.3b": HunyuanVideo15Shape(hidden_size=2048, num_layers=54),
-    }
-    example_layouts = _LAYOUTS
-    default_preset = "tiny"
-
-    # --- recognizing it ------------------------------------------------------------------------------
-
-    def layouts(self, folder: Path, open_: Callable[[str], Component | None]) -> list[SourceLayout]:
-        found = []
-        transformer = open_("transformer")
-        if transformer is not None and self._is_diffusers(transformer):
-            why = f"{self.title}, diffusers layout ({self.diffusers_class} in transformer/)"
-            found.append(self.layout(why, "hunyuanvideo15-diffusers"))
-        root = open_(".")
-        if root is not None:
-            cls = (root.config or {}).get("_class_name")
-            if cls in (RELEASE_CLASS, None) and self.naming(root.tensors) == "native":
-                why = f"{self.title}, one model of the release (original names: a transformer/<variant>/ folder)"
-                found.append(self.layout(why, "hunyuanvideo15"))
-            elif cls == self.diffusers_class:
-                why = f"{self.title}, a bare {self.diffusers_class} folder (diffusers names)"
-                found.append(self.layout(why, "hunyuanvideo15-diffusers"))
-        return found
 
     # --- names -----------------------------------------------------------------------------------
 
@@ -444,12 +287,12 @@ class HunyuanVideo15(Family):
             return f"transformer_blocks.{qkv[1]}.{_DIFFUSERS_QKV[qkv[2], qkv[3]]}.{qkv[4]}"
         return super().diffusers_name(native_name)
 
-    def _native_stacks(self, names: Sequence[str], where: str) -> dict[str, Stack]:
-        """A diffusers-named model's stacks (`Family._native_stacks`), or a release's: each double block's
+    def native_stacks(self, names: Sequence[str], where: str) -> dict[str, Stack]:
+        """Hook: a diffusers-named model's stacks (`Family.native_stacks`), or a release's: each double block's
         separate q, k, v stacked into the fused native one; `InputError` naming one a stack lacks."""
         found = [m for n in names if (m := _RELEASE_QKV.fullmatch(n))]
         if not found or self.naming(names) != "native":
-            return super()._native_stacks(names, where)
+            return super().native_stacks(names, where)
         present, stacks = set(names), {}
         for m in found:
             block, stream, leaf = m[1], m[2], m[4]
@@ -470,7 +313,7 @@ class HunyuanVideo15(Family):
 
     @property
     def inputs(self) -> ModelInputs:
-        return _INPUTS
+        return INPUTS
 
     def diffusers_config(self, config: dict, tensors: Mapping[str, TensorInfo], where: Path) -> dict:
         """`HunyuanVideo15Transformer3DModel`'s config for a release config.json (or ComfyUI's file, which has
@@ -503,8 +346,8 @@ class HunyuanVideo15(Family):
             "out_channels": shape("final_layer.linear.weight")[0] // (patch[0] * patch[1] * patch[2]),
             "num_attention_heads": heads,
             "attention_head_dim": hidden // heads,
-            "num_layers": _count(tensors, "double_blocks."),
-            "num_refiner_layers": _count(tensors, "txt_in.individual_token_refiner.blocks."),
+            "num_layers": count_blocks(tensors, "double_blocks."),
+            "num_refiner_layers": count_blocks(tensors, "txt_in.individual_token_refiner.blocks."),
             "mlp_ratio": float(config.get("mlp_width_ratio", 4.0)),
             "patch_size": patch[1],
             "patch_size_t": patch[0],
@@ -522,30 +365,6 @@ class HunyuanVideo15(Family):
     def pipeline_tag(self, config: dict) -> str | None:
         task = config.get("task_type") or config.get("ideal_task")
         return "image-to-video" if task == "i2v" else "text-to-video"
-
-    # --- examples ------------------------------------------------------------------------------------
-
-    def example(self, preset: str, layout: str) -> list[ExampleModel]:
-        """``release``: one variant folder of the release (original names, q/k/v apart, its config.json);
-        ``diffusers``: ``transformer/`` with the names and shapes diffusers' own class has (built on meta)."""
-        if preset not in self.presets or layout not in _LAYOUTS:
-            raise InputError(
-                f"{self.title} examples: preset {preset!r}, layout {layout!r}: presets {', '.join(self.presets)}, "
-                f"layouts {', '.join(_LAYOUTS)}"
-            )
-        shape: HunyuanVideo15Shape = self.presets[preset]
-        if layout == "release":
-            return [ExampleModel(".", release_tensors(shape), release_config(shape))]
-        from .wan_vace import diffusers_example
-
-        return [diffusers_example(self, release_tensors(shape), release_config(shape))]
-
-
-def _count(tensors: Mapping[str, object], prefix: str) -> int:
-    n = 0
-    while any(k.startswith(f"{prefix}{n}.") for k in tensors):
-        n += 1
-    return n
 
 
 HUNYUANVIDEO15 = HunyuanVideo15()

@@ -30,19 +30,32 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InputError
-from .base import BlockNames, Blocks, ExampleModel, Family, ModelInputs, NameTable, SourceLayout
+from .family import (
+    COMFY,
+    NO_GGUF_READER,
+    SOURCE_NAMED,
+    Detection,
+    Family,
+    Folders,
+    LoraNames,
+    ModelInputs,
+    PlanPolicy,
+    SourceLayout,
+    bundled_recipes,
+    count_blocks,
+)
+from .names import BlockNames, Blocks
 
 if TYPE_CHECKING:
     import torch
 
     from ..read.checkpoint import Component, TensorInfo
 
-__all__ = ["KANDINSKY5", "Kandinsky5", "Kandinsky5Shape", "NAMES", "kandinsky5_tensors", "comfyui_axes_dims"]
+__all__ = ["KANDINSKY5", "Kandinsky5", "NAMES", "ORIGINAL_FOLDER", "comfyui_axes_dims"]
 
 # --- names ---------------------------------------------------------------------------------------------
 
@@ -153,161 +166,31 @@ def _call(config: dict, t: dict[str, torch.Tensor]) -> dict:
     )
 
 
-_INPUTS = ModelInputs(keys=lambda config: _KEYS, shapes=_shapes, random=_random, call=_call, accepts=_KEYS)
-
-
-# --- examples --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Kandinsky5Shape:
-    """The dimensions of an example Kandinsky 5 DiT. The defaults are what ComfyUI builds a Kandinsky 5 video model
-    with whatever the tensors say (see the module's docstring): the examples keep them, so that every runtime loads
-    them; `axes_dims` is ComfyUI's for `model_dim` unless given."""
-
-    model_dim: int
-    ff_dim: int
-    time_dim: int
-    num_text_blocks: int
-    num_visual_blocks: int
-    in_visual_dim: int = 16
-    out_visual_dim: int = 16
-    in_text_dim: int = 3584
-    in_text_dim2: int = 768
-    patch_size: tuple[int, int, int] = (1, 2, 2)
-    visual_cond: bool = True
-    axes_dims: tuple[int, int, int] | None = None
-
-    @property
-    def axes(self) -> tuple[int, int, int]:
-        return self.axes_dims or comfyui_axes_dims(self.model_dim)
-
-    def config(self) -> dict:
-        """`Kandinsky5Transformer3DModel`'s config.json for this shape."""
-        return {
-            "_class_name": KANDINSKY5.diffusers_class,
-            "in_visual_dim": self.in_visual_dim,
-            "in_text_dim": self.in_text_dim,
-            "in_text_dim2": self.in_text_dim2,
-            "time_dim": self.time_dim,
-            "out_visual_dim": self.out_visual_dim,
-            "patch_size": list(self.patch_size),
-            "model_dim": self.model_dim,
-            "ff_dim": self.ff_dim,
-            "num_text_blocks": self.num_text_blocks,
-            "num_visual_blocks": self.num_visual_blocks,
-            "axes_dims": list(self.axes),
-            "visual_cond": self.visual_cond,
-        }
-
-
-def _linear(name: str, out: int, inp: int, bias: bool = True) -> list[tuple[str, tuple[int, ...]]]:
-    return [(f"{name}.weight", (out, inp))] + ([(f"{name}.bias", (out,))] if bias else [])
-
-
-def _attention(prefix: str, d: int, head: int) -> list[tuple[str, tuple[int, ...]]]:
-    t = (
-        _linear(f"{prefix}.to_query", d, d)
-        + _linear(f"{prefix}.to_key", d, d)
-        + _linear(f"{prefix}.to_value", d, d)
-    )
-    t += [(f"{prefix}.query_norm.weight", (head,)), (f"{prefix}.key_norm.weight", (head,))]
-    return t + _linear(f"{prefix}.out_layer", d, d)
-
-
-def kandinsky5_tensors(s: Kandinsky5Shape) -> list[tuple[str, tuple[int, ...]]]:
-    """Names and shapes of the original Kandinsky 5 DiT (``kandinsky/models/dit.py``, as ComfyUI's
-    ``comfy/ldm/kandinsky5/model.py`` builds it), in module order."""
-    d, t, ff, head = s.model_dim, s.time_dim, s.ff_dim, sum(s.axes)
-    patch = math.prod(s.patch_size)
-    visual = (2 * s.in_visual_dim + 1 if s.visual_cond else s.in_visual_dim) * patch
-    out = _linear("time_embeddings.in_layer", t, d) + _linear("time_embeddings.out_layer", t, t)
-    out += _linear("text_embeddings.in_layer", d, s.in_text_dim) + [
-        ("text_embeddings.norm.weight", (d,)),
-        ("text_embeddings.norm.bias", (d,)),
-    ]
-    out += _linear("pooled_text_embeddings.in_layer", t, s.in_text_dim2) + [
-        ("pooled_text_embeddings.norm.weight", (t,)),
-        ("pooled_text_embeddings.norm.bias", (t,)),
-    ]
-    out += _linear("visual_embeddings.in_layer", d, visual)
-
-    def feed_forward(b: str) -> list[tuple[str, tuple[int, ...]]]:
-        return _linear(f"{b}.feed_forward.in_layer", ff, d, False) + _linear(
-            f"{b}.feed_forward.out_layer", d, ff, False
-        )
-
-    for i in range(s.num_text_blocks):
-        b = f"text_transformer_blocks.{i}"
-        out += _linear(f"{b}.text_modulation.out_layer", 6 * d, t)
-        out += _attention(f"{b}.self_attention", d, head) + feed_forward(b)
-    for i in range(s.num_visual_blocks):
-        b = f"visual_transformer_blocks.{i}"
-        out += _linear(f"{b}.visual_modulation.out_layer", 9 * d, t)
-        out += _attention(f"{b}.self_attention", d, head) + _attention(f"{b}.cross_attention", d, head)
-        out += feed_forward(b)
-    out += _linear("out_layer.modulation.out_layer", 2 * d, t)
-    return out + _linear("out_layer.out_layer", patch * s.out_visual_dim, d)
-
-
-#: example layouts: ``t2v`` diffusers' ``transformer/``; ``original`` the release's ``model/<one file>``
-_LAYOUTS = ("t2v", "original")
-#: what the example's one file is called in ``model/`` (the Lite T2V release's name, so that it reads as released)
-ORIGINAL_FILE_STEM = "kandinsky5lite_t2v_sft_5s"
+INPUTS = ModelInputs(keys=lambda config: _KEYS, shapes=_shapes, random=_random, call=_call, accepts=_KEYS)
 
 
 class Kandinsky5(Family):
     name = "kandinsky5"
     title = "Kandinsky 5"
-    diffusers_class = "Kandinsky5Transformer3DModel"
     names = NAMES
     # one naming, told by these prefixes (the original's and diffusers' are the same names)
-    diffusers_marks = ("visual_transformer_blocks.0.", "text_transformer_blocks.0.")
-    gguf_architecture = None
-    no_gguf_why = (
-        "ComfyUI-GGUF's loader reads only the architectures of its IMG_ARCH_LIST (flux, sd1, sdxl, sd3, aura, "
-        "hidream, cosmos, ltxv, hyvid, wan, lumina2, qwen_image), none of them Kandinsky 5, and diffusers has no "
-        "single-file loader for Kandinsky5Transformer3DModel"
+    detection = Detection(
+        "Kandinsky5Transformer3DModel",
+        diffusers_marks=("visual_transformer_blocks.0.", "text_transformer_blocks.0."),
     )
-    lora_prefixes = ("transformer.", "base_model.model.", "diffusion_model.", "model.diffusion_model.")
+    #: the release (in ``model/``, no config.json) is told apart by `layouts`
+    folders = Folders("kandinsky5")
+    plan = PlanPolicy(
+        no_gguf_why=NO_GGUF_READER.format(title="Kandinsky 5")
+        + ", and diffusers has no single-file loader for Kandinsky5Transformer3DModel"
+    )
+    lora = LoraNames(
+        prefixes=("transformer.", "base_model.model.", "diffusion_model.", "model.diffusion_model.")
+    )
     default_recipes = {
-        "kandinsky5": {
-            "fp8_channel": "kandinsky5-fp8",
-            "torchao_fp8": "kandinsky5-torchao-fp8",
-            "torchao_int8": "kandinsky5-torchao-int8",
-            "nf4": "kandinsky5-nf4",
-            "comfy_fp8": "kandinsky5-comfy-fp8",
-            "comfy_int8": "kandinsky5-comfy-int8",
-            "comfy_nvfp4": "kandinsky5-comfy-nvfp4",
-            "comfy_mxfp8": "kandinsky5-comfy-mxfp8",
-        },
-        "kandinsky5-original": {
-            "fp8_channel": "kandinsky5-original-fp8",
-            "torchao_fp8": "kandinsky5-original-torchao-fp8",
-            "torchao_int8": "kandinsky5-original-torchao-int8",
-            "nf4": "kandinsky5-original-nf4",
-            "comfy_fp8": "kandinsky5-original-comfy-fp8",
-            "comfy_int8": "kandinsky5-original-comfy-int8",
-            "comfy_nvfp4": "kandinsky5-original-comfy-nvfp4",
-            "comfy_mxfp8": "kandinsky5-original-comfy-mxfp8",
-        },
+        layout: bundled_recipes(layout, (*SOURCE_NAMED, *COMFY))
+        for layout in ("kandinsky5", "kandinsky5-original")
     }
-    presets = {
-        # a head of 64 (ComfyUI's axes for these widths), Qwen's and CLIP's widths, visual_cond: what ComfyUI builds
-        "tiny": Kandinsky5Shape(
-            model_dim=128, ff_dim=256, time_dim=64, num_text_blocks=1, num_visual_blocks=2
-        ),
-        # every Linear of the blocks a multiple of 256 wide
-        "small": Kandinsky5Shape(
-            model_dim=256, ff_dim=1024, time_dim=128, num_text_blocks=1, num_visual_blocks=4
-        ),
-        # Kandinsky 5.0 T2V Lite (configs/config_5s_sft.yaml of the release)
-        "lite": Kandinsky5Shape(
-            model_dim=1792, ff_dim=7168, time_dim=512, num_text_blocks=2, num_visual_blocks=32
-        ),
-    }
-    example_layouts = _LAYOUTS
-    default_preset = "tiny"
 
     # --- recognizing it ------------------------------------------------------------------------------
 
@@ -323,40 +206,11 @@ class Kandinsky5(Family):
             found.append(self.layout(why, "kandinsky5-original"))
         return found
 
-    def name_table(self, role: str, fmt: str, where: str = "") -> NameTable:
-        """Its native names, for every format but GGUF, which is refused here, at plan time: no GGUF reader knows
-        a Kandinsky 5 architecture (`no_gguf_why`)."""
-        if fmt == "gguf":
-            raise InputError(
-                f"{where + ': ' if where else ''}{self.title} has no GGUF architecture ({self.no_gguf_why}): "
-                "convert it to another format (quantize recipes --for lists them)"
-            )
-        return super().name_table(role, fmt, where)
-
     # --- running it ------------------------------------------------------------------------------------
 
     @property
     def inputs(self) -> ModelInputs:
-        return _INPUTS
-
-    def runnable_names(self, names: Sequence[str], where: Path) -> dict[str, str]:
-        """Each original tensor name -> diffusers' parameter name (the same), or `InputError` naming one diffusers'
-        class lacks."""
-        if self.naming(names) is None:
-            raise InputError(
-                f"{where}: the tensors do not have {self.title}'s names (no {' or '.join(self.diffusers_marks)}"
-                f"...): a forward pass cannot run it"
-            )
-        renamed = {}
-        for name in names:
-            new = self.diffusers_name(name)
-            if new is None:
-                raise InputError(
-                    f"{where}: tensor {name!r} has no counterpart in diffusers' {self.diffusers_class} (a "
-                    f"{self.title} variant it does not implement): this model cannot be run for a forward pass"
-                )
-            renamed[name] = new
-        return renamed
+        return INPUTS
 
     def diffusers_config(self, config: dict, tensors: Mapping[str, TensorInfo], where: Path) -> dict:
         """`Kandinsky5Transformer3DModel`'s config for an original file (which has no config.json), read off the
@@ -390,8 +244,8 @@ class Kandinsky5(Family):
             "patch_size": list(patch),
             "model_dim": model_dim,
             "ff_dim": shape("visual_transformer_blocks.0.feed_forward.in_layer.weight")[0],
-            "num_text_blocks": _count(tensors, "text_transformer_blocks."),
-            "num_visual_blocks": _count(tensors, "visual_transformer_blocks."),
+            "num_text_blocks": count_blocks(tensors, "text_transformer_blocks."),
+            "num_visual_blocks": count_blocks(tensors, "visual_transformer_blocks."),
             "axes_dims": list(axes),
             "visual_cond": cond,
         }
@@ -405,44 +259,10 @@ class Kandinsky5(Family):
     def pipeline_tag(self, config: dict) -> str | None:
         return "text-to-video" if config.get("_class_name") == self.diffusers_class else None
 
-    # --- examples --------------------------------------------------------------------------------------
-
-    def example(self, preset: str, layout: str) -> list[ExampleModel]:
-        """``t2v``: a diffusers ``transformer/`` with the names and shapes diffusers' own class has (built on meta);
-        ``original``: the release's ``model/`` holding one file of the original names, no config.json."""
-        if preset not in self.presets or layout not in _LAYOUTS:
-            raise InputError(
-                f"Kandinsky 5 examples: preset {preset!r}, layout {layout!r}: presets {', '.join(self.presets)}, "
-                f"layouts {', '.join(_LAYOUTS)}"
-            )
-        shape: Kandinsky5Shape = self.presets[preset]
-        if layout == "original":
-            return [ExampleModel(ORIGINAL_FOLDER, kandinsky5_tensors(shape), None, ORIGINAL_FILE_STEM)]
-        import torch
-
-        try:
-            import diffusers
-        except ImportError:
-            raise InputError(
-                "Kandinsky 5 examples are built from diffusers' own class: pip install 'dit-quantize[diffusers]'"
-            ) from None
-        config = shape.config()
-        with torch.device("meta"):
-            model = diffusers.Kandinsky5Transformer3DModel.from_config(config)
-        tensors = [(n, tuple(t.shape)) for n, t in model.state_dict().items()]
-        return [ExampleModel("transformer", tensors, config)]
-
 
 def _is_original(family: Family, comp: Component) -> bool:
     """A component of the original release: Kandinsky 5 names, and no config.json naming a class."""
     return not (comp.config or {}).get("_class_name") and family.naming(comp.tensors) is not None
-
-
-def _count(tensors: Mapping[str, object], prefix: str) -> int:
-    n = 0
-    while any(k.startswith(f"{prefix}{n}.") for k in tensors):
-        n += 1
-    return n
 
 
 KANDINSKY5 = Kandinsky5()

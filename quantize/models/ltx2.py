@@ -18,8 +18,8 @@ the video VAE (``vae.``), the audio VAE (``audio_vae.``), the vocoder (``vocoder
 configuration ComfyUI builds the transformer, the VAE and the audio VAE from) and ``ltx2-diffusers`` (a diffusers
 ``transformer/`` with ``LTX2VideoTransformer3DModel``'s config, or that folder itself).
 
-Only the transformer's Linears are ever converted; every other tensor of the release file (`Family.carried_parts`) is
-carried as stored, and its metadata ``config`` with it (`Family.carried_metadata`), so that a converted file is again
+Only the transformer's Linears are ever converted; every other tensor of the release file (`Carried.parts`) is
+carried as stored, and its metadata ``config`` with it (`Carried.metadata`), so that a converted file is again
 one file ComfyUI's checkpoint loader takes (``comfy/sd.py``: the unet under ``model.diffusion_model.``, the VAE under
 ``vae.``; the audio VAE node reads ``audio_vae.`` and ``vocoder.``; the text encoder loader reads the projection and
 the connectors).
@@ -58,29 +58,37 @@ then builds its defaults, the 19B's dimensions and the 2.0 structure, which only
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InputError
-from .base import BlockNames, Blocks, ExampleModel, Family, ModelInputs, SourceLayout
+from .family import (
+    SOURCE_NAMED,
+    Carried,
+    Detection,
+    Family,
+    Folders,
+    LoraNames,
+    ModelInputs,
+    PlanPolicy,
+    bundled_recipes,
+    count_blocks,
+)
+from .names import BlockNames, Blocks
 
 if TYPE_CHECKING:
     import torch
 
-    from ..read.checkpoint import Component, TensorInfo
+    from ..read.checkpoint import TensorInfo
 
 __all__ = [
     "LTX2",
     "Ltx2",
-    "Ltx2Shape",
     "NAMES",
     "PREFIX",
     "CARRIED",
     "COMFYUI_HEADS",
-    "VERSIONS",
     "LTX23_SWITCHES",
 ]
 
@@ -267,319 +275,45 @@ def _call(config: dict, t: dict[str, torch.Tensor]) -> dict:
     )
 
 
-_INPUTS = ModelInputs(keys=lambda config: _KEYS, shapes=_shapes, random=_random, call=_call, accepts=_KEYS)
-
-# --- examples ----------------------------------------------------------------------------------------------
-
-
-#: the generations of LTX-2's transformer an example is made of (`Ltx2Shape.version`): ``2.0`` (the 19B) projects the
-#: caption features itself (PixArt caption projections); ``2.3`` (the 22B) gates every attention per head
-#: (``to_gate_logits``), modulates the text cross-attention by the timestep too (9 rows of ``scale_shift_table``,
-#: ``prompt_adaln_single``, ``prompt_scale_shift_table``) and takes the connectors' outputs as they are (its text
-#: projection is per modality, ahead of the connectors: ``text_embedding_projection.{video,audio}_aggregate_embed``)
-VERSIONS = ("2.0", "2.3")
-
-
-@dataclass(frozen=True)
-class Ltx2Shape:
-    """The dimensions of an example LTX-2 of a generation (`VERSIONS`). ComfyUI's 32 heads for video and audio and
-    128 latent channels are kept; the head widths, the caption width, the connectors' and (2.3) the structure are
-    named in the file's metadata ``config``, as the releases name them. A 2.3 connector is as wide as the attention
-    it feeds (its output is the cross-attention's context, with no caption projection between)."""
-
-    attention_head_dim: int
-    audio_attention_head_dim: int
-    caption_channels: int
-    connector_heads: int
-    connector_head_dim: int
-    num_layers: int = 48
-    connector_layers: int = 2
-    heads: int = COMFYUI_HEADS
-    audio_heads: int = COMFYUI_HEADS
-    in_channels: int = 128
-    audio_in_channels: int = 128
-    #: Gemma hidden states of this many layers, concatenated, are what text_embedding_projection takes (49)
-    text_layers: int = 49
-    #: the connectors' learnable registers (ComfyUI's Embeddings1DConnector: 128)
-    registers: int = 128
-    version: str = "2.0"
-    #: the audio connector's heads and their width (ComfyUI's ``audio_connector_*``; None: the video connector's)
-    audio_connector_heads: int | None = None
-    audio_connector_head_dim: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.version not in VERSIONS:
-            raise ValueError(f"LTX-2 version {self.version!r}: one of {', '.join(VERSIONS)}")
-        widths = (self.connector_width, self.audio_connector_width)
-        if self.v23 and widths != (self.dim, self.audio_dim):
-            raise ValueError(
-                f"LTX-2.3 connectors {widths} wide feed attentions {self.dim, self.audio_dim} wide"
-            )
-
-    @property
-    def v23(self) -> bool:
-        """The 2.3 structure: gated attention, the text cross-attention's adaLN, no caption projection."""
-        return self.version == "2.3"
-
-    @property
-    def dim(self) -> int:
-        return self.heads * self.attention_head_dim
-
-    @property
-    def audio_dim(self) -> int:
-        return self.audio_heads * self.audio_attention_head_dim
-
-    @property
-    def audio_connector(self) -> tuple[int, int]:
-        """The audio connector's heads and head width."""
-        return (
-            self.audio_connector_heads or self.connector_heads,
-            self.audio_connector_head_dim or self.connector_head_dim,
-        )
-
-    @property
-    def connector_width(self) -> int:
-        return self.connector_heads * self.connector_head_dim
-
-    @property
-    def audio_connector_width(self) -> int:
-        heads, head = self.audio_connector
-        return heads * head
-
-    @property
-    def release_stem(self) -> str:
-        """The release file's name (the dev model's of its generation), so that the example reads as released."""
-        return "ltx-2.3-22b-dev" if self.v23 else "ltx-2-19b-dev"
-
-    def config(self) -> dict:
-        """`LTX2VideoTransformer3DModel`'s config for this shape."""
-        config = {
-            "_class_name": LTX2.diffusers_class,
-            "in_channels": self.in_channels,
-            "out_channels": self.in_channels,
-            "num_attention_heads": self.heads,
-            "attention_head_dim": self.attention_head_dim,
-            "cross_attention_dim": self.dim,
-            "audio_in_channels": self.audio_in_channels,
-            "audio_out_channels": self.audio_in_channels,
-            "audio_num_attention_heads": self.audio_heads,
-            "audio_attention_head_dim": self.audio_attention_head_dim,
-            "audio_cross_attention_dim": self.audio_dim,
-            "num_layers": self.num_layers,
-            "caption_channels": self.caption_channels,
-            **RELEASE_CONSTANTS,
-        }
-        return config | (LTX23_SWITCHES if self.v23 else {})
-
-    def comfyui_config(self) -> dict:
-        """The ``transformer`` section of the release's metadata ``config``, in ``LTXAVModel``'s argument names
-        (``comfy/ldm/lightricks/av_model.py``, ``model.py``; the 2.3 switches as LTX-2.3's own file names them)."""
-        config = {
-            "num_attention_heads": self.heads,
-            "attention_head_dim": self.attention_head_dim,
-            "cross_attention_dim": self.dim,
-            "audio_num_attention_heads": self.audio_heads,
-            "audio_attention_head_dim": self.audio_attention_head_dim,
-            "audio_cross_attention_dim": self.audio_dim,
-            "in_channels": self.in_channels,
-            "audio_in_channels": self.audio_in_channels,
-            "caption_channels": self.caption_channels,
-            "num_layers": self.num_layers,
-            "connector_num_attention_heads": self.connector_heads,
-            "connector_attention_head_dim": self.connector_head_dim,
-            "connector_num_layers": self.connector_layers,
-            "rope_type": "split",
-        }
-        if self.v23:
-            heads, head = self.audio_connector
-            config |= {
-                "apply_gated_attention": True,  # to_gate_logits in every attention of the blocks
-                "cross_attention_adaln": True,  # 9 modulation rows, prompt_adaln_single, prompt_scale_shift_table
-                "caption_proj_before_connector": True,  # the text projection ahead of the connectors ...
-                "caption_projection_first_linear": False,  # ... and none in the transformer
-                "connector_apply_gated_attention": True,
-                "audio_connector_num_attention_heads": heads,
-                "audio_connector_attention_head_dim": head,
-            }
-        return config
-
-
-def _linear(name: str, out: int, inp: int, bias: bool = True) -> list[tuple[str, tuple[int, ...]]]:
-    return [(f"{name}.weight", (out, inp))] + ([(f"{name}.bias", (out,))] if bias else [])
-
-
-def connector_tensors(s: Ltx2Shape, name: str) -> list[tuple[str, tuple[int, ...]]]:
-    """One text-embedding connector as ComfyUI's ``Embeddings1DConnector`` builds it (its learnable registers and
-    its 1-D transformer blocks: self-attention with q/k norms, per-head gates in 2.3, a 4x GELU feed-forward)."""
-    heads, head = s.audio_connector if name.startswith("audio") else (s.connector_heads, s.connector_head_dim)
-    d, p = heads * head, f"{PREFIX}{name}"
-    out = [(f"{p}.learnable_registers", (s.registers, d))]
-    for i in range(s.connector_layers):
-        b = f"{p}.transformer_1d_blocks.{i}"
-        out += [(f"{b}.attn1.q_norm.weight", (d,)), (f"{b}.attn1.k_norm.weight", (d,))]
-        for m in ("to_q", "to_k", "to_v", "to_out.0"):
-            out += _linear(f"{b}.attn1.{m}", d, d)
-        if s.v23:
-            out += _linear(f"{b}.attn1.to_gate_logits", heads, d)
-        out += _linear(f"{b}.ff.net.0.proj", 4 * d, d) + _linear(f"{b}.ff.net.2", d, 4 * d)
-    return out
-
-
-def release_others(s: Ltx2Shape) -> list[tuple[str, tuple[int, ...]]]:
-    """What the release's file holds beside the transformer (`CARRIED`), a few tensors of each part with the names
-    ComfyUI and diffusers read: the text feature projection (Gemma's layers concatenated -> the caption width, no
-    bias; 2.3: one per modality, to the attention widths, with biases: ``comfy/text_encoders/lt.py``'s
-    ``DualLinearProjection``), both connectors, and a handful of the video VAE's, audio VAE's and vocoder's tensors
-    (2-D to 5-D)."""
-    c, features = s.caption_channels, s.caption_channels * s.text_layers
-    if s.v23:
-        out = _linear("text_embedding_projection.video_aggregate_embed", s.dim, features)
-        out += _linear("text_embedding_projection.audio_aggregate_embed", s.audio_dim, features)
-    else:
-        out = [("text_embedding_projection.aggregate_embed.weight", (c, features))]
-    out += connector_tensors(s, "video_embeddings_connector") + connector_tensors(
-        s, "audio_embeddings_connector"
-    )
-    for vae, latent in (("vae", s.in_channels), ("audio_vae", 8)):
-        for stat in ("mean-of-means", "std-of-means"):
-            out.append((f"{vae}.per_channel_statistics.{stat}", (latent,)))
-    out += [
-        ("vae.encoder.conv_in.conv.weight", (32, 48, 3, 3, 3)),
-        ("vae.encoder.conv_in.conv.bias", (32,)),
-        ("vae.decoder.conv_out.conv.weight", (48, 32, 3, 3, 3)),
-        ("audio_vae.decoder.conv_in.conv.weight", (32, 8, 3, 3)),
-        ("vocoder.conv_pre.weight", (32, 64, 7)),
-        ("vocoder.resblocks.0.convs1.0.weight", (32, 32, 3)),
-    ]
-    return out
-
-
-#: example layouts: ``release`` the one file at the root; ``diffusers`` the transformer/ folder
-_LAYOUTS = ("release", "diffusers")
+INPUTS = ModelInputs(keys=lambda config: _KEYS, shapes=_shapes, random=_random, call=_call, accepts=_KEYS)
 
 
 class Ltx2(Family):
     name = "ltx2"
     title = "LTX-2"
-    diffusers_class = "LTX2VideoTransformer3DModel"
     names = NAMES
     # only LTX-2 has audio in its transformer, in either naming
-    native_marks = (f"{PREFIX}audio_adaln_single.", f"{PREFIX}transformer_blocks.0.audio_attn1.")
-    diffusers_marks = ("audio_time_embed.", "transformer_blocks.0.audio_attn1.")
-    gguf_architecture = "ltxv"  # ComfyUI-GGUF's IMG_ARCH_LIST; ComfyUI then tells LTX-2 (ltxav) by its audio
-    lora_prefixes = ("diffusion_model.", "model.diffusion_model.", "transformer.")
-    carried_parts = CARRIED
-    carried_metadata = ("config",)
-    diffusers_not_native_why = (
-        "ComfyUI's LTX-2 model holds the text connectors, which diffusers keeps outside transformer/ (in "
-        "connectors/), and takes the widths its tensors do not show from the release's metadata config; convert "
-        "the release's one file (ltx-2-19b-dev.safetensors, ltx-2.3-22b-dev.safetensors) to it instead, or this model to fp8_channel, "
-        "torchao_fp8, torchao_int8 or nf4"
+    detection = Detection(
+        "LTX2VideoTransformer3DModel",
+        native_marks=(f"{PREFIX}audio_adaln_single.", f"{PREFIX}transformer_blocks.0.audio_attn1."),
+        diffusers_marks=("audio_time_embed.", "transformer_blocks.0.audio_attn1."),
     )
+    folders = Folders(
+        "ltx2-diffusers",
+        "ltx2",
+        f"LTX-2 release: one file, the transformer under {PREFIX} with its VAEs and connectors",
+    )
+    plan = PlanPolicy(
+        gguf_architecture="ltxv",  # ComfyUI-GGUF's IMG_ARCH_LIST; ComfyUI then tells LTX-2 (ltxav) by its audio
+        carried=Carried(parts=CARRIED, metadata=("config",)),
+        diffusers_not_native_why=(
+            "ComfyUI's LTX-2 model holds the text connectors, which diffusers keeps outside transformer/ (in "
+            "connectors/), and takes the widths its tensors do not show from the release's metadata config; convert "
+            "the release's one file (ltx-2-19b-dev.safetensors, ltx-2.3-22b-dev.safetensors) to it instead, or this "
+            "model to fp8_channel, torchao_fp8, torchao_int8 or nf4"
+        ),
+    )
+    lora = LoraNames(prefixes=("diffusion_model.", "model.diffusion_model.", "transformer."))
     default_recipes = {
-        "ltx2": {
-            "fp8_channel": "ltx2-fp8",
-            "torchao_fp8": "ltx2-torchao-fp8",
-            "torchao_int8": "ltx2-torchao-int8",
-            "nf4": "ltx2-nf4",
-            "comfy_fp8": "ltx2-comfy-fp8",
-            "comfy_int8": "ltx2-comfy-int8",
-            "comfy_nvfp4": "ltx2-comfy-nvfp4",
-            "comfy_mxfp8": "ltx2-comfy-mxfp8",
-            "gguf": "ltx2-gguf-q8_0",
-        },
-        "ltx2-diffusers": {
-            "fp8_channel": "ltx2-diffusers-fp8",
-            "torchao_fp8": "ltx2-diffusers-torchao-fp8",
-            "torchao_int8": "ltx2-diffusers-torchao-int8",
-            "nf4": "ltx2-diffusers-nf4",
-        },
+        "ltx2": bundled_recipes("ltx2"),
+        "ltx2-diffusers": bundled_recipes("ltx2-diffusers", SOURCE_NAMED),
     }
-    presets = {
-        # 48 blocks, as every release has (the recipes keep blocks 0, 1, 46 and 47), 32 heads of 2
-        "tiny": Ltx2Shape(
-            attention_head_dim=2,
-            audio_attention_head_dim=2,
-            caption_channels=64,
-            connector_heads=2,
-            connector_head_dim=32,
-            connector_layers=1,
-        ),
-        # every Linear of the blocks a multiple of 256 wide (GGML's K-quants)
-        "small": Ltx2Shape(
-            attention_head_dim=8,
-            audio_attention_head_dim=8,
-            caption_channels=256,
-            connector_heads=2,
-            connector_head_dim=128,
-            connector_layers=1,
-        ),
-        # LTX-2 19B (ltx-2-19b-dev.safetensors): ComfyUI's LTXAVModel defaults, for benchmarks
-        "19b": Ltx2Shape(
-            attention_head_dim=128,
-            audio_attention_head_dim=64,
-            caption_channels=3840,
-            connector_heads=30,
-            connector_head_dim=128,
-        ),
-        # the LTX-2.3 structure at the tiny size (video 128 wide, audio 64: a mix-up of the two shows), 48 blocks
-        "tiny-2.3": Ltx2Shape(
-            attention_head_dim=4,
-            audio_attention_head_dim=2,
-            caption_channels=64,
-            connector_heads=2,
-            connector_head_dim=64,
-            connector_layers=1,
-            version="2.3",
-            audio_connector_heads=2,
-            audio_connector_head_dim=32,
-        ),
-        # LTX-2.3 22B (ltx-2.3-22b-dev.safetensors): its metadata config's dimensions, for benchmarks
-        "22b": Ltx2Shape(
-            attention_head_dim=128,
-            audio_attention_head_dim=64,
-            caption_channels=3840,
-            connector_heads=32,
-            connector_head_dim=128,
-            connector_layers=8,
-            version="2.3",
-            audio_connector_heads=32,
-            audio_connector_head_dim=64,
-        ),
-    }
-    example_layouts = _LAYOUTS
-    default_preset = "tiny"
-
-    # --- recognizing it --------------------------------------------------------------------------------
-
-    def layouts(self, folder: Path, open_: Callable[[str], Component | None]) -> list[SourceLayout]:
-        """``ltx2-diffusers``: a diffusers ``transformer/`` (or such a folder itself); ``ltx2``: the release's one
-        file at the root, told by its native names."""
-        found = []
-        transformer = open_("transformer")
-        if transformer is not None and self._is_diffusers(transformer):
-            why = f"{self.title}, diffusers layout ({self.diffusers_class} in transformer/)"
-            found.append(self.layout(why, "ltx2-diffusers"))
-        root = open_(".")
-        if root is not None:
-            if self.naming(root.tensors) == "native":
-                why = f"{self.title} release: one file, the transformer under {PREFIX} with its VAEs and connectors"
-                found.append(self.layout(why, "ltx2"))
-            elif (root.config or {}).get("_class_name") == self.diffusers_class:
-                why = f"{self.title}, a bare {self.diffusers_class} folder (diffusers names)"
-                found.append(self.layout(why, "ltx2-diffusers"))
-        return found
 
     # --- running it ------------------------------------------------------------------------------------
 
     @property
     def inputs(self) -> ModelInputs:
-        return _INPUTS
-
-    def runnable_names(self, names: Sequence[str], where: Path) -> dict[str, str]:
-        """The transformer's native names -> diffusers' (`Family.runnable_names`); the release's other parts
-        (`CARRIED`) are left out: they are no part of the class."""
-        return super().runnable_names([n for n in names if not self.carried(n)], where)
+        return INPUTS
 
     def diffusers_config(self, config: dict, tensors: Mapping[str, TensorInfo], where: Path) -> dict:
         """`LTX2VideoTransformer3DModel`'s config for the release's file (which has no config.json), read off the
@@ -630,7 +364,7 @@ class Ltx2(Family):
             "audio_cross_attention_dim": audio_to_k[1],
             "audio_gated_attn": has(f"{block}.audio_attn1.to_gate_logits.weight"),
             "audio_cross_attn_mod": audio_cross_mod,
-            "num_layers": _count(tensors, f"{PREFIX}transformer_blocks."),
+            "num_layers": count_blocks(tensors, f"{PREFIX}transformer_blocks."),
             "caption_channels": shape("caption_projection.linear_1.weight")[1] if prompt else 3840,
             "use_prompt_embeddings": prompt,
             "ff_bias": has(f"{block}.ff.net.0.proj.bias"),
@@ -652,54 +386,6 @@ class Ltx2(Family):
         """The release ships no config.json: a checkpoint converted from it is written with diffusers' config read
         off its tensors (`diffusers_config`), so that our loader builds `LTX2VideoTransformer3DModel` for it."""
         return self.diffusers_config({}, tensors, where)
-
-    def pipeline_tag(self, config: dict) -> str | None:
-        return "text-to-video"
-
-    # --- examples --------------------------------------------------------------------------------------
-
-    def example(self, preset: str, layout: str) -> list[ExampleModel]:
-        """``release``: the one file at the root (the transformer in native names with the release's other
-        parts, its metadata ``config``, no config.json); ``diffusers``: ``transformer/`` with the names and shapes
-        diffusers' own class has (built on meta)."""
-        if preset not in self.presets or layout not in _LAYOUTS:
-            raise InputError(
-                f"{self.title} examples: preset {preset!r}, layout {layout!r}: presets {', '.join(self.presets)}, "
-                f"layouts {', '.join(_LAYOUTS)}"
-            )
-        shape: Ltx2Shape = self.presets[preset]
-        native = [(self.native_name(n), s) for n, s in _diffusers_tensors(self, shape.config())]
-        native += release_others(shape)
-        if (
-            layout == "diffusers"
-        ):  # the class's config as diffusers writes it, read off the release as we read it
-            from .wan_vace import diffusers_example
-
-            return [diffusers_example(self, native, {})]
-        metadata = {"config": json.dumps({"transformer": shape.comfyui_config()}, sort_keys=True)}
-        return [ExampleModel(".", native, None, shape.release_stem, metadata)]
-
-
-def _diffusers_tensors(family: Family, config: dict) -> list[tuple[str, tuple[int, ...]]]:
-    """Names and shapes of diffusers' class built on meta from `config`."""
-    import torch
-
-    try:
-        import diffusers
-    except ImportError:
-        raise InputError(
-            f"{family.title} examples are built from diffusers' own class: pip install 'dit-quantize[diffusers]'"
-        ) from None
-    with torch.device("meta"):
-        model = getattr(diffusers, family.diffusers_class).from_config(config)
-    return [(n, tuple(t.shape)) for n, t in model.state_dict().items()]
-
-
-def _count(tensors: Mapping[str, object], prefix: str) -> int:
-    n = 0
-    while any(k.startswith(f"{prefix}{n}.") for k in tensors):
-        n += 1
-    return n
 
 
 LTX2 = Ltx2()

@@ -17,7 +17,7 @@ oracle). One to one: the patch projections (``video_patch_proj`` / ``proj_in``, 
 ``adaln_proj.linear`` (main blocks only, the same name). Stacked (`Blocks.stacked`): the native ``attn.qkv_proj`` is
 the row stack [to_q; to_k; to_v] (the release's ``stacked`` layout, as ComfyUI splits it), and ``mlp.fc1`` is
 [gate; value] where diffusers' ``ff.net.0.proj`` is [value; gate]: its halves swapped. Native only: ``rope.inv_freq``
-(the rotary frequencies, which diffusers computes from the config: `Family.carried_parts`, never part of the class),
+(the rotary frequencies, which diffusers computes from the config: `Carried.parts`, never part of the class),
 and in ComfyUI's pruned "curve" checkpoints ``adaln_t_table`` (no diffusers counterpart: such a file converts under
 its own names, and a forward pass refuses it naming the tensor).
 
@@ -43,20 +43,33 @@ enough for the 3 * 2 * ``rope_freq_dim`` channels the rope rotates.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InputError
-from .base import BlockNames, Blocks, ExampleModel, Family, ModelInputs, NameTable, Rows, SourceLayout
+from .family import (
+    COMFY,
+    NO_GGUF_READER,
+    SOURCE_NAMED,
+    Carried,
+    Detection,
+    Family,
+    Folders,
+    LoraNames,
+    ModelInputs,
+    PlanPolicy,
+    bundled_recipes,
+    count_blocks,
+)
+from .names import BlockNames, Blocks, Rows
 
 if TYPE_CHECKING:
     import torch
 
-    from ..read.checkpoint import Component, TensorInfo
+    from ..read.checkpoint import TensorInfo
 
-__all__ = ["MINIMAX_H3", "MiniMaxH3", "MiniMaxH3Shape", "NAMES", "minimax_h3_tensors", "PATCH"]
+__all__ = ["MINIMAX_H3", "MiniMaxH3", "NAMES", "PATCH", "ROPE"]
 
 #: the (t, h, w) patch ComfyUI always builds MiniMax-H3 with
 PATCH = (1, 2, 2)
@@ -179,7 +192,7 @@ def _random(config: dict, g: torch.Generator) -> dict[str, torch.Tensor]:
     )
 
 
-_INPUTS = ModelInputs(
+INPUTS = ModelInputs(
     keys=lambda config: _KEYS,
     shapes=_shapes,
     random=_random,
@@ -188,220 +201,43 @@ _INPUTS = ModelInputs(
 )
 
 
-# --- examples --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MiniMaxH3Shape:
-    """The dimensions of an example MiniMax-H3 DiT (`MiniMaxH3Transformer3DModel`'s config names). The defaults are
-    the release's widths that its VAEs and text encoder fix (see the module's docstring)."""
-
-    hidden_size: int
-    num_attention_heads: int
-    attention_head_dim: int
-    ffn_dim: int
-    num_layers: int
-    num_refiner_layers: int
-    time_embed_hidden_dim: int
-    time_embed_dim: int
-    rope_freq_dim: int
-    in_channels: int = 24
-    audio_in_channels: int = 32
-    text_dim: int = 5120
-    freq_dim: int = 256
-
-    def config(self) -> dict:
-        """`MiniMaxH3Transformer3DModel`'s config.json for this shape (the rest: the class's defaults)."""
-        return {
-            "_class_name": MINIMAX_H3.diffusers_class,
-            "num_attention_heads": self.num_attention_heads,
-            "attention_head_dim": self.attention_head_dim,
-            "hidden_size": self.hidden_size,
-            "num_layers": self.num_layers,
-            "num_refiner_layers": self.num_refiner_layers,
-            "ffn_dim": self.ffn_dim,
-            "in_channels": self.in_channels,
-            "audio_in_channels": self.audio_in_channels,
-            "patch_size": list(PATCH),
-            "text_dim": self.text_dim,
-            "freq_dim": self.freq_dim,
-            "time_embed_hidden_dim": self.time_embed_hidden_dim,
-            "time_embed_dim": self.time_embed_dim,
-            "rope_freq_dim": self.rope_freq_dim,
-        }
-
-
-def _linear(name: str, out: int, inp: int, bias: bool = True) -> list[tuple[str, tuple[int, ...]]]:
-    return [(f"{name}.weight", (out, inp))] + ([(f"{name}.bias", (out,))] if bias else [])
-
-
-def _block(prefix: str, s: MiniMaxH3Shape, adaln: bool) -> list[tuple[str, tuple[int, ...]]]:
-    d, inner = s.hidden_size, s.num_attention_heads * s.attention_head_dim
-    t = [(f"{prefix}.norm1.weight", (d,)), (f"{prefix}.norm2.weight", (d,))]
-    t += _linear(f"{prefix}.attn.qkv_proj", 3 * inner, d, bias=False)
-    t += [(f"{prefix}.attn.q_norm.weight", (s.attention_head_dim,))]
-    t += [(f"{prefix}.attn.k_norm.weight", (s.attention_head_dim,))]
-    t += _linear(f"{prefix}.attn.out_proj", d, inner, bias=False)
-    t += _linear(f"{prefix}.mlp.fc1", 2 * s.ffn_dim, d, bias=False)
-    t += _linear(f"{prefix}.mlp.fc2", d, s.ffn_dim, bias=False)
-    if adaln:  # six modulation vectors for each of the three modalities
-        t += _linear(f"{prefix}.adaln_proj.linear", 6 * 3 * d, s.time_embed_dim)
-    return t
-
-
-def minimax_h3_tensors(s: MiniMaxH3Shape) -> list[tuple[str, tuple[int, ...]]]:
-    """Names and shapes of the release's file (``MiniMaxH3Model`` of ComfyUI's ``comfy/ldm/minimax/model.py``, its
-    full time embedder), in module order."""
-    d, video = s.hidden_size, s.in_channels * PATCH[0] * PATCH[1] * PATCH[2]
-    t = _linear("video_patch_proj", d, video) + _linear("audio_patch_proj", d, s.audio_in_channels)
-    t += _linear("condition_proj", d, s.text_dim)
-    t += _linear("time_embedder.proj_in", s.time_embed_hidden_dim, s.freq_dim)
-    t += _linear("time_embedder.proj_out", s.time_embed_dim, s.time_embed_hidden_dim)
-    t += [("rope.inv_freq", (s.rope_freq_dim,))]
-    for i in range(s.num_refiner_layers):
-        t += _block(f"token_refiner.blocks.{i}", s, adaln=False)
-    t += [("token_refiner.final_norm.weight", (d,))]
-    for i in range(s.num_layers):
-        t += _block(f"blocks.{i}", s, adaln=True)
-    t += [("final_layer.norm.weight", (d,))] + _linear(
-        "final_layer.adaln_proj.linear", 2 * d, s.time_embed_dim
-    )
-    return (
-        t
-        + _linear("final_layer.video_out", video, d)
-        + _linear("final_layer.audio_out", s.audio_in_channels, d)
-    )
-
-
-#: example layouts: ``original`` the release's one file; ``diffusers`` diffusers' ``transformer/``
-_LAYOUTS = ("original", "diffusers")
-#: what the example's one file is called (the bf16 single file's name, so that it reads as released)
-RELEASE_FILE_STEM = "minimax_h3_bf16"
-
-
 class MiniMaxH3(Family):
     name = "minimax-h3"
     title = "MiniMax-H3"
-    diffusers_class = "MiniMaxH3Transformer3DModel"
     names = NAMES
     # ComfyUI's detection keys; diffusers' own (the token refiner's blocks, the blocks' AdaLN under diffusers' prefix)
-    native_marks = ("video_patch_proj.", "audio_patch_proj.")
-    diffusers_marks = ("token_refiner.refiner_blocks.", "transformer_blocks.0.adaln_proj.")
-    gguf_architecture = None
-    no_gguf_why = (
-        "ComfyUI-GGUF's loader reads only the architectures of its IMG_ARCH_LIST (flux, sd1, sdxl, sd3, aura, "
-        "hidream, cosmos, ltxv, hyvid, wan, lumina2, qwen_image), none of them MiniMax-H3"
+    detection = Detection(
+        "MiniMaxH3Transformer3DModel",
+        native_marks=("video_patch_proj.", "audio_patch_proj."),
+        diffusers_marks=("token_refiner.refiner_blocks.", "transformer_blocks.0.adaln_proj."),
     )
-    lora_prefixes = ("transformer.", "diffusion_model.", "model.diffusion_model.", "base_model.model.")
-    carried_parts = (ROPE,)
-    diffusers_not_native_why = (
-        "ComfyUI's detection reads rope.inv_freq, which diffusers' class does not store; convert the original release "
-        "(Comfy-Org/MiniMax-H3) to it instead, or this model to fp8_channel, torchao_fp8, torchao_int8 or nf4"
+    folders = Folders(
+        "minimax-h3-diffusers",
+        "minimax-h3",
+        "MiniMax-H3 release: one file, the original names (Comfy-Org/MiniMax-H3), no config.json",
+    )
+    plan = PlanPolicy(
+        no_gguf_why=NO_GGUF_READER.format(title="MiniMax-H3"),
+        carried=Carried(parts=(ROPE,)),
+        diffusers_not_native_why=(
+            "ComfyUI's detection reads rope.inv_freq, which diffusers' class does not store; convert the original "
+            "release (Comfy-Org/MiniMax-H3) to it instead, or this model to fp8_channel, torchao_fp8, torchao_int8 "
+            "or nf4"
+        ),
+    )
+    lora = LoraNames(
+        prefixes=("transformer.", "diffusion_model.", "model.diffusion_model.", "base_model.model.")
     )
     default_recipes = {
-        "minimax-h3": {
-            "fp8_channel": "minimax-h3-fp8",
-            "torchao_fp8": "minimax-h3-torchao-fp8",
-            "torchao_int8": "minimax-h3-torchao-int8",
-            "nf4": "minimax-h3-nf4",
-            "comfy_fp8": "minimax-h3-comfy-fp8",
-            "comfy_int8": "minimax-h3-comfy-int8",
-            "comfy_nvfp4": "minimax-h3-comfy-nvfp4",
-            "comfy_mxfp8": "minimax-h3-comfy-mxfp8",
-        },
-        "minimax-h3-diffusers": {
-            "fp8_channel": "minimax-h3-diffusers-fp8",
-            "torchao_fp8": "minimax-h3-diffusers-torchao-fp8",
-            "torchao_int8": "minimax-h3-diffusers-torchao-int8",
-            "nf4": "minimax-h3-diffusers-nf4",
-        },
+        "minimax-h3": bundled_recipes("minimax-h3", (*SOURCE_NAMED, *COMFY)),
+        "minimax-h3-diffusers": bundled_recipes("minimax-h3-diffusers", SOURCE_NAMED),
     }
-    presets = {
-        # heads narrower than the hidden size (3 x 32 = 96 < 128), as the release's (56 x 128 = 7168 > 5376) differ
-        "tiny": MiniMaxH3Shape(
-            hidden_size=128,
-            num_attention_heads=3,
-            attention_head_dim=32,
-            ffn_dim=256,
-            num_layers=2,
-            num_refiner_layers=1,
-            time_embed_hidden_dim=128,
-            time_embed_dim=64,
-            rope_freq_dim=4,
-        ),
-        # every Linear of the blocks a multiple of 128 wide
-        "small": MiniMaxH3Shape(
-            hidden_size=256,
-            num_attention_heads=6,
-            attention_head_dim=64,
-            ffn_dim=768,
-            num_layers=4,
-            num_refiner_layers=2,
-            time_embed_hidden_dim=256,
-            time_embed_dim=128,
-            rope_freq_dim=8,
-        ),
-        # MiniMax-H3 33B (MiniMaxH3Transformer3DModel's defaults, ComfyUI's MiniMaxH3Model's): for benchmarks
-        "33b": MiniMaxH3Shape(
-            hidden_size=5376,
-            num_attention_heads=56,
-            attention_head_dim=128,
-            ffn_dim=14336,
-            num_layers=50,
-            num_refiner_layers=2,
-            time_embed_hidden_dim=5376,
-            time_embed_dim=2688,
-            rope_freq_dim=16,
-        ),
-    }
-    example_layouts = _LAYOUTS
-    # the smallest whose every Linear each bundled recipe takes (nf4 needs inputs a multiple of 64 wide: tiny's
-    # attention output is 96)
-    default_preset = "small"
-
-    # --- recognizing it ------------------------------------------------------------------------------
-
-    def layouts(self, folder: Path, open_: Callable[[str], Component | None]) -> list[SourceLayout]:
-        """``minimax-h3-diffusers``: a diffusers ``transformer/`` (or such a folder itself); ``minimax-h3``: the
-        release's one file at the root, told by its native names."""
-        found = []
-        transformer = open_("transformer")
-        if transformer is not None and self._is_diffusers(transformer):
-            why = f"{self.title}, diffusers layout ({self.diffusers_class} in transformer/)"
-            found.append(self.layout(why, "minimax-h3-diffusers"))
-        root = open_(".")
-        if root is not None:
-            if self.naming(root.tensors) == "native":
-                why = f"{self.title} release: one file, the original names (Comfy-Org/MiniMax-H3), no config.json"
-                found.append(self.layout(why, "minimax-h3"))
-            elif (root.config or {}).get("_class_name") == self.diffusers_class:
-                why = f"{self.title}, a bare {self.diffusers_class} folder (diffusers names)"
-                found.append(self.layout(why, "minimax-h3-diffusers"))
-        return found
-
-    # --- names ---------------------------------------------------------------------------------------
-
-    def name_table(self, role: str, fmt: str, where: str = "") -> NameTable:
-        """GGUF refused whatever the layout (`no_gguf_why`); a diffusers-named model's native names (ComfyUI's
-        formats) are refused when it is planned (`diffusers_not_native_why`)."""
-        if fmt == "gguf":
-            at = f"{where}: " if where else ""
-            raise InputError(
-                f"{at}{self.title} has no GGUF architecture ({self.no_gguf_why}): convert it to another format "
-                "(quantize recipes --for lists them)"
-            )
-        return super().name_table(role, fmt, where)
 
     # --- running it ------------------------------------------------------------------------------------
 
     @property
     def inputs(self) -> ModelInputs:
-        return _INPUTS
-
-    def runnable_names(self, names: Sequence[str], where: Path) -> dict[str, str]:
-        """The release's names -> diffusers' (`Family.runnable_names`; the stacked ones cut by `runnable_stacks`);
-        ``rope.inv_freq`` left out: diffusers computes it from the config."""
-        return super().runnable_names([n for n in names if not self.carried(n)], where)
+        return INPUTS
 
     def diffusers_config(self, config: dict, tensors: Mapping[str, TensorInfo], where: Path) -> dict:
         """`MiniMaxH3Transformer3DModel`'s config for the release's file (which has no config.json), read off the
@@ -433,8 +269,8 @@ class MiniMaxH3(Family):
             "num_attention_heads": shape("blocks.0.attn.qkv_proj.weight")[0] // (3 * head),
             "attention_head_dim": head,
             "hidden_size": hidden,
-            "num_layers": _count(tensors, "blocks."),
-            "num_refiner_layers": _count(tensors, "token_refiner.blocks."),
+            "num_layers": count_blocks(tensors, "blocks."),
+            "num_refiner_layers": count_blocks(tensors, "token_refiner.blocks."),
             "ffn_dim": shape("blocks.0.mlp.fc1.weight")[0] // 2,
             "in_channels": out // patches,
             "audio_in_channels": shape("final_layer.audio_out.weight")[0],
@@ -454,34 +290,6 @@ class MiniMaxH3(Family):
         if "adaln_t_table" in tensors:
             return None
         return self.diffusers_config({}, tensors, where)
-
-    def pipeline_tag(self, config: dict) -> str | None:
-        return "text-to-video"
-
-    # --- examples --------------------------------------------------------------------------------------
-
-    def example(self, preset: str, layout: str) -> list[ExampleModel]:
-        """``original``: the release's one file at the root (original names, no config.json); ``diffusers``:
-        ``transformer/`` with the names and shapes diffusers' own class has (built on meta). Only names and shapes:
-        `quantize example` writes them one tensor at a time, so the 33B one never is in memory."""
-        if preset not in self.presets or layout not in _LAYOUTS:
-            raise InputError(
-                f"{self.title} examples: preset {preset!r}, layout {layout!r}: presets {', '.join(self.presets)}, "
-                f"layouts {', '.join(_LAYOUTS)}"
-            )
-        from .wan_vace import diffusers_example
-
-        native = minimax_h3_tensors(self.presets[preset])
-        if layout == "original":
-            return [ExampleModel(".", native, None, RELEASE_FILE_STEM)]
-        return [diffusers_example(self, native, {})]
-
-
-def _count(tensors: Mapping[str, object], prefix: str) -> int:
-    n = 0
-    while any(k.startswith(f"{prefix}{n}.") for k in tensors):
-        n += 1
-    return n
 
 
 MINIMAX_H3 = MiniMaxH3()

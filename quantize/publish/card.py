@@ -282,8 +282,8 @@ def _comfyui_section(files: list[str], family: Family | None) -> list[str]:
         "",
     ]
     out += [f"- `{f}`" for f in files]
-    if len(files) > 1 and family is not None and family.experts_note:
-        out += ["", family.experts_note]
+    if len(files) > 1 and family is not None and family.card.experts_note:
+        out += ["", family.card.experts_note]
     return [*out, ""]
 
 
@@ -304,7 +304,7 @@ def _gguf_section(files: list[str], manifest: Manifest, family: Family | None) -
     types = sorted({t.type for t in manifest.tensors.values() if t.type})
     title = family.title if family is not None else "the model"
     cls = family.diffusers_class if family is not None else "the model class"
-    arch = family.gguf_architecture if family is not None else None
+    arch = family.plan.gguf_architecture if family is not None else None
     out = [
         f"One GGUF file per model (GGML types {', '.join(types)}; {title}'s native names; `general.architecture` {arch}):",
         "",

@@ -26,29 +26,34 @@ __all__ = ["SourceLayout", "DEFAULT_RECIPES", "detect_layouts", "recipe_for_form
 DEFAULT_RECIPES: dict[str, dict[str, str]] = default_recipes()
 
 
-def _open(folder: Path, rel: str) -> Component | None:
+def _open(folder: Path, rel: str, unreadable: list[InputError]) -> Component | None:
     """The component, or None where `rel` holds no readable one (no folder, no safetensors, loose files that
-    form no model: detection looks, and the conversion reports what is wrong with the folder it converts)."""
+    form no model: detection looks, and the conversion reports what is wrong with the folder it converts); what
+    made a folder with files unreadable (a truncated file, a bad header) is added to `unreadable`."""
     where = folder if rel == "." else folder / rel
     if not where.is_dir():
         return None
     try:
         return open_component(folder, rel)
-    except InputError:
+    except InputError as e:
+        if any(where.glob("*.safetensors")):  # files of a model that cannot be read, not a folder of no model
+            unreadable.append(e)
         return None
 
 
-def detect_layouts(folder: Path) -> list[SourceLayout]:
+def detect_layouts(folder: Path, unreadable: list[InputError] | None = None) -> list[SourceLayout]:
     """Every layout `folder` matches, asking each family (usually one; none for a folder of another kind; more
-    than one for a folder that holds two kinds of model)."""
+    than one for a folder that holds two kinds of model). `unreadable`, when given, gets why each component
+    folder that holds files could not be read."""
     folder = Path(folder)
     if not folder.is_dir():
         raise InputError(f"{folder}: source directory not found")
     opened: dict[str, Component | None] = {}
+    problems = [] if unreadable is None else unreadable
 
     def open_(rel: str) -> Component | None:
         if rel not in opened:
-            opened[rel] = _open(folder, rel)
+            opened[rel] = _open(folder, rel, problems)
         return opened[rel]
 
     return [layout for family in FAMILIES for layout in family.layouts(folder, open_)]
@@ -67,7 +72,10 @@ def recipe_for_format(folder: Path, fmt: str) -> tuple[str, SourceLayout]:
         raise InputError(
             f"`fmt` {fmt!r} is not a format (formats: {', '.join(sorted(FORMAT_INFO))})", parameters=("fmt",)
         )
-    layouts = detect_layouts(folder)
+    unreadable: list[InputError] = []
+    layouts = detect_layouts(folder, unreadable)
+    if not layouts and unreadable:  # a truncated file, say: that is the fault, not the layout
+        raise unreadable[0]
     if not layouts:
         known = ", ".join(f.title for f in FAMILIES)
         raise InputError(
@@ -87,7 +95,8 @@ def recipe_for_format(folder: Path, fmt: str) -> tuple[str, SourceLayout]:
             parameters=("recipe",),
         )
     there = sorted({f"{r} ({f})" for lay in layouts for f, r in DEFAULT_RECIPES[lay.name].items()})
-    reasons = {why for lay in layouts if (why := get_family(lay.family).why_no(fmt))}
+    native = fmt in FORMAT_INFO and FORMAT_INFO[fmt].names == "native"
+    reasons = {why for lay in layouts if (why := get_family(lay.family).why_no(fmt, native))}
     raise InputError(
         f"{folder}: no bundled {fmt} recipe for {_layout_words(layouts)}"
         f"{''.join(f' ({why})' for why in sorted(reasons))}; for this layout there are: "

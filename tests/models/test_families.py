@@ -9,6 +9,7 @@ import pytest
 
 from quantize.errors import InputError
 from quantize.models import FAMILIES, IDENTITY, family_of, get_family, names_for
+from quantize.models.examples import examples_of
 from quantize.read.checkpoint import open_component
 
 WAN, KANDINSKY5 = get_family("wan"), get_family("kandinsky5")
@@ -117,7 +118,7 @@ def test_a_mix_of_native_and_diffusers_names_is_refused():
 @pytest.mark.parametrize("layout", ["t2v", "i2v", "a14b", "lingbot"])
 def test_wan_examples_have_the_dimensions_comfyui_builds_wan_with(preset, layout):
     """ComfyUI builds every Wan with text_dim 4096, freq_dim 256 and 128-wide heads; an I2V model's in_dim is 36."""
-    for model in WAN.example(preset, layout):
+    for model in examples_of(WAN).models(preset, layout):
         shapes = dict(model.tensors)
         config = model.config
         assert shapes["text_embedding.0.weight"][1] == 4096 and config["freq_dim"] == 256
@@ -135,7 +136,7 @@ def test_a_wan_example_builds_as_diffusers_wan_with_every_tensor_in_place(layout
 
     from quantize.read.checkpoint import TensorInfo
 
-    (model,) = WAN.example("tiny", layout)
+    (model,) = examples_of(WAN).models("tiny", layout)
     infos = {n: TensorInfo(n, "BF16", shape, Path("example"), 0, 0) for n, shape in model.tensors}
     config = WAN.diffusers_config(model.config, infos, Path("example"))
     with torch.device("meta"):
@@ -146,11 +147,11 @@ def test_a_wan_example_builds_as_diffusers_wan_with_every_tensor_in_place(layout
 
 
 def test_the_kandinsky5_example_is_diffusers_own_class():
-    (model,) = KANDINSKY5.example("tiny", "t2v")
+    (model,) = examples_of(KANDINSKY5).models("tiny", "t2v")
     assert model.component == "transformer" and model.config["in_text_dim"] == 3584
     assert family_of(model.config["_class_name"], dict(model.tensors)) is KANDINSKY5
     with pytest.raises(InputError, match="Kandinsky 5 examples: preset '14b'"):
-        KANDINSKY5.example("14b", "t2v")
+        examples_of(KANDINSKY5).models("14b", "t2v")
 
 
 def test_a_name_table_with_block_lists_named_otherwise_in_each_naming():
@@ -192,7 +193,7 @@ def test_example_by_default_is_the_familys_first_layout_and_every_bundled_recipe
 
     fam = get_family(family)
     proc = run_cli("example", tmp_path / "ex", "--family", family, check=True)
-    assert f"-shaped {fam.example_layouts[0]} checkpoint" in proc.stdout
+    assert f"-shaped {examples_of(fam).layouts[0]} checkpoint" in proc.stdout
     (layout,) = detect_layouts(tmp_path / "ex")
     assert layout.family == family
     for fmt, recipe in fam.default_recipes[layout.name].items():
@@ -204,8 +205,8 @@ def _diffusers_examples():
     return [
         pytest.param(f, lay, m.config, id=f"{f.name}-{lay}")
         for f in FAMILIES
-        for lay in f.example_layouts
-        for m in f.example(f.default_preset, lay)
+        for lay in examples_of(f).layouts
+        for m in examples_of(f).models(examples_of(f).default_preset, lay)
         if (m.config or {}).get("_class_name") == f.diffusers_class
     ]
 
@@ -213,7 +214,7 @@ def _diffusers_examples():
 @pytest.mark.parametrize(("family", "layout", "config"), _diffusers_examples())
 def test_every_embedding_of_a_family_class_is_a_plain_weight_in_either_naming(family, layout, config):
     """An nn.Embedding's weight is 2-D but no Linear: a recipe that targets it would make a file its runtimes
-    cannot run (the class looks rows up in it), so the family declares it (`Family.plain_weights`) and the plan
+    cannot run (the class looks rows up in it), so the family declares it (`PlanPolicy.plain_weights`) and the plan
     refuses it by name."""
     import diffusers
     import torch
@@ -223,3 +224,57 @@ def test_every_embedding_of_a_family_class_is_a_plain_weight_in_either_naming(fa
     embeddings = [f"{n}.weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Embedding)]
     assert all(family.plain_weight(n) for n in embeddings), embeddings
     assert all(family.plain_weight(family.native_name(n)) for n in embeddings if family.native_name(n))
+
+
+# -- a family is declared parts and the hooks it needs -----------------------------------------------------------
+
+
+def test_a_new_family_is_its_parts_and_its_runtime_and_the_rest_follows():
+    """A family of one naming (no native table) declares its detection, folders and runtime, and nothing else: it is
+    found by its class and its marks, its layouts are told, a GGUF is refused at plan time in its words, and a
+    forward pass runs under its own names; one without its runtime cannot be made (`abc`, as a format's hooks)."""
+    from quantize.models.family import Detection, Family, Folders, ModelInputs, PlanPolicy
+
+    class Toy(Family):
+        name, title = "toy", "Toy"
+        detection = Detection("ToyTransformer3DModel", diffusers_marks=("toy_blocks.0.",))
+        folders = Folders("toy")
+        plan = PlanPolicy(no_gguf_why="no GGUF reader knows Toy")
+        inputs = ModelInputs(lambda c: (), lambda c: {}, lambda c, g: {}, lambda c, t: t, ())
+
+        def diffusers_config(self, config, tensors, where):
+            return dict(config)
+
+    toy, names = Toy(), ["toy_blocks.0.proj.weight", "toy_blocks.0.proj.bias"]
+    assert toy.owns("ToyTransformer3DModel", []) and toy.owns(None, names) and not toy.owns("WanModel", names)
+    assert toy.naming(names) == "diffusers" and toy.diffusers_class == "ToyTransformer3DModel"
+    assert toy.name_table("source", "fp8_channel") is IDENTITY
+    with pytest.raises(InputError, match="m: Toy has no GGUF architecture \\(no GGUF reader knows Toy\\)"):
+        toy.name_table("source", "gguf", "m")
+    with pytest.raises(InputError, match="Toy has none in this tool yet"):
+        toy.name_table("native", "comfy_fp8", "m")
+
+    class NoRuntime(Family):
+        name, title = "none", "None"
+        detection = Detection("NoneModel")
+        folders = Folders("none")
+
+    with pytest.raises(TypeError, match="abstract"):
+        NoRuntime()
+
+
+def test_wans_variants_share_wans_parts_and_differ_in_their_marks():
+    """VACE, SkyReels-V2 and Animate are `WanVariant`s: Wan's LoRA names and GGUF architecture, told apart from Wan
+    (and from each other) by their own layers' marks, whatever Wan class their release's config names."""
+    from quantize.models.wan import WanVariant
+
+    wan = get_family("wan")
+    variants = [f for f in FAMILIES if isinstance(f, WanVariant)]
+    assert {f.name for f in variants} == {"wan-vace", "skyreels-v2", "wan-animate"}
+    base = ["blocks.0.self_attn.q.weight", "head.modulation"]
+    for f in variants:
+        own = [f"{f.detection.own_marks[0]}x.weight"]
+        assert f.lora == wan.lora and f.plan.gguf_architecture == "wan"
+        assert f.owns("WanModel", base + own) and not f.owns("WanModel", base)
+        assert not wan.owns("WanModel", base + own) and family_of("WanModel", base + own) is f
+        assert family_of("WanModel", base) is wan

@@ -23,6 +23,7 @@ import torch
 from safetensors import safe_open
 
 from quantize.models import family_of, get_family
+from quantize.models.examples import examples_of
 from quantize.plan import make_plan
 from quantize.read.detect import detect_layouts
 from quantize.recipes import load_recipe
@@ -272,7 +273,7 @@ def test_family_by_class_and_by_names(sources):
 
 @pytest.mark.parametrize("preset", ["tiny", "small", "8.3b"])
 def test_examples_have_the_dimensions_comfyui_fixes(preset):
-    (model,) = HV.example(preset, "release")
+    (model,) = examples_of(HV).models(preset, "release")
     state = dict(model.tensors)
     found = comfyui_detects(state)
     assert found["model"] == "HunyuanVideo15" and found["hidden_size"] == 128 * found["num_heads"]

@@ -20,6 +20,7 @@ from safetensors import safe_open
 
 from quantize.errors import InputError
 from quantize.models import family_of, get_family, names_for
+from quantize.models.examples import examples_of
 from quantize.plan import make_plan
 from quantize.read.checkpoint import open_component, read_tensor
 from quantize.read.detect import detect_layouts
@@ -248,7 +249,7 @@ def test_the_original_example_is_the_release_one_file_in_model_with_no_config(so
 def test_examples_have_the_dimensions_comfyui_fixes(preset, layout):
     """Its defaults: Qwen2.5-VL's 3584 and CLIP's 768, 16 latent channels with the image latent and mask concatenated
     (4 * 33 = 132 inputs), a (1, 2, 2) patch; its head width, from model_dim alone."""
-    (model,) = K5.example(preset, layout)
+    (model,) = examples_of(K5).models(preset, layout)
     state = dict(model.tensors)
     assert state == _built_by_comfyui(state)
     assert (

@@ -28,6 +28,7 @@ from safetensors import safe_open
 
 from quantize.errors import InputError
 from quantize.models import family_of, get_family
+from quantize.models.examples import examples_of
 from quantize.models.ltx2 import LTX23_SWITCHES, PREFIX
 from quantize.plan import make_plan
 from quantize.read.checkpoint import TensorInfo, open_component, read_tensor
@@ -261,7 +262,7 @@ def test_every_diffusers_name_round_trips_through_diffusers_own_converter(config
 def test_the_release_names_are_what_diffusers_reads_of_the_release_and_the_connectors_have_none(preset):
     """diffusers' converter drops the connectors (another component) and leaves the rest of the file alone;
     our table gives each transformer tensor of the release the name the converter gives it, and none to the rest."""
-    (release,) = LTX.example(preset, "release")
+    (release,) = examples_of(LTX).models(preset, "release")
     names = [n for n, _ in release.tensors]
     ours = LTX.runnable_names(names, Path("here"))
     assert {old: new for old, new in diffusers_converts(names).items() if old.startswith(PREFIX)} == ours
@@ -362,7 +363,7 @@ def test_examples_have_the_dimensions_comfyui_fixes(preset):
     """32 heads (ComfyUI's attention_head_dim = to_k rows // 32), 128 latent channels; the 19B without metadata is
     exactly what ComfyUI's defaults build (the release's own dimensions); LTX-2.3's structure only with it (ComfyUI
     reads no tensor for its switches)."""
-    (model,) = LTX.example(preset, "release")
+    (model,) = examples_of(LTX).models(preset, "release")
     state = dict(model.tensors)
     detected = comfyui_detects(state, dict(model.metadata))
     assert comfyui_state(detected) == _unet_part(state)
@@ -558,7 +559,7 @@ def test_our_loader_runs_every_format_of_the_release_and_the_other_parts_are_car
     [("release", f) for f in NATIVE_FORMATS] + [("release-2.3", f) for f in ("comfy_fp8", "gguf")],
 )
 def test_comfy_and_gguf_files_of_the_release_hold_what_comfyui_detects(sources, converted, fmt, source):
-    (release,) = LTX.example(SOURCES[source][0], "release")
+    (release,) = examples_of(LTX).models(SOURCES[source][0], "release")
     want = comfyui_detects(dict(release.tensors), dict(release.metadata))
     path = _output_file(converted(source, fmt), source)
     if fmt == "gguf":

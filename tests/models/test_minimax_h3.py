@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from quantize.models import get_family, stack_rows
+from quantize.models.examples import examples_of
 from quantize.plan import make_plan
 from quantize.read.checkpoint import open_component, read_tensor
 from quantize.read.detect import detect_layouts
@@ -86,7 +87,7 @@ def oracle(native: dict[str, torch.Tensor], config: dict) -> dict[str, torch.Ten
 
 
 def _random_native(preset: str) -> dict[str, torch.Tensor]:
-    (model,) = MM.example(preset, "original")
+    (model,) = examples_of(MM).models(preset, "original")
     g = torch.Generator().manual_seed(0)
     return {n: torch.randn(shape, generator=g) for n, shape in model.tensors}
 
@@ -136,9 +137,10 @@ def test_every_native_name_the_oracle_maps_one_to_one_is_the_tables_and_the_fuse
 
 def test_family_by_names_and_class():
     from quantize.models import family_of
+    from quantize.models.examples import examples_of
 
-    native = [n for n, _ in MM.example("tiny", "original")[0].tensors]
-    (diffusers_model,) = MM.example("tiny", "diffusers")
+    native = [n for n, _ in examples_of(MM).models("tiny", "original")[0].tensors]
+    (diffusers_model,) = examples_of(MM).models("tiny", "diffusers")
     assert family_of(None, native) is MM and MM.naming(native) == "native"
     assert family_of(None, [n for n, _ in diffusers_model.tensors]) is MM
     assert MM.naming([n for n, _ in diffusers_model.tensors]) == "diffusers"
@@ -150,7 +152,7 @@ def test_family_by_names_and_class():
 
 @pytest.mark.parametrize("preset", ["tiny", "small", "33b"])
 def test_examples_have_the_names_and_shapes_comfyui_detects_and_diffusers_builds(preset):
-    (original,) = MM.example(preset, "original")
+    (original,) = examples_of(MM).models(preset, "original")
     state = dict(original.tensors)
     detected = comfyui_minimax(state)
     assert (detected["latents_dim"], detected["audio_latents_dim"], detected["text_dim"]) == (24, 32, 5120)
@@ -161,7 +163,7 @@ def test_examples_have_the_names_and_shapes_comfyui_detects_and_diffusers_builds
     if preset == "33b":
         assert detected == COMFYUI_DEFAULTS
     assert original.component == "." and original.config is None and original.stem == "minimax_h3_bf16"
-    (diffusers_model,) = MM.example(preset, "diffusers")
+    (diffusers_model,) = examples_of(MM).models(preset, "diffusers")
     assert diffusers_model.component == "transformer"
     assert diffusers_model.config["_class_name"] == "MiniMaxH3Transformer3DModel"
     # the release's tensors, through the table (fused ones cut), are the class's; rope.inv_freq aside
@@ -314,7 +316,7 @@ def test_a_pruned_release_converts_but_is_not_run(tmp_path):
     forward pass (sensitivity, verify --forward) refuses it in one line naming the tensor."""
     from quantize.examples import write_random_checkpoint
 
-    (model,) = MM.example("tiny", "original")
+    (model,) = examples_of(MM).models("tiny", "original")
     tensors = [(n, s) for n, s in model.tensors if not n.startswith("time_embedder.")] + [
         ("adaln_t_table", (64, 64))
     ]

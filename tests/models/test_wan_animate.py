@@ -20,6 +20,7 @@ import torch
 from safetensors import safe_open
 
 from quantize.models import FAMILIES, family_of, get_family
+from quantize.models.examples import examples_of
 from quantize.models.wan_animate import not_one_to_one
 from quantize.plan import make_plan
 from quantize.read.checkpoint import TensorInfo, open_component, read_tensor
@@ -130,8 +131,9 @@ def test_every_name_maps_as_diffusers_own_converter_maps_it():
     from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
 
     from quantize.models import same_but_size_one_dims, stack_rows
+    from quantize.models.examples import examples_of
 
-    (model,) = ANIMATE.example("tiny", "animate")
+    (model,) = examples_of(ANIMATE).models("tiny", "animate")
     g = torch.Generator().manual_seed(0)
     native = {n: torch.randn(s, generator=g) for n, s in model.tensors}
     oracle = convert_wan_transformer_to_diffusers(dict(native))
@@ -199,7 +201,7 @@ def test_family_by_class_and_by_names(config_class, names, family):
 def test_wan_claims_no_animate_model():
     wan = get_family("wan")
     for layout in ("animate", "diffusers"):
-        (model,) = ANIMATE.example("tiny", layout)
+        (model,) = examples_of(ANIMATE).models("tiny", layout)
         assert wan.naming(dict(model.tensors)) is None and not wan.owns("WanModel", dict(model.tensors))
 
 
@@ -208,7 +210,7 @@ def test_wan_claims_no_animate_model():
 
 @pytest.mark.parametrize("preset", ["tiny", "small", "14b"])
 def test_examples_have_what_comfyui_builds(preset):
-    (model,) = ANIMATE.example(preset, "animate")
+    (model,) = examples_of(ANIMATE).models(preset, "animate")
     state, config = dict(model.tensors), model.config
     detected = comfyui_animate(state)
     assert config["_class_name"] == "WanAnimateModel" and detected["in_dim"] == config["in_dim"] == 36
@@ -222,8 +224,8 @@ def test_examples_have_what_comfyui_builds(preset):
 
 
 def test_the_diffusers_example_is_the_class_built_from_the_release():
-    (release,) = ANIMATE.example("tiny", "animate")
-    (model,) = ANIMATE.example("tiny", "diffusers")
+    (release,) = examples_of(ANIMATE).models("tiny", "animate")
+    (model,) = examples_of(ANIMATE).models("tiny", "diffusers")
     renamed = {ANIMATE.diffusers_name(n) for n, _ in release.tensors} - {None}
     assert model.component == "transformer" and renamed <= {n for n, _ in model.tensors}
     assert model.config["_class_name"] == "WanAnimateTransformer3DModel" and model.config["in_channels"] == 36
@@ -234,7 +236,8 @@ def test_the_diffusers_example_is_the_class_built_from_the_release():
 
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory) -> dict[str, Path]:
-    """sources["native" | "diffusers"]: the tiny example, as `quantize example` writes it."""
+    """sources["native" | "diffusers"]: the test example (tiny's DiT, a narrow motion encoder: what the forward passes
+    here cost), as `quantize example` writes it."""
     root = tmp_path_factory.mktemp("animate")
     made = {}
     for kind, (layout, _) in LAYOUTS.items():
@@ -245,7 +248,7 @@ def sources(tmp_path_factory) -> dict[str, Path]:
             "--family",
             "wan-animate",
             "--preset",
-            "tiny",
+            "test",
             "--layout",
             layout,
             check=True,
@@ -463,14 +466,23 @@ def test_the_release_converts_to_every_format_verifies_with_a_forward_and_our_lo
         exact = load_quantized(cls, out, dtype=torch.float32, compute="dequantize")
         got = exact(**ANIMATE.inputs.call(model.config, x))[0]
     assert round(forward_sqnr_db(want, got), 3) == reported
-    assert exact.motion_encoder.conv_in.act_fn.bias.shape == (32,)
+    assert exact.motion_encoder.conv_in.act_fn.bias.shape == (8,)  # the test preset's narrow encoder
+
+
+@pytest.fixture(scope="module")
+def tiny_release(tmp_path_factory) -> Path:
+    """The tiny release, whose motion encoder has ComfyUI's widths (what its detection and build are checked on)."""
+    path = tmp_path_factory.mktemp("animate-tiny") / "release"
+    run_cli("example", path, "--family", "wan-animate", "--preset", "tiny", "--layout", "animate", check=True)
+    return path
 
 
 @pytest.mark.parametrize("fmt", NATIVE_FORMATS)
-def test_comfy_and_gguf_files_hold_what_comfyui_detects_and_builds(converted, fmt):
-    (release,) = ANIMATE.example("tiny", "animate")
+def test_comfy_and_gguf_files_hold_what_comfyui_detects_and_builds(tiny_release, tmp_path, fmt):
+    (release,) = examples_of(ANIMATE).models("tiny", "animate")
     names = dict(release.tensors)
-    path = _native_file(converted("native", fmt))
+    run_cli("convert", tiny_release, tmp_path / "out", "--format", fmt, check=True)
+    path = _native_file(tmp_path / "out")
     state = _state(path)
     assert {n for n in state if not n.endswith(COMFY_PARTS)} == set(names)  # every native name, no other
     if fmt == "gguf":  # quantized weights are bytes there: the rule reads the kept tensors' shapes

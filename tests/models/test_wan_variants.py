@@ -21,6 +21,7 @@ import torch
 from safetensors import safe_open
 
 from quantize.models import FAMILIES, family_of, get_family
+from quantize.models.examples import examples_of
 from quantize.plan import make_plan
 from quantize.read.checkpoint import TensorInfo, open_component, read_tensor
 from quantize.read.detect import detect_layouts
@@ -175,7 +176,7 @@ def test_family_by_class_and_by_names(config_class, names, family):
 
 
 def test_wan_claims_no_variant_model():
-    for model in (*VACE.example("tiny", "vace"), *SKY.example("tiny", "df")):
+    for model in (*examples_of(VACE).models("tiny", "vace"), *examples_of(SKY).models("tiny", "df")):
         assert WAN.naming(dict(model.tensors)) is None and not WAN.owns("WanModel", dict(model.tensors))
 
 
@@ -225,7 +226,7 @@ def test_a_skyreels_release_without_fps_layers_is_told_by_its_config(tmp_path):
 
 @pytest.mark.parametrize("preset", ["tiny", "small", "1.3b", "14b"])
 def test_vace_examples_have_what_comfyui_builds(preset):
-    (model,) = VACE.example(preset, "vace")
+    (model,) = examples_of(VACE).models(preset, "vace")
     state, config = dict(model.tensors), model.config
     detected = comfyui_wan(state)
     assert config["_class_name"] == "VaceWanModel" and detected["model_type"] == "vace"
@@ -243,7 +244,7 @@ def test_vace_examples_have_what_comfyui_builds(preset):
 
 def test_the_ti2v_example_is_what_comfyui_detects_as_wan22_ti2v():
     """Wan2.2 TI2V-5B: dim 3072, 30 layers, 48 channels in and out (ComfyUI's WAN22_T2V is told by out_dim 48)."""
-    (model,) = WAN.example("5b", "ti2v")
+    (model,) = examples_of(WAN).models("5b", "ti2v")
     detected = comfyui_wan(dict(model.tensors))
     assert detected == dict(dim=3072, out_dim=48, num_heads=24, ffn_dim=14336, num_layers=30, in_dim=48,
                             model_type="t2v")  # fmt: skip
@@ -253,7 +254,7 @@ def test_the_ti2v_example_is_what_comfyui_detects_as_wan22_ti2v():
 def test_ti2v_inputs_carry_one_timestep_per_token_and_run(tmp_path):
     import diffusers
 
-    (model,) = WAN.example("tiny", "ti2v")
+    (model,) = examples_of(WAN).models("tiny", "ti2v")
     infos = {n: TensorInfo(n, "BF16", s, Path("x"), 0, 0) for n, s in model.tensors}
     config = WAN.diffusers_config(model.config, infos, Path("x"))
     x = WAN.inputs.random(config, torch.Generator().manual_seed(0))
@@ -272,7 +273,7 @@ def test_an_original_example_builds_the_diffusers_class_with_every_tensor_in_pla
     import diffusers
 
     fam = get_family(family)
-    (model,) = fam.example("tiny", layout)
+    (model,) = examples_of(fam).models("tiny", layout)
     infos = {n: TensorInfo(n, "BF16", shape, Path("x"), 0, 0) for n, shape in model.tensors}
     config = fam.diffusers_config(model.config, infos, Path("x"))
     with torch.device("meta"):
@@ -430,7 +431,7 @@ def _state(path: Path) -> dict[str, tuple[int, ...]]:
 @pytest.mark.parametrize("fmt", NATIVE_FORMATS)
 def test_comfy_and_gguf_files_of_either_layout_hold_what_comfyui_detects(sources, converted, family, fmt):
     fam = get_family(family)
-    (release,) = fam.example("tiny", LAYOUTS[family]["native"][0])
+    (release,) = examples_of(fam).models("tiny", LAYOUTS[family]["native"][0])
     want = comfyui_wan(dict(release.tensors))
     for kind in ("native", "diffusers"):
         out = converted(family, kind, fmt)

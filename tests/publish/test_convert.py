@@ -438,10 +438,10 @@ def test_keep_dtype_cast_of_chunked_and_scalar_tensors(tmp_path, monkeypatch):
 def test_copy_other_files_refuses_to_copy_an_unconverted_twin(tmp_path):
     """A two-expert diffusers repo with the one-expert recipe would ship transformer_2 in bf16: refused."""
     from quantize.examples import write_random_checkpoint
-    from quantize.models import get_family
+    from quantize.models.examples import examples_of
 
     src = tmp_path / "src"
-    (model,) = get_family("wan").example("tiny", "t2v")
+    (model,) = examples_of("wan").models("tiny", "t2v")
     for comp in ("transformer", "transformer_2"):
         write_random_checkpoint(src / comp, model.tensors, config=model.config)
     (tmp_path / "r.yaml").write_text(

@@ -57,7 +57,10 @@ EXPECTED = {
         "Kandinsky 5, diffusers layout (Kandinsky5Transformer3DModel in transformer/)",
     ),
     "bare-wan": ("wan-diffusers", "Wan, a bare WanTransformer3DModel folder (diffusers names)"),
-    "bare-kandinsky5": ("kandinsky5", "Kandinsky 5, a bare Kandinsky5Transformer3DModel folder"),
+    "bare-kandinsky5": (
+        "kandinsky5",
+        "Kandinsky 5, a bare Kandinsky5Transformer3DModel folder (diffusers names)",
+    ),
 }
 
 
@@ -240,7 +243,7 @@ def test_format_on_a_file_or_a_typo_says_so(sources, tmp_path):
 
 
 def test_a_lora_for_the_component_a_bare_folder_is(sources, tmp_path):
-    from tests.steps.test_lora import make_lora, write_lora
+    from tests.helpers.lora import make_lora, write_lora
 
     bare = sources["bare-wan"]
     made = make_lora(bare.parent, seed=1, rel="transformer", diffs=False)
@@ -259,3 +262,16 @@ def test_a_lora_for_the_component_a_bare_folder_is(sources, tmp_path):
     (record,) = manifest["steps"]
     assert record["loras"][0]["component"] == "." and record["loras"][0]["tensors"] == {".": len(made.terms)}
     assert manifest["source"]["name"] == "diffusers/transformer"  # what the card calls the model
+
+
+def test_a_truncated_release_is_named_as_truncated_not_as_of_no_known_layout(sources, tmp_path):
+    """A release cut short (a download that stopped halfway) has headers that promise more than the file holds:
+    `--format` says so, naming the file, instead of sending the user after an unknown layout."""
+    src = tmp_path / "cut"
+    shutil.copytree(sources["t2v"], src)
+    (shard,) = sorted(src.glob("*.safetensors"))[:1]
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size // 2)
+    line = _one_line_exit_2(run_cli("convert", src, tmp_path / "o", "--format", "fp8_channel"))
+    assert shard.name in line and "truncated" in line and "no known layout" not in line
+    assert not (tmp_path / "o").exists()

@@ -1,0 +1,44 @@
+"""Every family's example checkpoints (`quantize example`), one module each beside the family's own, registered
+here: `EXAMPLES` by family name, `examples_of`. A family module knows nothing of its examples; they import it.
+
+Imported on first use (`quantize example`, tests, benchmarks), never by the converter.
+"""
+
+from __future__ import annotations
+
+from ...errors import InputError
+from ..family import Family
+from .base import ExampleModel, Examples, LoraTensor, diffusers_example, linear
+from .hunyuanvideo15 import HUNYUANVIDEO15_EXAMPLES
+from .kandinsky5 import KANDINSKY5_EXAMPLES
+from .ltx2 import LTX2_EXAMPLES
+from .minimax_h3 import MINIMAX_H3_EXAMPLES
+from .skyreels_v2 import SKYREELS_EXAMPLES
+from .wan import WAN_EXAMPLES
+from .wan_animate import ANIMATE_EXAMPLES
+from .wan_vace import VACE_EXAMPLES
+
+__all__ = ["EXAMPLES", "examples_of", "ExampleModel", "Examples", "LoraTensor", "diffusers_example", "linear"]
+
+#: family name -> its example checkpoints
+EXAMPLES: dict[str, Examples] = {
+    e.family.name: e
+    for e in (
+        VACE_EXAMPLES,
+        SKYREELS_EXAMPLES,
+        ANIMATE_EXAMPLES,
+        WAN_EXAMPLES,
+        KANDINSKY5_EXAMPLES,
+        LTX2_EXAMPLES,
+        HUNYUANVIDEO15_EXAMPLES,
+        MINIMAX_H3_EXAMPLES,
+    )
+}
+
+
+def examples_of(family: Family | str) -> Examples:
+    """The example checkpoints of `family` (a `Family` or its registry name)."""
+    name = family if isinstance(family, str) else family.name
+    if name not in EXAMPLES:
+        raise InputError(f"{name}: no example checkpoints (families with them: {', '.join(EXAMPLES)})")
+    return EXAMPLES[name]

@@ -1,0 +1,472 @@
+"""A model family: what the tool knows of one family of video DiTs, as a few declared parts, each with one job.
+
+- **names** (`names.BlockNames`): the diffusers <-> native table, read both ways; None where the release's names
+  are diffusers' own.
+- **detection** (`Detection`): the config classes a model is registered by and the tensor-name marks of each
+  naming; a variant's own marks and the marks that make a model another family's.
+- **folders** (`Folders`): the layouts a source folder may have (a key of `default_recipes` each), and why.
+- **plan** (`PlanPolicy`): what a plan must know beyond the names: the formats it has no output in and why, the
+  2-D weights that are plain parameters, the parts of a release carried as stored.
+- **lora** (`LoraNames`): the key prefixes its LoRAs carry in the wild, its modulation tables' names.
+- **card** (`CardWords`): what the model card says of it.
+- **running it**: the diffusers class (`detection.diffusers_class`), a pass's inputs (`inputs`) and the class's
+  config derived from an original one (`diffusers_config`), abstract, as `formats.base.Format`'s hooks are.
+
+A family is a subclass that sets these parts and overrides the few hooks it truly needs (each declared below
+with its default). Its example checkpoints live apart, in `models.examples`. Converter, verify, forward, the card
+and the loaders ask the family of a component (`models.family_of`) and spell none of its names.
+
+No torch at import: recipes, detection and the card read families before torch is loaded.
+"""
+
+from __future__ import annotations
+
+import abc
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import InputError
+from .names import IDENTITY, BlockNames, NameTable, Renamer, Stack, renamed
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..read.checkpoint import Component, TensorInfo
+
+__all__ = [
+    "SourceLayout",
+    "ModelInputs",
+    "Detection",
+    "Folders",
+    "Carried",
+    "PlanPolicy",
+    "LoraNames",
+    "CardWords",
+    "Family",
+    "RECIPE_SUFFIXES",
+    "SOURCE_NAMED",
+    "COMFY",
+    "bundled_recipes",
+    "count_blocks",
+    "NO_GGUF_READER",
+]
+
+
+@dataclass(frozen=True)
+class SourceLayout:
+    """One layout a source folder matches: its name (a key of the family's `default_recipes`) and why, in words."""
+
+    name: str
+    why: str  # e.g. "Wan2.2 A14B layout, original names, 2 experts"
+    family: str = ""  # the family's registry name
+
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """What one forward pass of a family's diffusers class takes: the tensors a calibration file gives (`keys`,
+    by the forward's argument names, from the config), the shapes each may have (`shapes`: a name -> the shape
+    patterns it may take, ``None`` for a free dimension), random ones shaped from the config, and the call's
+    keyword arguments."""
+
+    keys: Callable[[dict], tuple[str, ...]]
+    shapes: Callable[[dict], dict[str, tuple[tuple[int | None, ...], ...]]]
+    random: Callable[[dict, torch.Generator], dict[str, torch.Tensor]]
+    call: Callable[[dict, dict[str, torch.Tensor]], dict]  # (config, tensors) -> the forward's kwargs
+    accepts: tuple[str, ...]  # every tensor a pass of this class may take, whatever the config
+
+
+def _starts(names: Sequence[str], marks: tuple[str, ...]) -> bool:
+    return bool(marks) and any(n.startswith(marks) for n in names)
+
+
+@dataclass(frozen=True)
+class Detection:
+    """How a model of the family is told: by the class its config.json names, else by its tensor names' marks.
+
+    `own_marks`: a variant's own layers (VACE's control blocks): a model is the family's only with one of them,
+    whatever its config names among `shared_classes` (the base family's classes a variant's release may name).
+    `foreign_marks`: other families' own layers: a model with one is never this family's (Wan and its variants)."""
+
+    #: the diffusers class that runs it (config ``_class_name`` of its diffusers checkpoints)
+    diffusers_class: str
+    #: config ``_class_name`` of the original release (Wan's ``WanModel``); run as `diffusers_class`
+    native_classes: tuple[str, ...] = ()
+    #: tensor-name prefixes only its native / only its diffusers naming has (how a component's naming is told)
+    native_marks: tuple[str, ...] = ()
+    diffusers_marks: tuple[str, ...] = ()
+    own_marks: tuple[str, ...] = ()
+    foreign_marks: tuple[str, ...] = ()
+    shared_classes: tuple[str, ...] = ()
+
+    def marks_naming(self, names: Sequence[str]) -> str | None:
+        """Which naming `names` follow by the marks alone: ``native``, ``diffusers``, ``mixed`` or None."""
+        native, diffusers = _starts(names, self.native_marks), _starts(names, self.diffusers_marks)
+        return "mixed" if native and diffusers else "native" if native else "diffusers" if diffusers else None
+
+    def naming(self, names: Iterable[str]) -> str | None:
+        """`marks_naming`, of a model that is the family's by its marks (its own ones present, no foreign one)."""
+        names = list(names)
+        if _starts(names, self.foreign_marks) or (self.own_marks and not _starts(names, self.own_marks)):
+            return None
+        return self.marks_naming(names)
+
+    def owns(self, config_class: str | None, names: Iterable[str]) -> bool:
+        """Whether a model whose config names `config_class` (None: no config) and tensors `names` is one of its."""
+        names = list(names)
+        if _starts(names, self.foreign_marks):
+            return False
+        if config_class is None:
+            return self.naming(names) is not None
+        if config_class in self.shared_classes:
+            return _starts(names, self.own_marks)
+        return config_class == self.diffusers_class or config_class in self.native_classes
+
+
+@dataclass(frozen=True)
+class Folders:
+    """The layouts a source folder of the family has, by default: a diffusers ``transformer/`` (or such a folder
+    itself) is `diffusers`; one model at the root in the native names is `release` (None: no such layout),
+    `release_why` saying what it is. `release_classes`: what a release's config.json may name (empty: anything);
+    `release_config_keys`: config fields that make a root in the marks' native names a release though the
+    family's own marks are absent (SkyReels-V2's T2V release, which has no fps layers)."""
+
+    diffusers: str
+    release: str | None = None
+    release_why: str = ""
+    release_classes: tuple[str | None, ...] = ()
+    release_config_keys: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Carried:
+    """What a release holds beside the model, carried as stored and no part of the diffusers class: `parts`, name
+    prefixes (LTX-2's VAE, vocoder, text connectors); `tensors`, patterns (`re.fullmatch`) of single tensors the
+    class computes itself (Wan Animate's blur filters); `metadata`, keys of the file's ``__metadata__`` its
+    runtimes read (LTX-2's ``config``), carried into the output files."""
+
+    parts: tuple[str, ...] = ()
+    tensors: tuple[str, ...] = ()
+    metadata: tuple[str, ...] = ()
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        if self.parts and name.startswith(self.parts):
+            return True
+        return any(re.fullmatch(p, name) for p in self.tensors)
+
+
+#: format -> the end of its bundled recipe's name after the layout's (layout ``wan-vace``: ``wan-vace-comfy-fp8``)
+RECIPE_SUFFIXES = {
+    "fp8_channel": "fp8",
+    "torchao_fp8": "torchao-fp8",
+    "torchao_int8": "torchao-int8",
+    "nf4": "nf4",
+    "comfy_fp8": "comfy-fp8",
+    "comfy_int8": "comfy-int8",
+    "comfy_nvfp4": "comfy-nvfp4",
+    "comfy_mxfp8": "comfy-mxfp8",
+    "gguf": "gguf-q8_0",
+}
+#: the formats that keep the source's names (what a model in diffusers' names always converts to)
+SOURCE_NAMED = ("fp8_channel", "torchao_fp8", "torchao_int8", "nf4")
+#: ComfyUI's formats
+COMFY = ("comfy_fp8", "comfy_int8", "comfy_nvfp4", "comfy_mxfp8")
+
+
+def count_blocks(tensors: Mapping[str, object], prefix: str) -> int:
+    """How many blocks ``<prefix>0.``, ``<prefix>1.``, ... the tensor names hold, counting from 0 up to the first
+    missing one."""
+    n = 0
+    while any(k.startswith(f"{prefix}{n}.") for k in tensors):
+        n += 1
+    return n
+
+
+def bundled_recipes(layout: str, formats: Iterable[str] = RECIPE_SUFFIXES) -> dict[str, str]:
+    """Format -> the bundled recipe a layout's `convert --format` takes, named ``<layout>-<suffix>``
+    (`RECIPE_SUFFIXES`), for each of `formats`."""
+    return {fmt: f"{layout}-{RECIPE_SUFFIXES[fmt]}" for fmt in formats}
+
+
+#: ComfyUI-GGUF's loader reads only these architectures (its IMG_ARCH_LIST): why a family outside it has no GGUF
+NO_GGUF_READER = (
+    "ComfyUI-GGUF's loader reads only the architectures of its IMG_ARCH_LIST (flux, sd1, sdxl, sd3, aura, "
+    "hidream, cosmos, ltxv, hyvid, wan, lumina2, qwen_image), none of them {title}"
+)
+
+
+@dataclass(frozen=True)
+class PlanPolicy:
+    """What a plan of the family's models must know beyond its names."""
+
+    #: GGUF ``general.architecture`` (what ComfyUI-GGUF and llama.cpp tools read); None: no GGUF output
+    gguf_architecture: str | None = None
+    #: why it has none, in words (the refusal at plan time says it): which reader lacks it
+    no_gguf_why: str = "no GGUF reader this tool writes for knows it"
+    #: why a model in diffusers' names has no output in the native names (ComfyUI's and GGUF's files, which the
+    #: release converts to): what its runtimes need that diffusers' layout does not hold (None: it has)
+    diffusers_not_native_why: str | None = None
+    #: name prefixes (either naming) of 2-D weights the runtimes use as plain parameters, not as Linear layers
+    #: (Wan Animate's motion encoder, SkyReels-V2's fps Embedding): never quantized, kept as any non-Linear tensor
+    plain_weights: tuple[str, ...] = ()
+    carried: Carried = Carried()
+
+
+@dataclass(frozen=True)
+class LoraNames:
+    """How its LoRAs are written in the wild."""
+
+    #: prefixes its LoRA keys carry (stripped, any of them, in any order)
+    prefixes: tuple[str, ...] = ()
+    #: what a block's modulation table is called in its namings (a LoRA's ``diff_m`` adds to it)
+    modulation: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CardWords:
+    """What the model card says of it: the Hub pipeline tag, and a note on two experts (None: it has none)."""
+
+    pipeline_tag: str | None = "text-to-video"
+    experts_note: str | None = None
+
+
+class Family(abc.ABC):
+    """What the tool knows of one model family: its parts (set by a subclass) and the hooks it may override."""
+
+    #: registry name (``quantize example --family``, `SourceLayout.family`)
+    name: str = ""
+    #: how messages and the card call it
+    title: str = ""
+    names: BlockNames | None = None
+    detection: Detection
+    folders: Folders
+    #: layout -> format -> the bundled recipe `convert --format` takes
+    default_recipes: Mapping[str, Mapping[str, str]] = {}
+    plan: PlanPolicy = PlanPolicy()
+    lora: LoraNames = LoraNames()
+    card: CardWords = CardWords()
+
+    # --- running it (abstract: every family runs as its diffusers class) -------------------------
+
+    @property
+    @abc.abstractmethod
+    def inputs(self) -> ModelInputs:
+        """What one forward pass of the diffusers class takes."""
+
+    @abc.abstractmethod
+    def diffusers_config(self, config: dict, tensors: Mapping[str, TensorInfo], where: Path) -> dict:
+        """The diffusers class's config for a native config.json (one of `native_classes`), or for a release
+        that has none (`config` empty), what the config does not say read off the tensor shapes."""
+
+    def release_config(self, tensors: Mapping[str, TensorInfo], where: Path) -> dict | None:
+        """The config.json of a release that ships none (the diffusers class's, read off the tensor shapes): what
+        a checkpoint converted from it is written with, so that it loads as that class. None: no such release."""
+        return None
+
+    # --- the parts, as callers ask for them --------------------------------------------------------
+
+    @property
+    def diffusers_class(self) -> str:
+        return self.detection.diffusers_class
+
+    @property
+    def native_classes(self) -> tuple[str, ...]:
+        return self.detection.native_classes
+
+    def naming(self, names: Iterable[str]) -> str | None:
+        """Which of its namings `names` follow: ``native``, ``diffusers``, ``mixed``, or None (neither)."""
+        return self.detection.naming(names)
+
+    def owns(self, config_class: str | None, names: Iterable[str]) -> bool:
+        """Whether a model whose config names `config_class` (None: no config) and tensors `names` is one of its."""
+        return self.detection.owns(config_class, names)
+
+    def plain_weight(self, name: str) -> bool:
+        """Whether tensor `name` is a 2-D weight its runtimes use as a plain parameter (`PlanPolicy.plain_weights`)."""
+        return bool(self.plan.plain_weights) and name.startswith(self.plan.plain_weights)
+
+    def carried(self, name: str) -> bool:
+        """Whether tensor `name` is carried as stored and is no part of the diffusers class (`Carried`)."""
+        return name in self.plan.carried
+
+    def native_name(self, diffusers_name: str) -> str | None:
+        return None if self.names is None else self.names.native(diffusers_name)
+
+    def diffusers_name(self, native_name: str) -> str | None:
+        return None if self.names is None else self.names.diffusers(native_name)
+
+    def pipeline_tag(self, config: dict) -> str | None:
+        """The Hub pipeline tag of a model with this config (text-to-video, image-to-video), or None."""
+        return self.card.pipeline_tag
+
+    # --- recognizing a folder -----------------------------------------------------------------------
+
+    def layouts(self, folder: Path, open_: Callable[[str], Component | None]) -> list[SourceLayout]:
+        """Every layout of this family that `folder` matches (`Folders`); `open_(rel)` opens a component folder
+        (None where there is no readable one)."""
+        found, f = [], self.folders
+        transformer = open_("transformer")
+        if transformer is not None and self.is_diffusers(transformer):
+            why = f"{self.title}, diffusers layout ({self.diffusers_class} in transformer/)"
+            found.append(self.layout(why, f.diffusers))
+        root = open_(".")
+        if root is not None:
+            if f.release is not None and self.is_release(root):
+                found.append(self.layout(f.release_why, f.release))
+            elif (root.config or {}).get("_class_name") == self.diffusers_class:
+                why = f"{self.title}, a bare {self.diffusers_class} folder (diffusers names)"
+                found.append(self.layout(why, f.diffusers))
+        return found
+
+    def is_release(self, comp: Component) -> bool:
+        """A model of the original release (`Folders`): in its native names, its config naming one of
+        `release_classes` when they are given."""
+        f, config = self.folders, comp.config or {}
+        if f.release_classes and config.get("_class_name") not in f.release_classes:
+            return False
+        if self.naming(comp.tensors) == "native":
+            return True
+        by_config = any(k in config for k in f.release_config_keys)
+        return by_config and self.detection.marks_naming(list(comp.tensors)) == "native"
+
+    def layout(self, why: str, name: str | None = None) -> SourceLayout:
+        return SourceLayout(name or self.name, why, self.name)
+
+    def is_diffusers(self, comp: Component) -> bool:
+        """A diffusers model of this family: its config names the class, or names no class a family is
+        registered by and its tensors have this family's diffusers names."""
+        from . import family_of_class
+
+        cls = (comp.config or {}).get("_class_name")
+        if isinstance(cls, str) and family_of_class(cls) is not None:
+            return cls == self.diffusers_class
+        return self.naming(comp.tensors) == "diffusers"
+
+    # --- names a format writes ----------------------------------------------------------------------
+
+    def name_table(self, role: str, fmt: str, where: str = "") -> NameTable:
+        """The names format `fmt` writes this family's tensors under; `InputError` in one line naming the model
+        (`where`), the family and the format when it has no file of that format (GGUF without an architecture:
+        refused here, at plan time) or no names of that role."""
+        at = f"{where}: " if where else ""
+        no_file = self.why_no(fmt)
+        if no_file is not None:
+            raise InputError(
+                f"{at}{no_file}: convert it to another format (quantize recipes --for lists them)"
+            )
+        if role == "source":
+            return IDENTITY
+        if role == "native" and self.names is not None:
+
+            def refusing(make: Callable) -> Callable:
+                def checked(names: Sequence[str], where: str):
+                    self.refuse_native(names, where, fmt)
+                    return make(names, where)
+
+                return checked
+
+            return NameTable(
+                f"{self.name}_native",
+                refusing(self.native_renamer),
+                f"{self.title}'s original names",
+                refusing(self.native_stacks),
+            )
+        raise InputError(
+            f"{at}{fmt} writes a model's {role} names, and {self.title} has none in this tool yet: "
+            f"convert {self.title} to another format (quantize recipes lists them)"
+        )
+
+    def why_no(self, fmt: str, native_names: bool = False) -> str | None:
+        """Why this family has no output in format `fmt` (which writes native names when `native_names`), in
+        words (None: no such reason): GGUF without an architecture; a native-named format from diffusers' layout
+        (`PlanPolicy.diffusers_not_native_why`)."""
+        if fmt == "gguf" and self.plan.gguf_architecture is None:
+            return f"{self.title} has no GGUF architecture ({self.plan.no_gguf_why})"
+        if self.plan.diffusers_not_native_why is not None and native_names:
+            return f"{self.title}'s {fmt} files are written from the original release only: {self.plan.diffusers_not_native_why}"
+        return None
+
+    def refuse_native(self, names: Sequence[str], where: str, fmt: str) -> None:
+        """Hook: `InputError` for a diffusers-named model when the family has no native output of one
+        (`PlanPolicy.diffusers_not_native_why`), naming the model and the format."""
+        if self.plan.diffusers_not_native_why is not None and self.naming(names) == "diffusers":
+            raise InputError(
+                f"{where}: {fmt} writes {self.title}'s native names, which ComfyUI reads, and this model has "
+                f"diffusers' {self.diffusers_class} names: {self.plan.diffusers_not_native_why}"
+            )
+
+    def native_renamer(self, names: Sequence[str], where: str) -> Renamer:
+        """Each tensor's native name, for a model in either naming (its marks say which); `InputError` naming a
+        tensor with none, or a model of both namings."""
+        naming = self.detection.marks_naming(list(names))
+        if naming == "mixed":
+            mixed = next(n for n in names if n.startswith(self.detection.diffusers_marks))
+            raise InputError(
+                f"{where}: tensor {mixed!r} has a diffusers name among {self.title}'s native names: "
+                "one naming per model"
+            )
+        if naming == "native":
+            return lambda name: name
+        if naming is None:
+            raise InputError(
+                f"{where}: the tensor names are neither {self.title}'s native names nor diffusers' "
+                f"{self.diffusers_class} names: this format writes native {self.title} names"
+            )
+        lacking = (
+            f"has no native {self.title} name (not a {self.diffusers_class} tensor diffusers maps from the "
+            f"original {self.title} names): this format writes native {self.title} names"
+        )
+        stacked = {n for stack in self.native_stacks(names, where).values() for n, _, _ in stack}
+        return renamed([n for n in names if n not in stacked], self.native_name, where, lacking).__getitem__
+
+    def native_stacks(self, names: Sequence[str], where: str) -> dict[str, Stack]:
+        """Hook: the native tensors a model's tensors stack into (a diffusers-named model's fused projections,
+        `Blocks.stacked`), each with its `Stack` of those tensors; `InputError` naming one a stack lacks."""
+        if self.names is None or self.detection.marks_naming(list(names)) != "diffusers":
+            return {}
+        present, stacks = set(names), {}
+        for name in names:
+            native = self.names.stacked_into(name)
+            if native is None or native in stacks:
+                continue
+            stack = self.names.native_stack(native)
+            lacking = next((n for n, _, _ in stack if n not in present), None)
+            if lacking is not None:
+                raise InputError(
+                    f"{where}: tensor {lacking!r} is missing: {self.title}'s native {native!r} stacks it with "
+                    f"{name!r}"
+                )
+            stacks[native] = stack
+        return stacks
+
+    # --- names a forward pass runs under ------------------------------------------------------------
+
+    def runnable_stacks(self, names: Sequence[str]) -> dict[str, Stack]:
+        """Each native tensor of `names` that stacks several of the diffusers class's (a fused projection) ->
+        its `Stack`: what a forward pass cuts it into."""
+        if self.names is None:
+            return {}
+        return {n: stack for n in names if (stack := self.names.native_stack(n)) is not None}
+
+    def runnable_names(self, names: Sequence[str], where: Path) -> dict[str, str]:
+        """Native tensor name -> the diffusers class's parameter name, or `InputError` naming one it lacks; the
+        stacked ones are left out (`runnable_stacks` says what they are cut into), and so are the carried ones
+        (`carried`: no part of the class). A family whose release has diffusers' names (no native marks) maps
+        each to itself through its table."""
+        runs = [n for n in names if not self.carried(n)]
+        wanted = "native" if self.detection.native_marks else "diffusers"
+        if self.naming(runs) != wanted:
+            raise InputError(
+                f"{where}: config.json names {'/'.join(self.native_classes) or 'no class'} but the tensors do not "
+                f"have {self.title}'s original names: a forward pass cannot run it"
+            )
+        lacking = (
+            f"has no counterpart in diffusers' {self.diffusers_class} (a {self.title} variant it does not "
+            "implement): this model cannot be run for a forward pass"
+        )
+        stacked = self.runnable_stacks(runs)  # cut into the class's tensors instead (`runnable_stacks`)
+        return renamed([n for n in runs if n not in stacked], self.diffusers_name, where, lacking)

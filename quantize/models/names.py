@@ -1,0 +1,225 @@
+"""A family's names: the tables that rename a component's tensors between its namings, as data.
+
+``source`` names are as stored; ``native`` names are the original release's (what ComfyUI and GGUF readers expect);
+``diffusers`` names are those of the diffusers class. `BlockNames` is one family's diffusers <-> native table, read
+both ways; `Blocks` one list of repeated blocks in it; `Rows` the rows of a diffusers module inside a native tensor
+that stacks several (a fused projection); `NameTable` the renaming a format's role asks for, applied once at plan
+time. No torch at import.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ..errors import InputError
+
+__all__ = [
+    "ROLES",
+    "Renamer",
+    "Stack",
+    "Stacker",
+    "NameTable",
+    "Rows",
+    "stack_rows",
+    "same_but_size_one_dims",
+    "IDENTITY",
+    "Blocks",
+    "BlockNames",
+    "renamed",
+]
+
+#: the roles of names a format may ask for: as stored, or the original release's (ComfyUI's, GGUF's)
+ROLES = ("source", "native")
+
+Renamer = Callable[[str], str]
+
+#: one tensor made of several: its equal row ranges in order, each (tensor name, part, parts) = the rows of part
+#: `part` of `parts` equal ranges of that tensor (the whole: part 0 of 1). A fused projection's native weight is
+#: the stack of diffusers' to_q, to_k and to_v: ((".to_q.weight", 0, 1), (".to_k.weight", 0, 1), ...)
+Stack = tuple[tuple[str, int, int], ...]
+#: (component's tensor names, where) -> each output tensor made by stacking source tensors -> its `Stack`
+Stacker = Callable[[Sequence[str], str], dict[str, Stack]]
+
+
+def _no_stacks(names: Sequence[str], where: str) -> dict[str, Stack]:
+    return {}
+
+
+@dataclass(frozen=True)
+class NameTable:
+    """A renaming of source tensor names into the output's names (applied once, at plan time).
+
+    `renamer(names, where)` looks at a component's tensor names (which naming they follow) and returns the
+    renaming for that component, or raises `InputError` naming `where` when they have no form in this table.
+    `stacker(names, where)` gives the output tensors that stack several source tensors' rows (a native fused
+    projection written from diffusers' separate ones); their sources are not renamed one by one.
+    """
+
+    name: str
+    renamer: Callable[[Sequence[str], str], Renamer]
+    description: str
+    stacker: Stacker = _no_stacks
+
+
+def _identity(names: Sequence[str], where: str) -> Renamer:
+    return lambda name: name
+
+
+def stack_rows(stack: Stack, rows: int) -> dict[str, tuple[tuple[int, int], ...]]:
+    """Each tensor of `stack` -> the row ranges of the stacked tensor (`rows` rows) that hold it, in its own row
+    order: what a stacked tensor is cut into to give each of its tensors back.
+
+    >>> stack_rows(((".v", 1, 2), (".q", 0, 1), (".v", 0, 2)), 6)
+    {'.v': ((4, 6), (0, 2)), '.q': ((2, 4),)}
+    """
+    if rows % len(stack):
+        raise ValueError(f"{rows} rows do not split into {len(stack)} equal parts")
+    n = rows // len(stack)
+    ranges: dict[str, dict[int, tuple[int, int]]] = {}
+    for i, (name, part, _parts) in enumerate(stack):
+        ranges.setdefault(name, {})[part] = (i * n, (i + 1) * n)
+    return {name: tuple(by_part[p] for p in sorted(by_part)) for name, by_part in ranges.items()}
+
+
+def same_but_size_one_dims(stored: Sequence[int], wanted: Sequence[int]) -> bool:
+    """Whether a stored tensor of shape `stored` holds a parameter of shape `wanted` as it is but for size-1
+    dimensions (a bias stored [1, C, 1, 1] for one of [C]): the same values in the same order, so a view of it
+    is the parameter. The rule a forward pass (`run.forward`) and `loaders` put such a tensor into the class by;
+    any other difference in shape is a mismatch.
+
+    >>> same_but_size_one_dims((1, 32, 1, 1), (32,)), same_but_size_one_dims((2, 16), (32,))
+    (True, False)
+    """
+    return tuple(d for d in stored if d != 1) == tuple(d for d in wanted if d != 1)
+
+
+#: the names as stored: what every family (and a model of no known family) has
+IDENTITY = NameTable("source", _identity, "the source's own names")
+
+_LEAVES = (".weight", ".bias")
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """One list of repeated blocks in a name table: its prefix in each naming (``blocks`` in both for Wan;
+    a family may call them otherwise natively), and inside block N each diffusers module or other tensor ->
+    its native one."""
+
+    diffusers: str
+    native: str
+    modules: Mapping[str, str]
+    tensors: Mapping[str, str] = field(default_factory=dict)
+    #: native module -> the diffusers rows it stacks, in order (a fused projection; `Rows`)
+    stacked: Mapping[str, tuple[Rows, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Rows of one diffusers module's tensors in a stacked native one: part `part` of `parts` equal row ranges
+    (the whole: part 0 of 1). MiniMax-H3's native ``mlp.fc1`` is diffusers' ``ff.net.0.proj`` with its halves
+    swapped: ``(Rows("ff.net.0.proj", 1, 2), Rows("ff.net.0.proj", 0, 2))``."""
+
+    module: str
+    part: int = 0
+    parts: int = 1
+
+
+@dataclass(frozen=True)
+class BlockNames:
+    """A family's diffusers <-> native name table as data: modules and other tensors outside the repeated
+    blocks, and each list of blocks (`Blocks`), each diffusers name -> its native name. Read both ways."""
+
+    root_modules: Mapping[str, str]
+    root_tensors: Mapping[str, str]
+    blocks: tuple[Blocks, ...]
+
+    def __post_init__(self) -> None:
+        def inverse(table: Mapping[str, str]) -> dict[str, str]:
+            return {v: k for k, v in table.items()}
+
+        # (prefix pattern, prefix to write, modules, tensors), for each direction
+        forward = [(_prefix(b.diffusers), b.native, b.modules, b.tensors) for b in self.blocks]
+        backward = [
+            (_prefix(b.native), b.diffusers, inverse(b.modules), inverse(b.tensors)) for b in self.blocks
+        ]
+        object.__setattr__(self, "_to_native", (forward, self.root_modules, self.root_tensors))
+        object.__setattr__(
+            self, "_to_diffusers", (backward, inverse(self.root_modules), inverse(self.root_tensors))
+        )
+        # diffusers module (in a block) -> the native module stacking it, for each list of blocks
+        object.__setattr__(
+            self,
+            "_stacked_in",
+            [
+                (_prefix(b.diffusers), b.native, {r.module: m for m, rows in b.stacked.items() for r in rows})
+                for b in self.blocks
+            ],
+        )
+
+    def native(self, diffusers_name: str) -> str | None:
+        """The native name of a diffusers tensor name, or None when it has none."""
+        return _rename(diffusers_name, *self._to_native)
+
+    def diffusers(self, native_name: str) -> str | None:
+        """The diffusers name of a native tensor name, or None: `native` read the other way."""
+        return _rename(native_name, *self._to_diffusers)
+
+    def native_stack(self, native_name: str) -> Stack | None:
+        """The diffusers tensors a stacked native tensor is made of (`Stack`), or None: not a stacked one."""
+        for b in self.blocks:
+            block = _prefix(b.native).fullmatch(native_name)
+            if block is None:
+                continue
+            for leaf in _LEAVES:
+                rows = b.stacked.get(block[2].removesuffix(leaf)) if block[2].endswith(leaf) else None
+                if rows:
+                    prefix = f"{b.diffusers}.{block[1]}."
+                    return tuple((f"{prefix}{r.module}{leaf}", r.part, r.parts) for r in rows)
+        return None
+
+    def stacked_into(self, diffusers_name: str) -> str | None:
+        """The stacked native tensor a diffusers tensor is part of, or None."""
+        for pattern, native_prefix, stacked in self._stacked_in:
+            block = pattern.fullmatch(diffusers_name)
+            if block is None:
+                continue
+            for leaf in _LEAVES:
+                if block[2].endswith(leaf) and block[2].removesuffix(leaf) in stacked:
+                    return f"{native_prefix}.{block[1]}.{stacked[block[2].removesuffix(leaf)]}{leaf}"
+        return None
+
+
+def _prefix(block: str) -> re.Pattern:
+    return re.compile(rf"{re.escape(block)}\.(\d+)\.(.+)")
+
+
+def _rename(
+    name: str, blocks, root_modules: Mapping[str, str], root_tensors: Mapping[str, str]
+) -> str | None:
+    for pattern, prefix, modules, tensors in blocks:
+        block = pattern.fullmatch(name)
+        if block:
+            return _leaf(block[2], f"{prefix}.{block[1]}.", modules, tensors)
+    return _leaf(name, "", root_modules, root_tensors)
+
+
+def _leaf(rest: str, prefix: str, modules: Mapping[str, str], tensors: Mapping[str, str]) -> str | None:
+    if rest in tensors:
+        return prefix + tensors[rest]
+    for leaf in _LEAVES:
+        if rest.endswith(leaf) and rest[: -len(leaf)] in modules:
+            return prefix + modules[rest[: -len(leaf)]] + leaf
+    return None
+
+
+def renamed(names: Sequence[str], rename: Callable[[str], str | None], where, lacking: str) -> dict[str, str]:
+    """Each of `names` -> its name under `rename`; `InputError` for the first it has none for (`lacking` says why)."""
+    renamed = {}
+    for name in names:
+        new = rename(name)
+        if new is None:
+            raise InputError(f"{where}: tensor {name!r} {lacking}")
+        renamed[name] = new
+    return renamed
