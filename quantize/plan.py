@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,7 +24,6 @@ from pathlib import Path
 import torch
 
 from . import dtypes
-from .containers.writer import TensorSpec
 from .errors import InputError
 from .formats import (
     FORMATS,
@@ -41,15 +39,14 @@ from .formats import (
 )
 from .models import IDENTITY, Family, NameTable, names_for
 from .names import WEIGHT_SUFFIX, manifest_key, module_name
-from .publish.manifest import MANIFEST_NAME, RECIPE_NAME
-from .read.checkpoint import CONFIG_NAME, Component, TensorInfo
-from .read.files import read_json_object
+from .read.checkpoint import Component, TensorInfo
 from .read.source import SourceFolder, local_source
 from .read.tensor_source import StackedSource, TensorSource
 from .recipes import Recipe
 from .steps import TensorStep, check_order
 
 __all__ = [
+    "TensorSpec",
     "TensorPlan",
     "ComponentPlan",
     "Plan",
@@ -57,15 +54,35 @@ __all__ = [
     "plan_component",
     "replanned",
     "with_input_scales",
-    "other_files",
     "KEEP_DTYPES",
+    "LATE_MAX_BYTES",
 ]
 
-SKIP_DIRS = frozenset({".git", ".cache", ".huggingface"})
-#: Files the output writes at its root; the source's own are not copied over them.
-OUTPUT_ROOT_FILES = frozenset({"README.md", MANIFEST_NAME, RECIPE_NAME})
 #: recipe `keep_dtype` -> safetensors dtype name
 KEEP_DTYPES = {name: dtypes.by_torch(getattr(torch, name)).name for name in ("bfloat16", "float32")}
+#: The most bytes a late tensor may take; a plan counts each late tensor at this size.
+LATE_MAX_BYTES = 1024
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """An output tensor as planned: its key, safetensors dtype name and shape (None: a late U8 blob whose length
+    is known once it is encoded, see `containers.writer`)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...] | None
+
+    @property
+    def late(self) -> bool:
+        return self.shape is None
+
+    @property
+    def nbytes(self) -> int:
+        """Exact bytes; for a late tensor, the most it may take."""
+        if self.shape is None:
+            return LATE_MAX_BYTES
+        return dtypes.nbytes(self.dtype, self.shape)
 
 
 @dataclass(frozen=True)
@@ -489,38 +506,6 @@ def _check_no_key_collision(component: Component, plans: list[TensorPlan]) -> No
             seen[spec.name] = t.name
 
 
-def other_files(source: Path, components: list[Component]) -> list[Path]:
-    """Files of the source tree that no converted component owns, minus the output's own root files."""
-    owned = {f for c in components for f in c.own_files()}
-    files = []
-    for dirpath, dirnames, filenames in os.walk(source):
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
-        for name in sorted(filenames):
-            path = Path(dirpath) / name
-            if path in owned or (Path(dirpath) == source and name in OUTPUT_ROOT_FILES):
-                continue
-            files.append(path)
-    return sorted(files, key=lambda p: p.relative_to(source).as_posix())
-
-
-def _check_no_unconverted_twin(source: Path, components: list[Component], files: list[Path]) -> None:
-    """Refuse to copy, unconverted, another model of the class being converted (the second expert, say)."""
-    classes = {c.config.get("_class_name") for c in components if c.config} - {None}
-    for f in files:
-        if f.name != CONFIG_NAME or not any(f.parent.glob("*.safetensors")):
-            continue
-        try:
-            cls = read_json_object(f).get("_class_name")
-        except InputError:
-            continue
-        if cls in classes:
-            rel = f.parent.relative_to(source).as_posix()
-            raise InputError(
-                f"{f.parent}: holds another {cls} that the recipe does not convert and would copy unquantized: "
-                f"add {rel!r} to the recipe's components (for two experts, use a two-expert recipe)"
-            )
-
-
 def make_plan(source: Path | SourceFolder, recipe: Recipe, *, steps: Sequence[TensorStep] = ()) -> Plan:
     """Open every component the recipe names and decide each tensor's fate, reading headers only.
 
@@ -543,11 +528,5 @@ def make_plan(source: Path | SourceFolder, recipe: Recipe, *, steps: Sequence[Te
         step.finish()
     copied: list[Path] = []
     if recipe.copy_other_files:
-        inputs = {
-            Path(f).resolve() for step in steps for f in step.inputs
-        }  # a LoRA kept in the source folder
-        copied = [
-            f for f in other_files(folder, [cp.component for cp in components]) if f.resolve() not in inputs
-        ]
-        _check_no_unconverted_twin(folder, [cp.component for cp in components], copied)
+        copied = src.other_files(skip=[f for step in steps for f in step.inputs])  # a LoRA kept in the folder
     return Plan(folder, recipe, tuple(components), tuple(copied))

@@ -94,7 +94,7 @@ def test_recipes_and_the_files_to_hash_come_without_torch(tmp_path):
     """The command line starts hashing the source before it imports torch (a second of start-up)."""
     code = (
         "import sys; from quantize.recipes import load_recipe; from quantize.read.files import files_of_components; "
-        "from quantize.read.hashing import FileHasher; from quantize.publish.hub import resolve_source; "
+        "from quantize.read.hashing import FileHasher; from quantize.read.hub import resolve_source; "
         f"r = load_recipe('wan-fp8.yaml'); print(len(files_of_components({str(tmp_path)!r}, r.recipe.components))); "
         "print('torch' in sys.modules)"
     )

@@ -42,15 +42,9 @@ from ..formats import Format, PartSpec, format_for, format_info, get_format, qua
 from ..names import module_name, split_manifest_key
 from ..plan import ComponentPlan, Plan, TensorPlan, make_plan, with_input_scales
 from ..progress import NoProgress, Progress
-from ..publish.manifest import (
-    MANIFEST_NAME,
-    RECIPE_NAME,
-    ComponentEntry,
-    Manifest,
-    TensorEntry,
-    read_manifest,
-)
+from ..publish.manifest import ComponentEntry, Manifest, TensorEntry, read_manifest
 from ..read.checkpoint import Component, TensorInfo, confined_path, read_rows, read_tensor
+from ..read.files import MANIFEST_NAME, RECIPE_NAME
 from ..read.hashing import sha256_file
 from ..read.source import SourceFolder, local_source
 from ..recipes import Checks, Recipe, parse_recipe

@@ -124,7 +124,7 @@ def _ignore_stop_signals() -> None:
 
 def _fail(e: BaseException, message: str, code: int) -> None:
     _ignore_stop_signals()
-    from ..publish.hub import scrub
+    from ..read.hub import scrub
 
     if state["debug"]:
         err.print(scrub("".join(traceback.format_exception(e))), markup=False, highlight=False)

@@ -28,7 +28,8 @@ def upload_cmd(
 ) -> None:
     """Publish CHECKPOINT to the Hugging Face Hub as REPO_ID, after verify's integrity checks pass."""
     from ..check.verify import verify
-    from ..publish.hub import check_repo_id, has_token, upload, upload_files
+    from ..publish.hub import upload, upload_files
+    from ..read.hub import check_repo_id, has_token
 
     check_repo_id(repo_id)
     if not dry_run and not has_token():

@@ -52,7 +52,7 @@ def verify_cmd(
 
     tune_for_streaming()
     if source is not None:
-        from ..publish.hub import resolve_source
+        from ..read.hub import resolve_source
         from ..publish.manifest import read_manifest
 
         listed = {f.path for f in read_manifest(checkpoint).source_files}

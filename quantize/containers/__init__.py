@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from types import ModuleType
 from typing import TYPE_CHECKING, Protocol
 
 from ..errors import InputError
-from ..publish.output import write_file
 from ..read.files import CONFIG_NAME
 
 if TYPE_CHECKING:
@@ -52,6 +52,7 @@ __all__ = [
     "write_config",
     "component_stem",
     "planned_files_size",
+    "write_file",
 ]
 
 #: container name -> the module that defines it
@@ -126,6 +127,15 @@ def component_stem(component: str) -> str:
     """The stem of a one-file-per-model name: ``diffusion_model`` at the root, else the component's folders
     joined (``high_noise_model``), so that two experts' files do not collide when copied into one folder."""
     return "diffusion_model" if component == "." else "_".join(PurePosixPath(component).parts)
+
+
+def write_file(path: Path, text: str) -> None:
+    """Create `path` (never overwriting) with `text`, flushed to disk: how every text file of an output is
+    written (config.json, an index, the recipe, the card, the manifest)."""
+    with open(path, "x", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def write_config(out_dir: Path, cp: ComponentPlan, fmt: Format) -> Path:

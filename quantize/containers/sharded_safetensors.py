@@ -13,10 +13,9 @@ from pathlib import Path
 
 from ..formats import Format
 from ..plan import ComponentPlan
-from ..publish.output import write_file
 from ..read.checkpoint import Component, open_component
 from ..read.files import SHARD_METADATA, group_by_size, index_json, index_name, shard_names
-from . import PlannedFile, WrittenFile, config_with_quantization, write_config
+from . import PlannedFile, WrittenFile, config_with_quantization, write_config, write_file
 from .writer import ShardWriter, header_bytes, shard_layout
 
 __all__ = [

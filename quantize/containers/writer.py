@@ -21,46 +21,15 @@ import os
 import struct
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .. import dtypes
+from ..plan import LATE_MAX_BYTES, TensorSpec
 from ..read.checkpoint import tensor_bytes
 
-__all__ = [
-    "TensorSpec",
-    "shard_layout",
-    "header_bytes",
-    "ShardWriter",
-    "PlacedWrites",
-    "pwrite_all",
-    "LATE_MAX_BYTES",
-]
-
-#: The most bytes a late tensor may take; a plan counts each late tensor at this size.
-LATE_MAX_BYTES = 1024
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """A tensor to be written: name, safetensors dtype name, shape (None: a late U8 blob, see the module doc)."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...] | None
-
-    @property
-    def late(self) -> bool:
-        return self.shape is None
-
-    @property
-    def nbytes(self) -> int:
-        """Exact bytes; for a late tensor, the most it may take."""
-        if self.shape is None:
-            return LATE_MAX_BYTES
-        return dtypes.nbytes(self.dtype, self.shape)
+__all__ = ["shard_layout", "header_bytes", "ShardWriter", "PlacedWrites", "pwrite_all"]
 
 
 def shard_layout(specs: Iterable[TensorSpec]) -> list[TensorSpec]:

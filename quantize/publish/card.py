@@ -1,18 +1,17 @@
 """The model card (`README.md`) every conversion writes: Hub metadata, what was done, how well, how to load it.
 
 It is generated from the manifest (counts, sizes, error figures, recipe) and a few facts about the
-source (model class, pipeline, the license of the source's own card), with no timestamp, so two
+source (model class, pipeline, the license of the source's own card: `CardFacts.of` the plan), with no timestamp, so two
 conversions of the same source with the same recipe write the same card. The front matter is
 rendered by huggingface_hub's `ModelCardData`, so the Hub reads it as it writes it.
 """
 
 from __future__ import annotations
 
-import re
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -22,10 +21,10 @@ from ..models import Family, diffusers_classes, family_of_class
 from ..steps import card_lines as step_card_lines
 from .manifest import Manifest
 
-__all__ = ["CARD_NAME", "CardFacts", "source_card_metadata", "pipeline_tag", "render_card"]
+if TYPE_CHECKING:
+    from ..plan import Plan
 
-CARD_NAME = "README.md"
-_FRONT_MATTER = re.compile(r"\A---\s*\n(.*?)\n---\s*(\n|\Z)", re.S)
+__all__ = ["CardFacts", "pipeline_tag", "render_card"]
 
 
 @dataclass
@@ -41,21 +40,17 @@ class CardFacts:
     )  # the files holding the models, relative to the output
     family: Family | None = None  # the model family of the components (what ComfyUI and GGUF notes say)
 
-
-def source_card_metadata(source: Path) -> dict:
-    """The YAML front matter of the source's README.md (a Hub model card), or {} when there is none or it is unreadable."""
-    try:
-        text = (Path(source) / CARD_NAME).read_text()
-    except (OSError, UnicodeDecodeError):
-        return {}
-    match = _FRONT_MATTER.match(text)
-    if not match:
-        return {}
-    try:
-        data = yaml.safe_load(match.group(1))
-    except (yaml.YAMLError, RecursionError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    @classmethod
+    def of(cls, plan: Plan, base_model: str | None, source_metadata: dict) -> CardFacts:
+        """The facts of a conversion under `plan`: its components' classes, pipeline and family; `base_model`
+        and the source card's front matter (`read.source.SourceFolder.card_metadata`) as given."""
+        return cls(
+            classes={cp.rel: (cp.component.config or {}).get("_class_name") for cp in plan.components},
+            pipeline_tag=pipeline_tag([cp.component.config for cp in plan.components]),
+            base_model=base_model,
+            source_metadata=source_metadata,
+            family=next((cp.family for cp in plan.components if cp.family is not None), None),
+        )
 
 
 def pipeline_tag(configs: list[dict | None]) -> str | None:

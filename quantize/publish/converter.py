@@ -1,14 +1,17 @@
 """`convert`: stream a source checkpoint through a recipe into a new, complete checkpoint directory.
 
-Order of work (nothing is written before everything is validated):
+Order of work (nothing is written before everything is validated), each stage entered once and handed what it
+needs:
   1. the recipe is validated; OUT is claimed (one conversion at a time, leftovers of a killed run cleaned
-     up) and checked; all before anything is downloaded or torch is imported, so a refusal is immediate;
-  2. SOURCE is resolved (a folder, or a Hub repo id: only the files the recipe needs are fetched) and its
-     files start hashing in the background;
-  3. the plan is made from headers alone;
-  4. a temporary sibling directory is filled (`pipeline`): the components' files, copied files,
-     recipe.yaml, the card, and the manifest last, with every file's SHA-256;
-  5. the temporary directory is renamed into place.
+     up) and checked (`output`); all before anything is downloaded or torch is imported, so a refusal is immediate;
+  2. SOURCE is opened, once (`read.source`: a folder, or a Hub repo id of which only the files the recipe needs
+     are fetched), and its files, the steps' and the calibration inputs start hashing in the background;
+  3. the plan is made from headers alone, once (`plan`);
+  4. with `calibrate`, the plan's static input scales are filled from a forward pass (`run.calibrate`);
+  5. a temporary sibling directory is filled (`pipeline`): the components' files, copied files,
+     recipe.yaml, the card (`card`, its facts from the plan and the source), and the manifest last, with every
+     file's SHA-256;
+  6. the temporary directory is renamed into place (`output`).
 
 This module imports no torch: step 1 answers in a fraction of a second.
 """
@@ -70,48 +73,50 @@ def convert(
     if workers < 1:
         raise InputError(f"`workers` must be at least 1, got {workers}", parameters=("workers",))
     out = Path(out).absolute()
+    inputs = None if calibrate is None else Path(calibrate)
     with claimed_output(Path(source), out, overwrite, report=on_recovery):
         from ..read.hashing import FileHasher
         from ..read.source import open_source
 
-        src = open_source(source, loaded.recipe, absolute=True)
+        src = open_source(source, loaded.recipe, absolute=True)  # the one time SOURCE is opened
         check_output_location(src.folder, out, overwrite)  # a Hub source resolves to its cached folder
+        # what the conversion reads of the folder besides the components' headers, read now
+        card_metadata, files = src.card_metadata(), src.files()
+        files += [f for step in steps for f in step.inputs]
         with FileHasher(min(2, workers)) as hasher:
-            for f in src.files():
+            for f in files:
                 hasher.submit(f, background=True)  # while torch is imported, a core has nothing else to do
+            if inputs is not None:
+                from ..run.forward import require_known_models
+
+                # headers only: a model we cannot run, inputs it does not take
+                require_known_models(src, inputs)
+                hasher.submit(inputs, background=True)
             return _convert(
                 src, out, loaded, overwrite, max_bytes, workers, progress or NoProgress(),
-                base_model or src.repo_id, steps, hasher, None if calibrate is None else Path(calibrate), on_pass,
+                base_model or src.repo_id, card_metadata, steps, hasher, inputs, on_pass,
             )  # fmt: skip
 
 
 def _convert(
-    src, out, loaded, overwrite, max_bytes, workers, progress, base_model, steps, hasher, calibrate, on_pass
-):
+    src, out, loaded, overwrite, max_bytes, workers, progress, base_model, card_metadata, steps, hasher, inputs,
+    on_pass,
+):  # fmt: skip
+    """Plan `src` once, fill the plan's input scales from `inputs` (the calibration step), and write the checkpoint
+    into a staging directory published as `out`."""
     from ..plan import make_plan
-    from .card import CardFacts, pipeline_tag, source_card_metadata
+    from .card import CardFacts
     from .pipeline import Provenance, io_problem, write_checkpoint
 
-    for step in steps:
-        for f in step.inputs:
-            hasher.submit(f, background=True)
-    if calibrate is not None:
-        from ..run.forward import require_known_models
-
-        require_known_models(src, calibrate)  # headers only: a model we cannot run, inputs it does not take
-        hasher.submit(calibrate, background=True)
     plan = make_plan(src, loaded.recipe, steps=steps)
     calibration = None
-    if calibrate is not None:
-        plan, calibration = _calibrated(plan, calibrate, hasher, on_pass or progress.note, workers)
+    if inputs is not None:
+        from ..run.calibrate import calibrate
+
+        plan, found = calibrate(plan, inputs, on_pass=on_pass or progress.note, workers=workers)
+        calibration = _calibration_entry(found, inputs, hasher.submit(inputs).result())
     progress.start(plan.source_bytes, plan.tensor_count)
-    facts = CardFacts(
-        classes={cp.rel: (cp.component.config or {}).get("_class_name") for cp in plan.components},
-        pipeline_tag=pipeline_tag([cp.component.config for cp in plan.components]),
-        base_model=base_model,
-        source_metadata=source_card_metadata(src.folder),
-        family=next((cp.family for cp in plan.components if cp.family is not None), None),
-    )
+    facts = CardFacts.of(plan, base_model, card_metadata)
     with staging_dir(out) as tmp:
         try:
             provenance = Provenance(loaded, src.name, facts, steps, calibration)
@@ -124,32 +129,26 @@ def _convert(
     return manifest
 
 
-def _calibrated(plan, inputs: Path, hasher, on_pass, workers):
-    """`plan` with the static input scales of a calibration pass on `inputs`, and the manifest's record of them."""
+def _calibration_entry(found, inputs: Path, sha256: str):
+    """The manifest's record of a calibration (`run.calibrate.Calibration`) on the file `inputs`."""
     import math
 
-    from ..run.calibrate import calibrate
     from .manifest import CalibrationEntry, ForwardFigures, InputScaleEntry, InputsEntry
-
-    plan, found = calibrate(plan, inputs, on_pass=on_pass, workers=workers)
-    scales = {cp.manifest_key(tp): tp.options.input_scale for cp in plan.components for tp in cp.quantized()}
 
     def db(x: float) -> float | None:
         return None if math.isinf(x) else round(x, 3)
 
-    entry = CalibrationEntry(
-        inputs=InputsEntry(
-            file=inputs.name, size=inputs.stat().st_size, sha256=hasher.submit(inputs).result()
-        ),
+    return CalibrationEntry(
+        inputs=InputsEntry(file=inputs.name, size=inputs.stat().st_size, sha256=sha256),
         tensors={
-            key: InputScaleEntry(input_amax=found.amax[key], input_scale=scales[key]) for key in found.scaled
+            key: InputScaleEntry(input_amax=found.amax[key], input_scale=scale)
+            for key, scale in found.scales.items()
         },
         forward={
             rel: ForwardFigures(dynamic_sqnr_db=db(dynamic), static_sqnr_db=db(static))
             for rel, (dynamic, static) in found.forward_sqnr_db.items()
         },
     )
-    return plan, entry
 
 
 def _output_error(message: str, tmp: Path, out: Path) -> ConversionError:

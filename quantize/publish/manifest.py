@@ -15,12 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..errors import InputError
 from ..names import split_manifest_key
-from ..read.files import inside_checkpoint
+from ..read.files import MANIFEST_NAME, inside_checkpoint
 from ..steps import RecordError
 
 __all__ = [
-    "MANIFEST_NAME",
-    "RECIPE_NAME",
     "FileEntry",
     "TensorEntry",
     "RecipeEntry",
@@ -29,8 +27,6 @@ __all__ = [
     "read_manifest",
 ]
 
-MANIFEST_NAME = "quantize_manifest.json"
-RECIPE_NAME = "recipe.yaml"
 #: 1: the manifest as it always was; 2: with the recorded steps (`steps`); 3: with static input scales
 #: (`calibration`). A reader takes every version up to `SCHEMA_VERSION`; a manifest without steps or calibration is
 #: written as version 1, byte for byte as before.

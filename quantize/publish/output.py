@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import InputError, OutputBusyError, OutputExistsError
-from .manifest import MANIFEST_NAME
+from ..read.files import MANIFEST_NAME
 
 __all__ = [
     "claimed_output",
@@ -33,7 +33,6 @@ __all__ = [
     "check_output_location",
     "staging_dir",
     "publish",
-    "write_file",
     "fsync_path",
     "signals_deferred",
     "NO_SPACE_ERRNOS",
@@ -186,14 +185,6 @@ def staging_dir(out: Path) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-
-
-def write_file(path: Path, text: str) -> None:
-    """Create `path` (never overwriting) with `text`, flushed to disk."""
-    with open(path, "x", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def publish(tmp: Path, out: Path, overwrite: bool) -> None:

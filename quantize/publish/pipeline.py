@@ -24,19 +24,18 @@ from pathlib import Path
 import torch
 
 from .. import __version__
-from ..containers import TensorWriter, WrittenFile, get_container
+from ..containers import TensorWriter, WrittenFile, get_container, write_file
 from ..encode import copy_unchanged, encode_and_measure, kept_rows
 from ..errors import ConversionError, InputError
 from ..formats import Format, format_info
 from ..plan import ComponentPlan, Plan, TensorPlan
 from ..progress import Progress
+from ..read.files import CARD_NAME, MANIFEST_NAME, RECIPE_NAME
 from ..read.hashing import FileHasher
 from ..recipes import LoadedRecipe, dump_recipe
 from ..steps import TensorStep
-from .card import CARD_NAME, CardFacts, render_card
+from .card import CardFacts, render_card
 from .manifest import (
-    MANIFEST_NAME,
-    RECIPE_NAME,
     CalibrationEntry,
     ComponentEntry,
     FileEntry,
@@ -44,7 +43,7 @@ from .manifest import (
     RecipeEntry,
     TensorEntry,
 )
-from .output import NO_SPACE_ERRNOS, fsync_path, write_file
+from .output import NO_SPACE_ERRNOS, fsync_path
 
 __all__ = ["write_checkpoint", "Provenance", "write_tensor", "io_problem"]
 

@@ -1,5 +1,5 @@
-"""How a checkpoint is laid out on disk: shard grouping, shard names, the index (used by every writer),
-and which files form a component (used by every reader). Imports no torch."""
+"""How a checkpoint is laid out on disk: the names of its files, shard grouping, shard names, the index (used by
+every writer), and which files form a component (used by every reader). Imports no torch."""
 
 from __future__ import annotations
 
@@ -15,6 +15,10 @@ from ..errors import InputError
 __all__ = [
     "INDEX_SUFFIX",
     "CONFIG_NAME",
+    "MANIFEST_NAME",
+    "RECIPE_NAME",
+    "CARD_NAME",
+    "OUTPUT_ROOT_FILES",
     "SHARD_METADATA",
     "DEFAULT_MAX_SHARD_SIZE",
     "parse_size",
@@ -36,6 +40,12 @@ __all__ = [
 
 INDEX_SUFFIX = ".safetensors.index.json"
 CONFIG_NAME = "config.json"
+#: What a conversion writes at the output's root besides the models: its manifest, its recipe, its model card.
+MANIFEST_NAME = "quantize_manifest.json"
+RECIPE_NAME = "recipe.yaml"
+CARD_NAME = "README.md"  # a Hub model card, as a source from the Hub has one
+#: The output's own root files: a source's files of these names are never copied over them.
+OUTPUT_ROOT_FILES = frozenset({CARD_NAME, MANIFEST_NAME, RECIPE_NAME})
 
 #: `__metadata__` of every shard we write (what transformers and diffusers expect).
 SHARD_METADATA = {"format": "pt"}

@@ -1,29 +1,44 @@
 """SOURCE resolved once: a folder, a bare component folder or a Hub repo id becomes one `SourceFolder`.
 
-`open_source(SOURCE, recipe)` is the one place a source is resolved: a Hub repo id is fetched (only the files
-the recipe needs), a recipe naming one component given that component's folder itself (a bare diffusers
+`open_source(SOURCE, recipe)` is the one place a source is resolved: a Hub repo id is fetched (`hub`: only the
+files the recipe needs), a recipe naming one component given that component's folder itself (a bare diffusers
 ``transformer/``) is fitted to convert it as the root, and each component is opened (headers only) and its
-model family found, once. The plan, the LoRA step, the output and the forward pass are handed this object;
-none of them looks at the folder again.
+model family found, once. It also lists the folder's other files (`other_files`: what ``copy_other_files``
+copies) and reads its own model card's metadata (`card_metadata`). The plan, the LoRA step, the card and the
+forward pass are handed this object; none of them looks at the folder again.
 
 >>> # src = open_source("Wan2.1-T2V-1.3B", load_recipe("wan-fp8").recipe); src.components, src.family(".").name
 """
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InputError
 from ..models import Family, family_of
-from .files import bare_model_class, files_of_components
+from .files import (
+    CARD_NAME,
+    CONFIG_NAME,
+    OUTPUT_ROOT_FILES,
+    bare_model_class,
+    files_of_components,
+    read_json_object,
+)
 
 if TYPE_CHECKING:
     from ..recipes import Recipe
     from .checkpoint import Component
 
 __all__ = ["SourceFolder", "open_source", "local_source", "fitted_components"]
+
+#: folders of a source tree that are never its files (a clone's, a cache's)
+SKIP_DIRS = frozenset({".git", ".cache", ".huggingface"})
+_FRONT_MATTER = re.compile(r"\A---\s*\n(.*?)\n---\s*(\n|\Z)", re.S)
 
 
 @dataclass
@@ -90,6 +105,62 @@ class SourceFolder:
         """The shards and indexes of the components (those that can be read), e.g. to start hashing them."""
         return files_of_components(self.folder, self.components)
 
+    def other_files(self, skip: Iterable[Path] = ()) -> list[Path]:
+        """The files of the folder that no component owns, but the output's own root files and `skip` (a LoRA
+        kept in the folder), in path order: what ``copy_other_files`` copies. `InputError` where one of them is the
+        config.json of another model of a class being converted (the second expert, say): copied, it would be an
+        unquantized model."""
+        components = [self.component(rel) for rel in self.components]
+        owned = {f for c in components for f in c.own_files()}
+        skipped = {Path(f).resolve() for f in skip}
+        files = []
+        for dirpath, dirnames, filenames in os.walk(self.folder):
+            dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
+            for name in sorted(filenames):
+                path = Path(dirpath) / name
+                if path in owned or (Path(dirpath) == self.folder and name in OUTPUT_ROOT_FILES):
+                    continue
+                files.append(path)
+        files = sorted(files, key=lambda p: p.relative_to(self.folder).as_posix())
+        files = [f for f in files if f.resolve() not in skipped]
+        self._refuse_unconverted_twin(components, files)
+        return files
+
+    def _refuse_unconverted_twin(self, components: list[Component], files: list[Path]) -> None:
+        """Refuse to copy, unconverted, another model of the class being converted (the second expert, say)."""
+        classes = {c.config.get("_class_name") for c in components if c.config} - {None}
+        for f in files:
+            if f.name != CONFIG_NAME or not any(f.parent.glob("*.safetensors")):
+                continue
+            try:
+                cls = read_json_object(f).get("_class_name")
+            except InputError:
+                continue
+            if cls in classes:
+                rel = f.parent.relative_to(self.folder).as_posix()
+                raise InputError(
+                    f"{f.parent}: holds another {cls} that the recipe does not convert and would copy unquantized: "
+                    f"add {rel!r} to the recipe's components (for two experts, use a two-expert recipe)"
+                )
+
+    def card_metadata(self) -> dict:
+        """The YAML front matter of the source's own README.md (a Hub model card), or {} when there is none or it
+        is unreadable: where the output's card finds the source's license."""
+        import yaml
+
+        try:
+            text = (self.folder / CARD_NAME).read_text()
+        except (OSError, UnicodeDecodeError):
+            return {}
+        match = _FRONT_MATTER.match(text)
+        if not match:
+            return {}
+        try:
+            data = yaml.safe_load(match.group(1))
+        except (yaml.YAMLError, RecursionError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
 
 def fitted_components(folder: Path, components: list[str]) -> list[str]:
     """The components of a recipe as they lie in `folder`: as named, or ``["."]`` when `folder` is itself the
@@ -124,7 +195,7 @@ def open_source(
     returned as it is."""
     if isinstance(source, SourceFolder):
         return source
-    from ..publish.hub import recipe_files, resolve_source
+    from .hub import recipe_files, resolve_source
 
     folder, name, repo_id = resolve_source(source, choose or recipe_files(recipe))
     return local_source(folder.absolute() if absolute else folder, recipe, name, repo_id)

@@ -2,10 +2,11 @@
 
 One streamed pass of the source model (`forward.StreamedModel`, as `sensitivity` runs it) on the captured inputs
 (`forward.load_inputs`: one pass, its batch as many samples as the file holds) records, for each quantized Linear,
-the largest |x| its input reaches (in float32, over every call). The plan is then remade with those amaxes
-(`plan.with_input_scales`): a layer whose format stores a static input scale (ComfyUI's FP8 and NVFP4 layers:
-`Format.calibrated`) gets amax / its range as ``input_scale``; the others stay as they were. A mixed ComfyUI file
-whose other layers are int8 or MXFP8 gets scales for its FP8 and NVFP4 layers only; a plan with none is refused.
+the largest |x| its input reaches (in float32, over every call). The plan's scales are then filled from those
+amaxes (`plan.with_input_scales`; nothing else of the plan changes): a layer whose format stores a static input
+scale (ComfyUI's FP8 and NVFP4 layers: `Format.calibrated`) gets amax / its range as ``input_scale``; the others stay
+as they were. A mixed ComfyUI file whose other layers are int8 or MXFP8 gets scales for its FP8 and NVFP4 layers
+only; a plan with none is refused. The converter takes this step once, between planning and writing.
 
 Then the recipe's model is run twice more on the same inputs, its quantized Linears' inputs quantized as the runtime
 does (`forward.quantized_inputs`): with a dynamic scale per call, and with the static scales. Both forward SQNRs
@@ -44,8 +45,8 @@ class Calibration:
 
     #: manifest key of each quantized Linear's weight -> the largest |x| its input reached (float32)
     amax: dict[str, float]
-    #: the manifest keys that took a static input scale, in plan order
-    scaled: tuple[str, ...]
+    #: manifest key -> the static input scale the plan now holds, for the Linears that took one, in plan order
+    scales: dict[str, float]
     #: component -> (forward SQNR in dB with a dynamic input scale per call, with the static scales), against the
     #: source on the calibration inputs; inf: identical outputs
     forward_sqnr_db: dict[str, tuple[float, float]]
@@ -54,8 +55,8 @@ class Calibration:
 def calibrate(
     plan: Plan, inputs: Path, *, on_pass: Callable[[str], None] | None = None, workers: int | None = None
 ) -> tuple[Plan, Calibration]:
-    """`plan` with static input scales from a streamed pass of the source on `inputs`, and what it found (see the
-    module docstring). An `InputError` when no quantized layer of the plan stores an input scale (naming the
+    """`plan` with its static input scales filled from a streamed pass of the source on `inputs`, and what it found
+    (see the module docstring). An `InputError` when no quantized layer of the plan stores an input scale (naming the
     format), when the model never calls a quantized Linear, or when an input is not finite."""
     from .sensitivity import _pool, planned_weights
 
@@ -68,12 +69,12 @@ def calibrate(
         found, wants[cp.rel] = input_amax(cp, inputs)
         amax.update(found)
     calibrated = with_input_scales(plan, amax)
-    scaled = tuple(
-        cp.manifest_key(tp)
+    scales = {
+        cp.manifest_key(tp): tp.options.input_scale
         for cp in calibrated.components
         for tp in cp.quantized()
         if tp.options.input_scale is not None
-    )
+    }
     figures = {}
     fmt = calibrated.format
     with _pool(workers) as pool:
@@ -94,7 +95,7 @@ def calibrate(
                     )
             want = wants[cp.rel]
             figures[cp.rel] = (forward_sqnr_db(want, got[0]), forward_sqnr_db(want, got[1]))
-    return calibrated, Calibration(amax, scaled, figures)
+    return calibrated, Calibration(amax, scales, figures)
 
 
 def input_amax(cp: ComponentPlan, inputs: Path) -> tuple[dict[str, float], torch.Tensor]:

@@ -15,12 +15,11 @@ from safetensors import safe_open
 
 from quantize import containers, formats
 from quantize.check.verify import verify
-from quantize.containers import PlannedFile, config_text, get_container
+from quantize.containers import PlannedFile, config_text, get_container, write_file
 from quantize.containers import sharded_safetensors as sharded
 from quantize.containers.writer import ShardWriter
 from quantize.errors import InputError
 from quantize.publish.converter import convert
-from quantize.publish.output import write_file
 from quantize.read.checkpoint import CONFIG_NAME, open_component
 from tests.conftest import load_all
 

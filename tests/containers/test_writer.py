@@ -9,7 +9,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from quantize import dtypes
-from quantize.containers.writer import ShardWriter, TensorSpec, shard_layout
+from quantize.containers.writer import ShardWriter, shard_layout
+from quantize.plan import TensorSpec
 
 
 def _mixed_tensors() -> dict[str, torch.Tensor]:

@@ -21,7 +21,6 @@ import pytest
 from huggingface_hub import ModelCard
 from huggingface_hub.utils import validate_repo_id
 
-from quantize.publish.hub import scrub, source_files_wanted
 from tests.conftest import load_all, read_json, run_cli, run_process, wan_fp8_modules
 from tests.hub_server import HubStandIn
 
@@ -197,12 +196,6 @@ def test_a_bad_repo_id_is_refused_before_anything(converted, hub, hub_env):
     assert "verify:" not in proc.stderr and hub.requests == []
 
 
-def test_scrub_removes_tokens():
-    assert (
-        scrub("Authorization: Bearer hf_abcDEF123456 rejected") == "Authorization: Bearer hf_<token> rejected"
-    )
-
-
 # -- SOURCE as a Hub repo id -----------------------------------------------------------------------
 
 
@@ -283,34 +276,11 @@ def test_an_unknown_repo_or_path_is_one_clean_line(hub, hub_env, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-def test_files_wanted_for_a_recipe():
-    files = [
-        "README.md",
-        "model_index.json",
-        "transformer/config.json",
-        "transformer/diffusion_pytorch_model-00001-of-00002.safetensors",
-        "transformer/diffusion_pytorch_model-00002-of-00002.safetensors",
-        "transformer/diffusion_pytorch_model.safetensors.index.json",
-        "transformer/notes.txt",
-        "transformer_2/config.json",
-        "vae/diffusion_pytorch_model.safetensors",
-    ]
-    assert source_files_wanted(files, ["transformer"], everything=False) == [
-        "README.md",
-        "transformer/config.json",
-        "transformer/diffusion_pytorch_model-00001-of-00002.safetensors",
-        "transformer/diffusion_pytorch_model-00002-of-00002.safetensors",
-        "transformer/diffusion_pytorch_model.safetensors.index.json",
-    ]
-    assert source_files_wanted(files, ["."], everything=False) == ["README.md"]
-    assert source_files_wanted(files, ["transformer"], everything=True) == sorted(files)
-
-
 def test_the_hub_code_needs_no_torch():
     import subprocess
     import sys
 
-    code = "import sys, quantize.publish.hub; print('torch' in sys.modules)"
+    code = "import sys, quantize.read.hub, quantize.publish.hub; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
