@@ -52,8 +52,8 @@ def verify_cmd(
 
     tune_for_streaming()
     if source is not None:
-        from ..read.hub import resolve_source
         from ..publish.manifest import read_manifest
+        from ..read.hub import resolve_source
 
         listed = {f.path for f in read_manifest(checkpoint).source_files}
         source, _, _ = resolve_source(source, lambda files: sorted(listed & set(files)))
