@@ -103,11 +103,6 @@ ARCHITECTURE = PACKAGE.parent / "docs" / "ARCHITECTURE.md"
 #: edges known to break the rules, each with who removes it; the check fails on any other, and on one of these that
 #: no longer exists (so the list cannot outlive the fix)
 KNOWN = {
-    # being fixed in the Family refactor: Family.is_diffusers asks the registry (`models.family_of_class`) from
-    # inside the package the registry imports
-    ("quantize.models.family", "quantize.models"),
-    # formats' own: Format.options_type reads its row of FORMAT_INFO from the package that imports formats.base
-    ("quantize.formats.base", "quantize.formats"),
 }
 
 

@@ -15,6 +15,7 @@ import abc
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, ClassVar, Union
 
+from .info import format_info
 from .options import NO_OPTIONS, FormatOptions
 
 if TYPE_CHECKING:
@@ -73,8 +74,6 @@ class Format(abc.ABC):
     @property
     def options_type(self) -> type[FormatOptions]:
         """The class of its options, declared in its `FormatInfo` row (where recipes read it without torch)."""
-        from . import format_info
-
         return format_info(self.NAME).options
 
     # --- numerics --------------------------------------------------------------------------------------------

@@ -59,6 +59,7 @@ __all__ = [
     "lora_renamings",
     "modulation_names",
     "diffusers_classes",
+    "registered_classes",
 ]
 
 #: every family the tool knows, in the order detection asks them
@@ -139,6 +140,11 @@ def lora_renamings() -> Iterator[tuple[str, object]]:
 def modulation_names() -> tuple[str, ...]:
     """The names a block's modulation table has in any family and naming (what a LoRA's ``diff_m`` adds to)."""
     return tuple(dict.fromkeys(n for f in FAMILIES for n in f.lora.modulation))
+
+
+def registered_classes() -> frozenset[str]:
+    """Every config class a family is registered by (its diffusers class, its release's classes)."""
+    return frozenset(c for f in FAMILIES for c in (f.diffusers_class, *f.native_classes))
 
 
 def diffusers_classes() -> frozenset[str]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import abc
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -305,12 +305,15 @@ class Family(abc.ABC):
 
     # --- recognizing a folder -----------------------------------------------------------------------
 
-    def layouts(self, folder: Path, open_: Callable[[str], Component | None]) -> list[SourceLayout]:
+    def layouts(
+        self, folder: Path, open_: Callable[[str], Component | None], registered: Collection[str] = ()
+    ) -> list[SourceLayout]:
         """Every layout of this family that `folder` matches (`Folders`); `open_(rel)` opens a component folder
-        (None where there is no readable one)."""
+        (None where there is no readable one); `registered`: every config class a family is registered by
+        (`models.registered_classes`), what `is_diffusers` tells another family's model by."""
         found, f = [], self.folders
         transformer = open_("transformer")
-        if transformer is not None and self.is_diffusers(transformer):
+        if transformer is not None and self.is_diffusers(transformer, registered):
             why = f"{self.title}, diffusers layout ({self.diffusers_class} in transformer/)"
             found.append(self.layout(why, f.diffusers))
         root = open_(".")
@@ -336,13 +339,11 @@ class Family(abc.ABC):
     def layout(self, why: str, name: str | None = None) -> SourceLayout:
         return SourceLayout(name or self.name, why, self.name)
 
-    def is_diffusers(self, comp: Component) -> bool:
-        """A diffusers model of this family: its config names the class, or names no class a family is
-        registered by and its tensors have this family's diffusers names."""
-        from . import family_of_class
-
+    def is_diffusers(self, comp: Component, registered: Collection[str] = ()) -> bool:
+        """A diffusers model of this family: its config names the class, or names none of the `registered`
+        classes (every family's) and its tensors have this family's diffusers names."""
         cls = (comp.config or {}).get("_class_name")
-        if isinstance(cls, str) and family_of_class(cls) is not None:
+        if isinstance(cls, str) and (cls == self.diffusers_class or cls in registered):
             return cls == self.diffusers_class
         return self.naming(comp.tensors) == "diffusers"
 

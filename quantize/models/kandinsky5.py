@@ -29,7 +29,7 @@ True
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -194,10 +194,12 @@ class Kandinsky5(Family):
 
     # --- recognizing it ------------------------------------------------------------------------------
 
-    def layouts(self, folder: Path, open_: Callable[[str], Component | None]) -> list[SourceLayout]:
+    def layouts(
+        self, folder: Path, open_: Callable[[str], Component | None], registered: Collection[str] = ()
+    ) -> list[SourceLayout]:
         """The diffusers layouts (`Family.layouts`), and the release's: ``model/`` holding Kandinsky 5 tensors and
         no config.json naming a class."""
-        found = super().layouts(folder, open_)
+        found = super().layouts(folder, open_, registered)
         comp = open_(ORIGINAL_FOLDER)
         if comp is not None and _is_original(self, comp):
             why = (

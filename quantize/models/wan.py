@@ -18,7 +18,7 @@ native ``norm2``.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -203,7 +203,9 @@ class Wan(Family):
         "wan2.2-a14b-diffusers": bundled_recipes("wan2.2-a14b-diffusers", ("fp8_channel",)),
     }
 
-    def layouts(self, folder: Path, open_: Callable[[str], Component | None]) -> list[SourceLayout]:
+    def layouts(
+        self, folder: Path, open_: Callable[[str], Component | None], registered: Collection[str] = ()
+    ) -> list[SourceLayout]:
         """Hook: the expert folders (A14B, LingBot-World) and the diffusers pair (``transformer_2/``) beside the
         one-model layouts; a root whose config is a variant's (`VARIANT_CONFIG_KEYS`) is not Wan's."""
         found = []
@@ -215,7 +217,7 @@ class Wan(Family):
             else:
                 found.append(self.layout("Wan2.2 A14B layout, original names, 2 experts", "wan2.2-a14b"))
         transformer = open_("transformer")
-        if transformer is not None and self.is_diffusers(transformer):
+        if transformer is not None and self.is_diffusers(transformer, registered):
             if open_("transformer_2") is not None:
                 why = "Wan2.2 A14B, diffusers layout, 2 experts (transformer, transformer_2)"
                 found.append(self.layout(why, "wan2.2-a14b-diffusers"))

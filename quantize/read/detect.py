@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..formats import FORMAT_INFO
-from ..models import FAMILIES, SourceLayout, default_recipes, get_family
+from ..models import FAMILIES, SourceLayout, default_recipes, get_family, registered_classes
 from .checkpoint import Component, open_component
 
 __all__ = ["SourceLayout", "DEFAULT_RECIPES", "detect_layouts", "recipe_for_format"]
@@ -56,7 +56,8 @@ def detect_layouts(folder: Path, unreadable: list[InputError] | None = None) -> 
             opened[rel] = _open(folder, rel, problems)
         return opened[rel]
 
-    return [layout for family in FAMILIES for layout in family.layouts(folder, open_)]
+    registered = registered_classes()
+    return [layout for family in FAMILIES for layout in family.layouts(folder, open_, registered)]
 
 
 def _layout_words(layouts: Sequence[SourceLayout]) -> str:

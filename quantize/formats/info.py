@@ -1,0 +1,185 @@
+"""The one table of facts about the formats (`FORMAT_INFO`), plain data: what a recipe check, the card and `inspect`
+read without torch, and what `base.Format` reads its options class from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import InputError
+from .options import (
+    ComfyFp8Options,
+    ComfyInt8Options,
+    ComfyMxfp8Options,
+    ComfyNvfp4Options,
+    FormatOptions,
+    GgufOptions,
+    NoOptions,
+)
+
+__all__ = ["FormatInfo", "FORMAT_INFO", "format_info"]
+
+
+@dataclass(frozen=True)
+class FormatInfo:
+    """What is known of a format besides its numerics."""
+
+    name: str
+    module: str  # the module of this package that defines it
+    quant_method: str  # config.json quantization_config.quant_method: how a reader recognizes it
+    libraries: tuple[str, ...]  # packages whose numerics it follows (their versions go into the manifest)
+    container: str  # how a component's tensors become files (`quantize.containers`)
+    names: str  # the role of names its output keys take (`models.ROLES`): "source" (as stored), "native"
+    words: str  # what the model card calls it
+    tag: str  # the Hub tag of its kind (fp8, nf4)
+    layout_library: str  # the library whose on-disk layout it is (a Hub tag too)
+    diffusers_needs: str | None  # what diffusers' from_pretrained needs to load it; None: it does not
+    card_note: str | None = None  # one more sentence for the card's "How to load"
+    #: what runs it, as the card's "How to load" shows: loaders (ours), comfyui
+    runs_in: tuple[str, ...] = ("loaders",)
+    #: its output is laid out as diffusers models (from_pretrained folders), not one file for another runner
+    diffusers_layout: bool = True
+    #: the class of its per-tensor options (`formats.options`): what a recipe's `type` / `types` may name
+    #: (`options.TYPES`; none for a format with one encoding) and what `parts`, `encode` and `decode` take
+    options: type[FormatOptions] = NoOptions
+    #: it decides itself what kept tensors are stored as (gguf: F32 for all but Linear weights): no `keep_dtype`
+    fixes_kept_dtypes: bool = False
+
+
+FORMAT_INFO: dict[str, FormatInfo] = {
+    info.name: info
+    for info in (
+        FormatInfo(
+            name="fp8_channel",
+            module="fp8_channel",
+            quant_method="compressed-tensors",
+            libraries=(),
+            container="sharded_safetensors",
+            names="source",
+            words="FP8 (e4m3, one scale per output channel)",
+            tag="fp8",
+            layout_library="compressed-tensors",
+            diffusers_needs=None,
+            card_note="The weights are in the compressed-tensors `float-quantized` layout; its decompressor reads them.",
+        ),
+        FormatInfo(
+            name="torchao_fp8",
+            module="torchao_fp8",
+            quant_method="torchao",
+            libraries=("torchao",),
+            container="sharded_safetensors",
+            names="source",
+            words="TorchAO Float8 (PerRow weights, dynamic PerRow activations)",
+            tag="fp8",
+            layout_library="torchao",
+            diffusers_needs="torchao",
+        ),
+        FormatInfo(
+            name="nf4",
+            module="nf4",
+            quant_method="bitsandbytes",
+            libraries=("bitsandbytes",),
+            container="sharded_safetensors",
+            names="source",
+            words="NF4 (bitsandbytes 4-bit, blocksize 64, double quantization)",
+            tag="nf4",
+            layout_library="bitsandbytes",
+            diffusers_needs="bitsandbytes (and a GPU: its quantizer refuses to start without one)",
+        ),
+        FormatInfo(
+            name="comfy_fp8",
+            module="comfy_fp8",
+            quant_method="comfy_fp8",
+            libraries=(),
+            container="single_safetensors",
+            names="native",
+            words="ComfyUI FP8 scaled (e4m3, one scale per tensor, `comfy_quant` markers)",
+            tag="fp8",
+            layout_library="comfyui",
+            diffusers_needs=None,
+            runs_in=("comfyui", "loaders"),
+            diffusers_layout=False,
+            options=ComfyFp8Options,
+        ),
+        FormatInfo(
+            name="comfy_int8",
+            module="comfy_int8",
+            quant_method="comfy_int8",
+            libraries=(),
+            container="single_safetensors",
+            names="native",
+            words="ComfyUI INT8 (one scale per output row, `comfy_quant` markers)",
+            tag="int8",
+            layout_library="comfyui",
+            diffusers_needs=None,
+            runs_in=("comfyui", "loaders"),
+            diffusers_layout=False,
+            options=ComfyInt8Options,
+        ),
+        FormatInfo(
+            name="comfy_nvfp4",
+            module="comfy_nvfp4",
+            quant_method="comfy_nvfp4",
+            libraries=(),
+            container="single_safetensors",
+            names="native",
+            words="ComfyUI NVFP4 (E2M1 values, an E4M3 scale per 16 and one FP32 scale per tensor, `comfy_quant` markers)",
+            tag="nvfp4",
+            layout_library="comfyui",
+            diffusers_needs=None,
+            runs_in=("comfyui", "loaders"),
+            diffusers_layout=False,
+            options=ComfyNvfp4Options,
+        ),
+        FormatInfo(
+            name="comfy_mxfp8",
+            module="comfy_mxfp8",
+            quant_method="comfy_mxfp8",
+            libraries=(),
+            container="single_safetensors",
+            names="native",
+            words="ComfyUI MXFP8 (E4M3 values, an E8M0 scale per 32, `comfy_quant` markers)",
+            tag="mxfp8",
+            layout_library="comfyui",
+            diffusers_needs=None,
+            runs_in=("comfyui", "loaders"),
+            diffusers_layout=False,
+            options=ComfyMxfp8Options,
+        ),
+        FormatInfo(
+            name="torchao_int8",
+            module="torchao_int8",
+            quant_method="torchao",
+            libraries=("torchao",),
+            container="sharded_safetensors",
+            names="source",
+            words="TorchAO INT8 (per-row int8 weights, dynamic per-row int8 activations)",
+            tag="int8",
+            layout_library="torchao",
+            diffusers_needs="torchao",
+        ),
+        FormatInfo(
+            name="gguf",
+            module="gguf",
+            quant_method="gguf",
+            libraries=("gguf",),
+            container="gguf_file",
+            names="native",
+            words="GGUF (GGML block types, one file per model)",
+            tag="gguf",
+            layout_library="gguf",
+            diffusers_needs=None,
+            runs_in=("comfyui-gguf", "diffusers-gguf", "loaders"),
+            diffusers_layout=False,
+            options=GgufOptions,
+            fixes_kept_dtypes=True,
+        ),
+    )
+}
+
+
+def format_info(name: str) -> FormatInfo:
+    """The table row of format `name`; the error lists the known names."""
+    try:
+        return FORMAT_INFO[name]
+    except KeyError:
+        raise InputError(f"unknown format {name!r} (known: {', '.join(sorted(FORMAT_INFO))})") from None
