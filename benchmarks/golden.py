@@ -88,7 +88,7 @@ def write_sources(root: Path) -> None:
             code, text = cli(*args)
             print(f"{family.name} {layout}: {code} {text.strip()[:200]}")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests.diffusers_models import wan_of_width as _diffusers_wan  # a Wan in diffusers' names, as a pipeline holds it
+    from tests.diffusers_models import wan_of_width as _diffusers_wan  # a Wan in diffusers' names
 
     _diffusers_wan(root / "wan-diffusers" / "transformer", width=64)
     g = torch.Generator().manual_seed(1)

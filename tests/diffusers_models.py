@@ -35,6 +35,55 @@ def wan(path: Path, layers: int = 2, seed: int = 0) -> Path:
     return path
 
 
+def wan_of_width(path: Path, image_dim: int | None = None, seed: int = 0, width: int = 32) -> Path:
+    """A tiny diffusers Wan; `width` (model dim, = text dim and ffn/2) 64 suits every format's shape rules."""
+    import diffusers
+
+    WanTransformer3DModel = diffusers.WanTransformer3DModel
+
+    torch.manual_seed(seed)
+    model = WanTransformer3DModel(
+        patch_size=(1, 2, 2),
+        num_attention_heads=2,
+        attention_head_dim=width // 2,
+        in_channels=4,
+        out_channels=4,
+        text_dim=24 if width == 32 else width,
+        freq_dim=16,
+        ffn_dim=2 * width,
+        num_layers=2,
+        cross_attn_norm=True,
+        image_dim=image_dim,
+        added_kv_proj_dim=width if image_dim else None,
+        rope_max_seq_len=32,
+    ).to(torch.bfloat16)
+    model.save_pretrained(path)
+    return path
+
+
+#: what `WanPipeline.from_pretrained` is given for the parts `wan_pipeline` leaves out: prompts come as embeddings
+NO_TEXT = dict(text_encoder=None, tokenizer=None, transformer_2=None)
+
+
+def wan_pipeline(path: Path) -> Path:
+    """A tiny `WanPipeline` (`wan_model` in bf16, a tiny `AutoencoderKLWan`, a scheduler; no text encoder) saved."""
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline
+
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan(
+        base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True]
+    )
+    pipe = WanPipeline(
+        tokenizer=None,
+        text_encoder=None,
+        transformer=wan_model().to(torch.bfloat16),
+        vae=vae,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+    )
+    pipe.save_pretrained(path)
+    return path
+
+
 def kandinsky5(path: Path, text_blocks: int = 1, visual_blocks: int = 2, seed: int = 0) -> Path:
     """A tiny Kandinsky5Transformer3DModel (dim 64, ff 128), saved in bf16 with diffusers' save_pretrained."""
     import diffusers

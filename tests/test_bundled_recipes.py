@@ -15,6 +15,7 @@ import torch
 from quantize.plan import make_plan
 from quantize.recipes import load_recipe
 from tests.conftest import load_all, run_cli
+from tests.diffusers_models import wan_of_width
 
 
 def _split(source: Path, recipe: str) -> dict[str, set[str]]:
@@ -76,36 +77,10 @@ def test_two_expert_recipes(make_wan, recipe):
             assert len(camera) == 2 * 4 + 3 and not camera & quantized
 
 
-def _diffusers_wan(path: Path, image_dim: int | None = None, seed: int = 0, width: int = 32) -> Path:
-    """A tiny diffusers Wan; `width` (model dim, = text dim and ffn/2) 64 suits every format's shape rules."""
-    import diffusers
-
-    WanTransformer3DModel = diffusers.WanTransformer3DModel
-
-    torch.manual_seed(seed)
-    model = WanTransformer3DModel(
-        patch_size=(1, 2, 2),
-        num_attention_heads=2,
-        attention_head_dim=width // 2,
-        in_channels=4,
-        out_channels=4,
-        text_dim=24 if width == 32 else width,
-        freq_dim=16,
-        ffn_dim=2 * width,
-        num_layers=2,
-        cross_attn_norm=True,
-        image_dim=image_dim,
-        added_kv_proj_dim=width if image_dim else None,
-        rope_max_seq_len=32,
-    ).to(torch.bfloat16)
-    model.save_pretrained(path)
-    return path
-
-
 @pytest.mark.parametrize("image_dim", [None, 32])
 def test_wan_diffusers_fp8(tmp_path, image_dim):
     src = tmp_path / "Wan-Diffusers"
-    _diffusers_wan(src / "transformer", image_dim)
+    wan_of_width(src / "transformer", image_dim)
     linears = _linears(src / "transformer")
     expected = {m for m in linears if WAN_DIFFUSERS_QUANTIZED.fullmatch(m)}
     assert _split(src, "wan-diffusers-fp8.yaml") == {"transformer": expected}
@@ -122,8 +97,8 @@ def test_wan_diffusers_fp8(tmp_path, image_dim):
 
 def test_wan_a14b_diffusers_fp8(tmp_path):
     src = tmp_path / "Wan2.2-A14B-Diffusers"
-    _diffusers_wan(src / "transformer", seed=0)
-    _diffusers_wan(src / "transformer_2", seed=1)
+    wan_of_width(src / "transformer", seed=0)
+    wan_of_width(src / "transformer_2", seed=1)
     split = _split(src, "wan2.2-a14b-diffusers-fp8.yaml")
     assert set(split) == {"transformer", "transformer_2"}
     for comp, quantized in split.items():
@@ -137,7 +112,7 @@ def test_dequantized_diffusers_forward_stays_close_to_bf16(tmp_path):
     from quantize.formats.fp8_channel import FORMAT as fp8
 
     src = tmp_path / "Wan-Diffusers"
-    _diffusers_wan(src / "transformer")
+    wan_of_width(src / "transformer")
     (src / "model_index.json").write_text('{"_class_name": "WanPipeline"}')
     out = tmp_path / "Wan-Diffusers-fp8"
     run_cli("convert", src, out, "--recipe", "wan-diffusers-fp8.yaml", check=True)
@@ -214,7 +189,7 @@ def test_torchao_and_nf4_recipes_on_original_names(make_wan, recipe, layout, exp
 )
 def test_torchao_and_nf4_recipes_on_diffusers_names(tmp_path, recipe, expected):
     src = tmp_path / "Wan-Diffusers"
-    _diffusers_wan(src / "transformer", image_dim=64, width=64)
+    wan_of_width(src / "transformer", image_dim=64, width=64)
     linears = _linears(src / "transformer")
     assert _split(src, recipe) == {"transformer": {m for m in linears if expected.fullmatch(m)}}
 
@@ -244,7 +219,7 @@ def test_the_diffusers_comfy_recipes_take_the_diffusers_split_and_write_native_n
     tmp_path, image_dim, recipe
 ):
     src = tmp_path / "Wan-Diffusers"
-    _diffusers_wan(src / "transformer", image_dim=image_dim, width=64)
+    wan_of_width(src / "transformer", image_dim=image_dim, width=64)
     linears = _linears(src / "transformer")
     expected = {m for m in linears if WAN_DIFFUSERS_QUANTIZED.fullmatch(m)}
     assert _split(src, recipe) == {"transformer": expected}
@@ -288,7 +263,7 @@ def test_gguf_recipes_quantize_every_block_linear_and_raise_ffn_down_and_v_in_th
 @pytest.mark.parametrize("recipe", ["wan-diffusers-gguf-q8_0.yaml", "wan-diffusers-gguf-q4_k_m.yaml"])
 def test_diffusers_gguf_recipes_match_their_original_named_twins(tmp_path, recipe):
     src = tmp_path / "Wan-Diffusers"
-    _diffusers_wan(src / "transformer", width=256)
+    wan_of_width(src / "transformer", width=256)
     (cp,) = make_plan(src, load_recipe(recipe).recipe).components
     twin = load_recipe(recipe.replace("diffusers-", "")).recipe
     quantized = {t.output_module: t.qtype for t in cp.quantized()}

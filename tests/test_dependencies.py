@@ -74,6 +74,62 @@ def test_the_guard_sees_a_family_name_in_code(tmp_path):
     assert not [t for _, t in _code_strings(probe) if "head.modulation" in t]
 
 
+# --- the tests: no test module imports another (what they share is in tests/helpers or a conftest) -----------
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _names_a_test_module(dotted: str) -> bool:
+    return any(part.startswith("test_") for part in dotted.split("."))
+
+
+def _test_modules_imported(path: Path) -> list[tuple[int, str]]:
+    """Each test module (one named ``test_*`` under tests/) that `path` imports anywhere, with the line."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names if alias.name.split(".")[0] == "tests"]
+        elif isinstance(node, ast.ImportFrom):
+            module = "." * node.level + (node.module or "")
+            if not node.level and module.split(".")[0] != "tests":
+                continue
+            # `from tests.x.test_y import z` imports from a test module; `from tests.x import test_y`, the module
+            names = [module] if _names_a_test_module(module) else [f"{module}.{a.name}" for a in node.names]
+        else:
+            continue
+        found += [(node.lineno, n) for n in names if _names_a_test_module(n)]
+    return found
+
+
+def test_no_test_module_imports_another():
+    found = [
+        f"{path.relative_to(TESTS).as_posix()}:{line}: {name}"
+        for path in sorted(TESTS.rglob("*.py"))
+        for line, name in _test_modules_imported(path)
+    ]
+    assert not found, f"a test module imports another (move what they share to tests/helpers): {found}"
+
+
+def test_the_guard_sees_an_import_of_a_test_module(tmp_path):
+    """The check above would fail on each way of importing a test module, and lets helpers and conftests pass."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from tests.steps.test_lora import make_lora\n"
+        "from tests.formats import references, test_gguf\n"
+        "import tests.test_plan\n"
+        "from .test_encode import _chunk_rows\n"
+        "from tests.helpers.lora import write_lora\n"
+        "from tests.loaders.conftest import same_bytes\n"
+        "import tests.diffusers_models\n"
+    )
+    assert [name for _, name in _test_modules_imported(probe)] == [
+        "tests.steps.test_lora",
+        "tests.formats.test_gguf",
+        "tests.test_plan",
+        ".test_encode",
+    ]
+
+
 def _imported(code: str) -> list[str]:
     script = f"import sys; {code}; print(sorted(sys.modules))"
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout

@@ -19,7 +19,7 @@ import torch
 from quantize.recipes import load_recipe
 from tests import diffusers_models as models
 from tests.conftest import load_all, read_json, run_cli
-from tests.formats.test_torchao_fp8 import reference as float8_reference
+from tests.formats.references import torchao_float8 as float8_reference
 
 
 def _wan(path: Path) -> Path:

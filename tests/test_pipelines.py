@@ -15,32 +15,12 @@ import pytest
 import torch
 
 from tests.conftest import run_cli
-from tests.diffusers_models import kandinsky5, wan_model
-
-NO_TEXT = dict(text_encoder=None, tokenizer=None, transformer_2=None)  # prompts come as embeddings
-
-
-def _save_pipeline(path: Path) -> Path:
-    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline
-
-    torch.manual_seed(0)
-    vae = AutoencoderKLWan(
-        base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True]
-    )
-    pipe = WanPipeline(
-        tokenizer=None,
-        text_encoder=None,
-        transformer=wan_model().to(torch.bfloat16),
-        vae=vae,
-        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
-    )
-    pipe.save_pretrained(path)
-    return path
+from tests.diffusers_models import NO_TEXT, kandinsky5, wan_model, wan_pipeline
 
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory) -> Path:
-    return _save_pipeline(tmp_path_factory.mktemp("pipelines") / "Wan-tiny-Diffusers")
+    return wan_pipeline(tmp_path_factory.mktemp("pipelines") / "Wan-tiny-Diffusers")
 
 
 def _run(pipe, output_type: str) -> torch.Tensor:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import struct
@@ -14,6 +13,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from tests.conftest import load_all, read_json, run_cli, wan_fp8_modules
+from tests.helpers.verify import failures as _failures
+from tests.helpers.verify import rehash as _rehash
+from tests.helpers.verify import rewrite as _rewrite
+from tests.helpers.verify import verify_json as _verify
 
 
 @pytest.fixture(scope="module")
@@ -31,37 +34,8 @@ def ckpt(converted, tmp_path) -> Path:
     return copy
 
 
-def _verify(ckpt: Path, *args) -> tuple[int, dict, str]:
-    proc = run_cli("verify", ckpt, *args, "--json")
-    report = json.loads(proc.stdout) if proc.stdout.strip() else {}
-    return proc.returncode, report, proc.stderr
-
-
-def _failures(report: dict) -> dict[str, list[str]]:
-    return {c["check"]: c["failures"] for c in report["checks"] if not c["ok"]}
-
-
 def _shards(ckpt: Path) -> list[Path]:
     return sorted(ckpt.glob("*.safetensors"))
-
-
-def _rehash(ckpt: Path, *paths: Path) -> None:
-    """Make the manifest agree with changed files, so that only the structural checks can object."""
-    manifest = read_json(ckpt / "quantize_manifest.json")
-    for entry in manifest["output_files"]:
-        p = ckpt / entry["path"]
-        if p in paths:
-            entry["size"] = p.stat().st_size
-            entry["sha256"] = hashlib.sha256(p.read_bytes()).hexdigest()
-    (ckpt / "quantize_manifest.json").write_text(json.dumps(manifest, indent=2))
-
-
-def _rewrite(shard: Path, mutate) -> None:
-    with safe_open(shard, framework="pt") as f:
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
-        metadata = f.metadata()
-    mutate(tensors)
-    save_file(tensors, shard, metadata=metadata)
 
 
 def test_a_good_checkpoint_passes(converted, wan_tiny):
@@ -275,10 +249,10 @@ def test_forward_needs_a_source(converted):
 
 
 def _diffusers_source(tmp_path: Path) -> Path:
-    from tests.test_bundled_recipes import _diffusers_wan
+    from tests.diffusers_models import wan_of_width
 
     src = tmp_path / "Wan-Diffusers"
-    _diffusers_wan(src / "transformer", width=64)
+    wan_of_width(src / "transformer", width=64)
     return src
 
 

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from quantize import dtypes
-from quantize.encode import encode_and_measure, row_chunks
+from quantize.encode import encode_and_measure
 from quantize.errors import InputError
 from quantize.formats import (
     FORMAT_INFO,
@@ -204,12 +204,6 @@ def test_row_chunks_encode_and_decode_as_the_whole(name, options):
             assert _same(t, want), (part, r0, r1)
         got = fmt.decoded(chunk, (r1 - r0, shape[1]), torch.float32, options=options)
         assert _same(got, decoded[r0:r1])
-
-
-def test_chunks_fall_on_the_formats_row_block():
-    assert row_chunks(300, 512, chunk_bytes=4 * 512 * 100, block=128) == [(0, 128), (128, 256), (256, 300)]
-    assert row_chunks(300, 512, chunk_bytes=4 * 512 * 200, block=128) == [(0, 128), (128, 256), (256, 300)]
-    assert row_chunks(10, 4, chunk_bytes=48) == [(0, 3), (3, 6), (6, 9), (9, 10)]
 
 
 # --- what the converter makes of a weight no scale can hold -------------------------------------------------

@@ -150,3 +150,21 @@ def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
         and a.shape == b.shape
         and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
     )
+
+
+def layer_weights(out: int = 96, inp: int = 128, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Linear layer's random weight (`out` x `inp`) and bias, in bf16."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(out, inp, generator=g).to(torch.bfloat16), torch.randn(out, generator=g).to(
+        torch.bfloat16
+    )
+
+
+def layer_input(rows: int = 10, inp: int = 128, dtype=torch.bfloat16, seed: int = 1) -> torch.Tensor:
+    """A random input for such a layer: a batch of two, `rows` tokens of `inp` features each."""
+    return torch.randn(2, rows, inp, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def storage_ids(module: torch.nn.Module) -> set[int]:
+    """The storages of `module`'s non-empty parameters and buffers (a copy that shares none has none of them)."""
+    return {t.untyped_storage().data_ptr() for t in (*module.buffers(), *module.parameters()) if t.numel()}

@@ -49,8 +49,15 @@ from quantize.read.checkpoint import open_component, read_tensor
 from quantize.run.forward import forward_sqnr_db, load_inputs
 from tests import diffusers_models as models
 from tests.conftest import run_cli, skip_without_kernel
-from tests.loaders.conftest import FORMATS, gguf_tensors, same_bytes
-from tests.loaders.test_loader_modules import _storage_ids, _weights, _x
+from tests.helpers.forward import FAST_MARGIN_DB
+from tests.loaders.conftest import (
+    FORMATS,
+    gguf_tensors,
+    layer_input,
+    layer_weights,
+    same_bytes,
+    storage_ids,
+)
 
 WAN = get_family("wan")
 Wan = diffusers.WanTransformer3DModel
@@ -155,11 +162,6 @@ def reference():
     return get
 
 
-#: how far below min(verify's SQNR, the bf16 floor) the fast path's bf16 forward may fall. Measured on these
-#: models (floor 44.6 dB diffusers-layout, 45.9 the dim-256 one, 47.5 native): 0.1-0.3 dB (nf4, diffusers
-#: comfy_int8 and gguf q8_0), 1.3 (q4_k_m), 2.3 (native gguf q8_0), 3.1-4.2 dB (fp8 or int8 activations per call:
-#: fp8_channel, torchao_fp8, comfy_fp8, native comfy_int8)
-FAST_MARGIN_DB = 6.0
 #: formats without a kernel on this machine: GGUF has none; NVFP4's and MXFP8's block-scaled GEMMs need SM100
 NO_KERNEL_HERE = {"gguf", "comfy_nvfp4", "comfy_mxfp8"}
 NAMINGS = {"diffusers": [*FORMATS, Q4_K_M], "native": FORMATS}
@@ -573,8 +575,8 @@ def test_gguf_linear_decodes_as_gguf_py_and_computes_with_it(ggml_type):
 
 
 def _module(cls, options=None):
-    """A module of `cls` from `_weights`' layer (in_features 256: a K-quant's block)."""
-    w, b = _weights(96, 256)
+    """A module of `cls` from `layer_weights`' layer (in_features 256: a K-quant's block)."""
+    w, b = layer_weights(96, 256)
     if cls is GGUFLinear:
         return GGUFLinear.from_weight(w, b, options)
     return cls.from_weight(w, b)
@@ -600,20 +602,20 @@ def test_state_dict_keys_are_the_formats_part_names(cls, options):
 def test_deepcopy_copies_the_stored_parts_and_nothing_wider(cls, options):
     m = _module(cls, options)
     clone = copy.deepcopy(m)
-    assert _storage_ids(clone).isdisjoint(_storage_ids(m))
+    assert storage_ids(clone).isdisjoint(storage_ids(m))
     assert clone.options == m.options and type(clone) is cls
     for (name, t), (_, u) in zip(m.state_dict().items(), clone.state_dict().items(), strict=True):
         assert same_bytes(t, u), name
     biggest = max(t.numel() * t.element_size() for t in clone.state_dict().values())
     assert biggest < 96 * 256 * 2  # nothing in the copy holds the weight in bf16
-    x = _x(inp=256)
+    x = layer_input(inp=256)
     assert torch.equal(clone(x), m(x))
 
 
 @pytest.mark.parametrize("cls, options", NEW_MODULES)
 def test_to_moves_while_weak_references_to_every_tensor_are_held(cls, options):
     m = _module(cls, options)
-    x = _x(inp=256)
+    x = layer_input(inp=256)
     before = m(x)
     refs = [weakref.ref(t) for t in (*m.buffers(), *m.parameters())]  # noqa: F841 (held across the moves)
     m.to("cpu")

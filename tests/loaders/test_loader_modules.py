@@ -30,16 +30,12 @@ from quantize.formats.fp8_channel import quantize_rows
 from quantize.formats.nf4 import FORMAT as nf4
 from quantize.formats.torchao_fp8 import FORMAT as torchao_fp8
 from tests.conftest import skip_without_kernel, skip_without_kquant_encoder
-from tests.formats.test_torchao_fp8 import reference as float8_reference
+from tests.formats.references import torchao_float8 as float8_reference
+from tests.loaders.conftest import layer_input as _x
+from tests.loaders.conftest import layer_weights as _weights
+from tests.loaders.conftest import storage_ids as _storage_ids
 
 MODULES = [FP8Linear, Float8Linear, NF4Linear]
-
-
-def _weights(out: int = 96, inp: int = 128, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(out, inp, generator=g).to(torch.bfloat16), torch.randn(out, generator=g).to(
-        torch.bfloat16
-    )
 
 
 def make(cls, weight: torch.Tensor, bias: torch.Tensor | None, **kw):
@@ -51,10 +47,6 @@ def make(cls, weight: torch.Tensor, bias: torch.Tensor | None, **kw):
         state["bias"] = bias
     module.load_state_dict(state, assign=True)
     return module
-
-
-def _x(rows: int = 10, inp: int = 128, dtype=torch.bfloat16, seed: int = 1) -> torch.Tensor:
-    return torch.randn(2, rows, inp, generator=torch.Generator().manual_seed(seed)).to(dtype)
 
 
 def test_fp8_scaled_mm_path_is_per_token_fp8_activations_times_the_stored_weight():
@@ -171,10 +163,6 @@ def test_load_state_dict_names_a_wrong_part(cls):
     target = make(cls, w, b)
     with pytest.raises(RuntimeError, match=rf"{first}: checkpoint has torch.uint8\[3\]"):
         target.load_state_dict(state)
-
-
-def _storage_ids(module: torch.nn.Module) -> set[int]:
-    return {t.untyped_storage().data_ptr() for t in (*module.buffers(), *module.parameters()) if t.numel()}
 
 
 @pytest.mark.parametrize("cls", MODULES)

@@ -29,8 +29,7 @@ from quantize.read.gguf import open_gguf_component
 from quantize.recipes import load_recipe
 from quantize.run.forward import forward_sqnr_db, load_inputs
 from tests.conftest import run_cli
-from tests.loaders.test_every_format import FAST_MARGIN_DB
-from tests.models.test_wan_variants import _bf16_floor
+from tests.helpers.forward import FAST_MARGIN_DB, bf16_floor
 
 ANIMATE = get_family("wan-animate")
 FORMATS = [
@@ -348,7 +347,7 @@ def reference(sources):
     with torch.no_grad():
         want = model(**ANIMATE.inputs.call(model.config, x))[0]
         bf16 = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in x.items()}
-        floor = _bf16_floor(model, want, ANIMATE.inputs.call(model.config, bf16))
+        floor = bf16_floor(model, want, ANIMATE.inputs.call(model.config, bf16))
     return model.config, x, want, floor
 
 

@@ -28,7 +28,7 @@ from quantize.read.detect import detect_layouts
 from quantize.recipes import load_recipe
 from quantize.run.forward import forward_sqnr_db, load_inputs
 from tests.conftest import run_cli
-from tests.loaders.test_every_format import FAST_MARGIN_DB
+from tests.helpers.forward import FAST_MARGIN_DB, bf16_floor
 
 WAN, VACE, SKY = get_family("wan"), get_family("wan-vace"), get_family("skyreels-v2")
 FORMATS = [
@@ -392,7 +392,7 @@ def test_every_format_verifies_with_a_forward_and_our_loader_runs_it(sources, co
         fast = load_quantized(cls, out, dtype=torch.bfloat16)
         bf16 = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in x.items()}
         y = fast(**fam.inputs.call(reference.config, bf16))[0].float()
-        floor = _bf16_floor(reference, want, fam.inputs.call(reference.config, bf16))
+        floor = bf16_floor(reference, want, fam.inputs.call(reference.config, bf16))
     # the bf16 forward sits below both what verify measured and what bf16 arithmetic alone allows (the floor:
     # the unquantized source run in bf16), by FAST_MARGIN_DB at most, as the Wan loaders' test measures it
     assert (
@@ -401,16 +401,6 @@ def test_every_format_verifies_with_a_forward_and_our_loader_runs_it(sources, co
         reported,
         floor,
     )
-
-
-def _bf16_floor(model, want: torch.Tensor, bf16_inputs: dict) -> float:
-    """The SQNR of the float32 `model` run in bf16 as diffusers runs it (``_keep_in_fp32_modules`` in float32)
-    against its float32 output `want`; `model` is left in bf16."""
-    keep = set(model._keep_in_fp32_modules or ())
-    for name, p in model.named_parameters():
-        if not keep & set(name.split(".")):
-            p.data = p.data.to(torch.bfloat16)
-    return forward_sqnr_db(want, model(**bf16_inputs)[0].float())
 
 
 def _native_file(out: Path, kind: str) -> Path:

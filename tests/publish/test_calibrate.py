@@ -37,7 +37,7 @@ RANGE = {"float8_e4m3fn": 448.0, "nvfp4": 448.0 * 6}
 
 
 def _inputs(path: Path, seed: int, timesteps: list[int]) -> Path:
-    """A pass's inputs for `_diffusers_wan(width=64)`, one sample per timestep, stored in bf16 as a pipeline has them."""
+    """A pass's inputs for `wan_of_width(width=64)`, one sample per timestep, stored in bf16 as a pipeline has them."""
     g = torch.Generator().manual_seed(seed)
     n = len(timesteps)
     save_file(
@@ -54,11 +54,11 @@ def _inputs(path: Path, seed: int, timesteps: list[int]) -> Path:
 @pytest.fixture(scope="module")
 def calibrated(tmp_path_factory) -> tuple[Path, Path, Path, Path, str]:
     """(source, calibration inputs, recipe, checkpoint converted with --calibrate, convert's stdout)."""
-    from tests.test_bundled_recipes import _diffusers_wan
+    from tests.diffusers_models import wan_of_width
 
     root = tmp_path_factory.mktemp("calibrate")
     src = root / "Wan-Diffusers"
-    _diffusers_wan(src / "transformer", width=64)
+    wan_of_width(src / "transformer", width=64)
     inputs = _inputs(root / "cal.safetensors", 1, [900, 100])
     recipe = root / "mixed.yaml"
     recipe.write_text(RECIPE)
@@ -145,11 +145,11 @@ def test_each_fp8_and_nvfp4_layer_stores_its_inputs_amax_over_the_range(calibrat
 
 
 def test_verify_rederives_the_scales_and_catches_a_changed_one(calibrated, tmp_path):
-    from tests.check.test_verify import _failures, _rehash, _rewrite, _verify
+    from tests.helpers.verify import failures, rehash, rewrite, verify_json
 
     src, inputs, _, out, _ = calibrated
-    code, report, _ = _verify(out, "--source", src, "--forward", "--inputs", inputs)
-    assert code == 0 and report["ok"], _failures(report)
+    code, report, _ = verify_json(out, "--source", src, "--forward", "--inputs", inputs)
+    assert code == 0 and report["ok"], failures(report)
     quantized = report["forward"]["transformer"]["inputs_quantized"]
     recorded = read_json(out / "quantize_manifest.json")["calibration"]["forward"]["transformer"]
     assert quantized == recorded  # the same passes as convert's, on the same inputs: the same figures
@@ -164,11 +164,11 @@ def test_verify_rederives_the_scales_and_catches_a_changed_one(calibrated, tmp_p
             torch.float32
         )
 
-    _rewrite(path, nudge)
-    _rehash(bad, path)
-    code, report, _ = _verify(bad, "--source", src)
-    assert code == 1 and list(_failures(report)) == ["requantize"]
-    (failure,) = _failures(report)["requantize"]
+    rewrite(path, nudge)
+    rehash(bad, path)
+    code, report, _ = verify_json(bad, "--source", src)
+    assert code == 1 and list(failures(report)) == ["requantize"]
+    (failure,) = failures(report)["requantize"]
     assert failure.endswith(
         f"{wan.diffusers_name(module + '.weight')}: requantizing the source does not reproduce the stored bytes"
     )
@@ -179,9 +179,9 @@ def test_verify_rederives_the_scales_and_catches_a_changed_one(calibrated, tmp_p
     edited = tmp_path / "edited"
     shutil.copytree(out, edited)
     (edited / "quantize_manifest.json").write_text(json.dumps(manifest, indent=2))
-    code, report, _ = _verify(edited)
+    code, report, _ = verify_json(edited)
     assert code == 1 and any(
-        f"tensor {key!r}: the calibration records the input scale" in f for f in _failures(report)["manifest"]
+        f"tensor {key!r}: the calibration records the input scale" in f for f in failures(report)["manifest"]
     )
 
 

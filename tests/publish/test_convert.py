@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import math
 import re
 import shutil
@@ -13,57 +12,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from quantize.formats.fp8_channel import FORMAT as fp8
 from quantize.recipes import load_recipe
 from tests.conftest import load_all, read_json, run_cli, wan_fp8_modules
-
-
-def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _tree(root: Path) -> dict[str, str]:
-    return {p.relative_to(root).as_posix(): _sha(p) for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def check_component(
-    src_dir: Path, out_dir: Path, quantized: set[str], keep_cast: torch.dtype | None = None
-) -> None:
-    """Every source tensor is in the output: quantized ones bit-exact to fp8_channel, kept ones bit-exact."""
-    src, got = load_all(src_dir), load_all(out_dir)
-    expected_keys = set()
-    for name, w in src.items():
-        module = name.removesuffix(".weight")
-        if name.endswith(".weight") and module in quantized:
-            ref = fp8.encode(w)
-            q, s = got[f"{module}.weight"], got[f"{module}.weight_scale"]
-            assert q.dtype == torch.float8_e4m3fn and q.shape == w.shape, name
-            assert s.dtype == torch.float32 and s.shape == (w.shape[0], 1), name
-            assert torch.equal(q.view(torch.uint8), ref["weight"].view(torch.uint8)), name
-            assert torch.equal(s, ref["weight_scale"]), name
-            expected_keys |= {f"{module}.weight", f"{module}.weight_scale"}
-        else:
-            want = w.to(keep_cast) if keep_cast is not None and w.is_floating_point() else w
-            assert got[name].dtype == want.dtype and torch.equal(got[name], want), name
-            expected_keys.add(name)
-    assert set(got) == expected_keys
-
-    index_files = list(out_dir.glob("*.safetensors.index.json"))
-    if index_files:
-        weight_map = read_json(index_files[0])["weight_map"]
-        assert set(weight_map) == expected_keys
-        for key, shard in weight_map.items():
-            with safe_open(out_dir / shard, framework="pt") as f:
-                assert key in f.keys()
-    config = read_json(out_dir / "config.json")
-    source_config = read_json(src_dir / "config.json")
-    assert {k: v for k, v in config.items() if k != "quantization_config"} == source_config
-    qc = config["quantization_config"]
-    assert qc["quant_method"] == "compressed-tensors"
-    kept_linears = {
-        n.removesuffix(".weight") for n, w in src.items() if n.endswith(".weight") and w.dim() == 2
-    } - quantized
-    assert set(qc["ignore"]) == kept_linears
+from tests.helpers.convert import check_component
+from tests.helpers.convert import file_hashes as _tree
+from tests.helpers.convert import sha256_hex as _sha
 
 
 def check_manifest(source: Path, out: Path) -> dict:
@@ -343,96 +296,6 @@ def test_python_api_takes_a_recipe_name(wan_tiny, tmp_path):
     assert manifest.format == "fp8_channel"
     assert {k.split("/", 1)[1].removesuffix(".weight") for k in manifest.tensors} == wan_fp8_modules(wan_tiny)
     assert (tmp_path / "out" / "quantize_manifest.json").read_text() == manifest.to_json()
-
-
-def _chunk_spies(monkeypatch, chunk_bytes: int) -> tuple[list[tuple[int, int, list]], list[int]]:
-    """Set the converter's row-chunk size to `chunk_bytes`; record each `row_chunks(rows, row_elems)` it asks
-    for, with the ranges it got, and the rows of each weight (chunk) that it hands fp8_channel to encode."""
-    import quantize.encode as chunking  # the module that holds CHUNK_BYTES and row_chunks, and reads them
-
-    splits: list[tuple[int, int, list]] = []
-    encoded: list[int] = []
-    row_chunks, encode = chunking.row_chunks, fp8.encode
-
-    def split(rows, row_elems, *args, **kwargs):
-        ranges = row_chunks(rows, row_elems, *args, **kwargs)
-        splits.append((rows, row_elems, ranges))  # list.append: safe from the worker threads
-        return ranges
-
-    def encode_spy(w, *args, **kw):
-        encoded.append(w.shape[0])
-        return encode(w, *args, **kw)
-
-    monkeypatch.setattr(chunking, "CHUNK_BYTES", chunk_bytes)
-    monkeypatch.setattr(chunking, "row_chunks", split)
-    monkeypatch.setattr(fp8, "encode", encode_spy)
-    return splits, encoded
-
-
-def _chunk_rows(rows: int, step: int) -> list[int]:
-    return [min(step, rows - r) for r in range(0, rows, step)]
-
-
-def test_weights_larger_than_a_chunk_are_streamed_in_rows_bit_exactly(wan_tiny, tmp_path, monkeypatch):
-    """Force many row chunks per weight: the output and the error figures must not change."""
-    from quantize import convert
-
-    whole = convert(wan_tiny, tmp_path / "whole", "wan-fp8", workers=1)
-    src = load_all(wan_tiny)
-    shapes = [src[k.split("/", 1)[1]].shape for k in whole.tensors]  # the quantized weights'
-    chunk_bytes = 3 * 64 * 4  # three rows of the tiny model's weights
-    splits, encoded = _chunk_spies(monkeypatch, chunk_bytes)
-    chunked = convert(wan_tiny, tmp_path / "chunked", "wan-fp8", workers=2)
-    # each weight went through fp8_channel in chunks of `step` rows (the last one shorter): many chunks each
-    chunking = [(rows, max(1, chunk_bytes // (4 * cols))) for rows, cols in shapes]  # rows, rows a chunk
-    assert all(rows > step for rows, step in chunking)
-    assert sorted(encoded) == sorted(n for rows, step in chunking for n in _chunk_rows(rows, step))
-    assert all(len(ranges) > 1 for rows, cols, ranges in splits if (rows, cols) in shapes)
-    check_component(
-        wan_tiny, tmp_path / "chunked", {k.split("/", 1)[1].removesuffix(".weight") for k in whole.tensors}
-    )
-    # byte for byte, but for the error figures: float32 sums a chunk, so other chunkings round them otherwise
-    chunked_tree, whole_tree = _tree(tmp_path / "chunked"), _tree(tmp_path / "whole")
-    assert chunked_tree.pop("quantize_manifest.json") and whole_tree.pop("quantize_manifest.json")
-    assert chunked_tree == whole_tree
-
-    def without_figures(manifest):
-        data = manifest.model_dump(mode="json")
-        for entry in data["tensors"].values():
-            del entry["sqnr_db"], entry["cosine"]
-        return data
-
-    assert without_figures(chunked) == without_figures(whole)
-    for key, entry in whole.tensors.items():
-        other = chunked.tensors[key]
-        assert other.max_abs_error == entry.max_abs_error
-        assert other.sqnr_db == pytest.approx(entry.sqnr_db, abs=1e-3) and other.cosine == pytest.approx(
-            entry.cosine, abs=1e-7
-        )
-
-
-def test_keep_dtype_cast_of_chunked_and_scalar_tensors(tmp_path, monkeypatch):
-    from quantize import convert
-
-    src = tmp_path / "src"
-    src.mkdir()
-    tensors = {
-        "proj.weight": torch.randn(40, 16),
-        "table": torch.randn(30, 8),
-        "step": torch.tensor(0.1234567),
-    }
-    save_file(tensors, src / "model.safetensors")
-    (tmp_path / "r.yaml").write_text("format: fp8_channel\ntargets: [proj]\nkeep_dtype: bfloat16\n")
-    convert(src, tmp_path / "whole", tmp_path / "r.yaml")
-    splits, encoded = _chunk_spies(monkeypatch, 4 * 8 * 7)  # seven rows of `table` a chunk
-    convert(src, tmp_path / "out", tmp_path / "r.yaml")
-    assert encoded == _chunk_rows(40, 3)  # proj.weight, 16 float32 a row: 13 chunks of three rows, then one
-    cast = [ranges for rows, cols, ranges in splits if (rows, cols) == (30, 8)]
-    assert cast == [[(0, 7), (7, 14), (14, 21), (21, 28), (28, 30)]]  # table, cast in five chunks
-    got = load_all(tmp_path / "out")
-    assert torch.equal(got["table"], tensors["table"].to(torch.bfloat16))
-    assert got["step"].shape == () and torch.equal(got["step"], tensors["step"].to(torch.bfloat16))
-    assert _tree(tmp_path / "out") == _tree(tmp_path / "whole")  # as the unchunked conversion wrote it
 
 
 def test_copy_other_files_refuses_to_copy_an_unconverted_twin(tmp_path):

@@ -19,6 +19,7 @@ from quantize.formats.comfy_int8 import FORMAT as comfy_int8
 from quantize.models import get_family
 from tests.conftest import load_all, read_json, run_cli
 from tests.diffusers_models import WAN_TINY
+from tests.helpers.comfyui import comfyui_wan_config
 
 wan_native_name = get_family("wan").native_name
 
@@ -41,22 +42,6 @@ def _comfyui_reads(path: Path) -> dict:
         if k.endswith(".comfy_quant")
     }
     return {"state": state, "markers": markers}
-
-
-def _comfyui_wan_config(state: dict) -> dict:
-    """What ComfyUI's model detection derives from a Wan state dict (comfy/model_detection.py)."""
-    assert "head.modulation" in state, "ComfyUI detects Wan by head.modulation"
-    n = 0
-    while any(k.startswith(f"blocks.{n}.") for k in state):
-        n += 1
-    return {
-        "dim": state["head.modulation"].shape[-1],
-        "out_dim": state["head.head.weight"].shape[0] // 4,
-        "ffn_dim": state["blocks.0.ffn.0.weight"].shape[0],
-        "num_layers": n,
-        "in_dim": state["patch_embedding.weight"].shape[1],
-        "model_type": "i2v" if "img_emb.proj.0.bias" in state else "t2v",
-    }
 
 
 def _check_comfy_file(path: Path, source_state: dict, fmt, rename=lambda n: n) -> dict:
@@ -101,7 +86,7 @@ def test_original_names_to_one_comfyui_file(make_wan, tmp_path, layout, recipe, 
     assert path.name == f"diffusion_model_{fmt.NAME}.safetensors"
     seen = _check_comfy_file(path, load_all(src), fmt)
     config = read_json(src / "config.json")
-    assert _comfyui_wan_config(seen["state"]) == {
+    assert comfyui_wan_config(seen["state"]) == {
         k: config[k] for k in ("dim", "out_dim", "ffn_dim", "num_layers", "in_dim", "model_type")
     }
     quantized = set(seen["markers"])
@@ -179,7 +164,7 @@ def test_diffusers_names_in_native_names_out(tmp_path, image_dim):
     assert path.name == "transformer_comfy_fp8.safetensors"
     source = load_all(src / "transformer")
     seen = _check_comfy_file(path, source, comfy_fp8, rename=wan_native_name)
-    assert _comfyui_wan_config(seen["state"])["model_type"] == ("i2v" if image_dim else "t2v")
+    assert comfyui_wan_config(seen["state"])["model_type"] == ("i2v" if image_dim else "t2v")
     # diffusers' converter, given the file's tensors, names exactly the source's keys (and the quantized parts)
     back = convert_wan_transformer_to_diffusers(dict(seen["state"]))
     parts = re.compile(r"\.(weight_scale|comfy_quant)$")

@@ -16,8 +16,8 @@ from quantize.ggml_types import ggml_type
 from quantize.models import get_family
 from tests.conftest import load_all, read_json, run_cli
 from tests.diffusers_models import WAN_TINY
-from tests.formats.test_gguf import _ggml_reference
-from tests.publish.test_convert_comfy import _comfyui_wan_config
+from tests.formats.references import ggml_quantize_chunk
+from tests.helpers.comfyui import comfyui_wan_config
 
 wan_native_name = get_family("wan").native_name
 
@@ -40,7 +40,7 @@ def _reference_quantize(value, qtype: str) -> np.ndarray:
     own for the K-quants (ours runs in torch, row chunk by row chunk)."""
     w = value.float().numpy()
     if ggml_type(qtype).k_quant:
-        return _ggml_reference(w, qtype)
+        return ggml_quantize_chunk(w, qtype)
     return gguf.quants.quantize(w, gguf.GGMLQuantizationType[qtype])
 
 
@@ -100,7 +100,7 @@ def test_original_names_to_one_gguf_file(make_wan, tmp_path, layout, recipe, fil
     # ComfyUI's Wan detection on the file's shapes (the tensors' values are GGML blocks there)
     config = read_json(src / "config.json")
     state = {name: torch.empty(shape, device="meta") for name, (_, shape, _) in tensors.items()}
-    assert _comfyui_wan_config(state) == {
+    assert comfyui_wan_config(state) == {
         k: config[k] for k in ("dim", "out_dim", "ffn_dim", "num_layers", "in_dim", "model_type")
     }
     assert state["patch_embedding.weight"].dim() == 5 and tensors["patch_embedding.weight"][0] == "F32"

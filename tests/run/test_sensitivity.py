@@ -38,9 +38,9 @@ GGUF = "wan-diffusers-gguf-q4_k_m.yaml"
 
 
 def _planted_wan(path: Path) -> Path:
-    from tests.test_bundled_recipes import _diffusers_wan
+    from tests.diffusers_models import wan_of_width
 
-    _diffusers_wan(path / "transformer", width=256)
+    wan_of_width(path / "transformer", width=256)
     file = path / "transformer" / "diffusion_pytorch_model.safetensors"
     tensors = load_file(file)
     w = tensors[f"{PLANTED}.weight"].float()
@@ -436,9 +436,9 @@ def capture_inputs(pipe, path: Path, **call) -> None:
 def test_inputs_captured_from_a_pipeline(tmp_path):
     from diffusers import WanPipeline
 
-    from tests.test_pipelines import NO_TEXT, _save_pipeline
+    from tests.diffusers_models import NO_TEXT, wan_pipeline
 
-    src = _save_pipeline(tmp_path / "Wan-pipeline")
+    src = wan_pipeline(tmp_path / "Wan-pipeline")
     pipe = WanPipeline.from_pretrained(src, torch_dtype=torch.bfloat16, **NO_TEXT)
     embeds = torch.randn(1, 8, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     inputs = tmp_path / "inputs.safetensors"
@@ -573,7 +573,7 @@ def test_two_experts_are_measured_and_raised_together(make_wan, tmp_path):
 
 def test_a_lora_is_measured_merged(make_wan, tmp_path):
     """With --lora, the source measured is the merged one: the same figures as the merged model saved."""
-    from tests.steps.test_lora import make_lora, merged_source, write_lora
+    from tests.helpers.lora import make_lora, merged_source, write_lora
 
     src = make_wan("t2v")
     lora = make_lora(src, seed=3)
