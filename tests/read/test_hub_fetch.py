@@ -1,5 +1,5 @@
 """`read.hub`: the Hub as a place to read from (what a conversion fetches of a repo), and the token scrubbing every
-message from huggingface_hub passes through. Fetching and uploading against a stand-in Hub: tests/publish/test_hub.py."""
+message from huggingface_hub passes through. Fetching and uploading against a stand-in Hub: tests/publish/test_hub.py (a module name of its own: pytest imports test files by name)."""
 
 from __future__ import annotations
 
