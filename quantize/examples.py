@@ -21,9 +21,10 @@ from pathlib import Path
 import torch
 
 from . import dtypes
-from .containers.writer import ShardWriter, TensorSpec
+from .containers.writer import ShardWriter
 from .models import DEFAULT_FAMILY
 from .models.examples import examples_of
+from .plan import TensorSpec
 from .read.files import SHARD_METADATA, group_by_size, index_json, index_name, shard_names
 
 __all__ = ["write_random_checkpoint", "write_example", "write_example_lora"]

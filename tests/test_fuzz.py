@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 from safetensors.torch import save
 
 from quantize.errors import InputError
-from quantize.publish.manifest import MANIFEST_NAME, read_manifest
+from quantize.publish.manifest import read_manifest
 from quantize.read.checkpoint import open_component, read_header
-from quantize.read.files import component_files
+from quantize.read.files import MANIFEST_NAME, component_files
 from quantize.recipes import Recipe, dump_recipe, parse_recipe
 
 settings.register_profile(
