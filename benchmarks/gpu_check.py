@@ -971,7 +971,7 @@ def write_ckpt_source(sizes: Sizes, dest: Path) -> tuple[Any, int]:
 
     from quantize.examples import write_random_checkpoint
     from quantize.models.examples import examples_of
-    from quantize.models.wan import wan_config, wan_tensors
+    from quantize.models.examples.wan import wan_config, wan_tensors
 
     shape = dataclasses.replace(examples_of("wan").presets[sizes.ckpt_preset], num_layers=sizes.ckpt_layers)
     files = write_random_checkpoint(dest, wan_tensors(shape), config=wan_config(shape))
