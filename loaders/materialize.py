@@ -45,7 +45,15 @@ from quantize.formats import (
     quantized_parts,
 )
 from quantize.formats.base import RowCut
-from quantize.models import FAMILIES, Family, Stack, family_of, same_but_size_one_dims, stack_rows
+from quantize.models import (
+    FAMILIES,
+    Family,
+    Stack,
+    component_family,
+    family_of,
+    same_but_size_one_dims,
+    stack_rows,
+)
 from quantize.models.meta import parameters_on_meta
 from quantize.read.checkpoint import CONFIG_NAME, Component, TensorInfo, open_component, read_tensor
 from quantize.read.files import read_json_object
@@ -179,7 +187,7 @@ def _load_one(
 ) -> nn.Module:
     reader = TensorReader(host, device)
     fmt = _runnable_format(comp)
-    family = family_of((comp.config or {}).get("_class_name"), comp.tensors)
+    family = component_family(comp)
     if isinstance(model, type):
         model = _skeleton(model, comp, family)
     elif not isinstance(model, nn.Module):

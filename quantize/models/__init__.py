@@ -12,8 +12,10 @@ the family answers with its table (`names_for`), or refuses in one line naming b
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from ..errors import InputError
+from ..read.files import config_class
 from .family import Family, ModelInputs, SourceLayout
 from .hunyuanvideo15 import HUNYUANVIDEO15
 from .kandinsky5 import KANDINSKY5
@@ -35,6 +37,9 @@ from .wan import WAN
 from .wan_animate import WAN_ANIMATE
 from .wan_vace import WAN_VACE
 
+if TYPE_CHECKING:
+    from ..read.checkpoint import Component
+
 __all__ = [
     "FAMILIES",
     "DEFAULT_FAMILY",
@@ -52,6 +57,7 @@ __all__ = [
     "ModelInputs",
     "get_family",
     "family_of",
+    "component_family",
     "family_of_class",
     "names_for",
     "default_recipes",
@@ -99,6 +105,12 @@ def family_of(config_class: str | None, names: Iterable[str]) -> Family | None:
     if by_class is not None:
         return by_class
     return next((f for f in FAMILIES if f.naming(names) is not None), None)
+
+
+def component_family(comp: Component) -> Family | None:
+    """The family of an opened component: by the class its config.json names (`read.files.config_class`: diffusers'
+    ``_class_name`` or transformers' ``architectures``), else by its tensor names."""
+    return family_of(config_class(comp.config), comp.tensors)
 
 
 def names_for(role: str, family: Family | None, fmt: str, where: str) -> NameTable:

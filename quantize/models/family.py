@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InputError
+from ..read.files import config_class
 from .names import IDENTITY, BlockNames, NameTable, Renamer, Stack, renamed
 
 if TYPE_CHECKING:
@@ -320,7 +321,7 @@ class Family(abc.ABC):
         if root is not None:
             if f.release is not None and self.is_release(root):
                 found.append(self.layout(f.release_why, f.release))
-            elif (root.config or {}).get("_class_name") == self.diffusers_class:
+            elif config_class(root.config) == self.diffusers_class:
                 why = f"{self.title}, a bare {self.diffusers_class} folder (diffusers names)"
                 found.append(self.layout(why, f.diffusers))
         return found
@@ -329,7 +330,7 @@ class Family(abc.ABC):
         """A model of the original release (`Folders`): in its native names, its config naming one of
         `release_classes` when they are given."""
         f, config = self.folders, comp.config or {}
-        if f.release_classes and config.get("_class_name") not in f.release_classes:
+        if f.release_classes and config_class(config) not in f.release_classes:
             return False
         if self.naming(comp.tensors) == "native":
             return True
@@ -342,7 +343,7 @@ class Family(abc.ABC):
     def is_diffusers(self, comp: Component, registered: Collection[str] = ()) -> bool:
         """A diffusers model of this family: its config names the class, or names none of the `registered`
         classes (every family's) and its tensors have this family's diffusers names."""
-        cls = (comp.config or {}).get("_class_name")
+        cls = config_class(comp.config)
         if isinstance(cls, str) and (cls == self.diffusers_class or cls in registered):
             return cls == self.diffusers_class
         return self.naming(comp.tensors) == "diffusers"

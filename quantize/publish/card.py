@@ -18,6 +18,7 @@ import yaml
 from ..formats import format_info
 from ..formats.options import COMFY_RUNTIMES
 from ..models import Family, diffusers_classes, family_of_class
+from ..read.files import config_class
 from ..steps import card_lines as step_card_lines
 from .manifest import Manifest
 
@@ -31,7 +32,9 @@ __all__ = ["CardFacts", "pipeline_tag", "render_card"]
 class CardFacts:
     """What the card says beyond the manifest."""
 
-    classes: dict[str, str | None] = field(default_factory=dict)  # component -> config.json _class_name
+    classes: dict[str, str | None] = field(
+        default_factory=dict
+    )  # component -> the class its config.json names
     pipeline_tag: str | None = None
     base_model: str | None = None  # a Hub repo id
     source_metadata: dict = field(default_factory=dict)  # the front matter of the source's README.md
@@ -45,7 +48,7 @@ class CardFacts:
         """The facts of a conversion under `plan`: its components' classes, pipeline and family; `base_model`
         and the source card's front matter (`read.source.SourceFolder.card_metadata`) as given."""
         return cls(
-            classes={cp.rel: (cp.component.config or {}).get("_class_name") for cp in plan.components},
+            classes={cp.rel: config_class(cp.component.config) for cp in plan.components},
             pipeline_tag=pipeline_tag([cp.component.config for cp in plan.components]),
             base_model=base_model,
             source_metadata=source_metadata,
@@ -58,7 +61,7 @@ def pipeline_tag(configs: list[dict | None]) -> str | None:
     embedder), else None."""
     tags = set()
     for config in configs:
-        family = family_of_class((config or {}).get("_class_name"))
+        family = family_of_class(config_class(config))
         tag = None if family is None else family.pipeline_tag(config)
         if tag is not None:
             tags.add(tag)

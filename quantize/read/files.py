@@ -29,6 +29,7 @@ __all__ = [
     "ComponentFiles",
     "component_files",
     "files_of_components",
+    "config_class",
     "component_class",
     "bare_model_class",
     "confined_path",
@@ -157,27 +158,42 @@ def files_of_components(root: Path, components: list[str]) -> list[Path]:
     return files
 
 
+def config_class(config: dict | None) -> str | None:
+    """The model class a config.json names: diffusers' ``_class_name``, else the first of transformers'
+    ``architectures`` (a text encoder's); None when it names none.
+
+    >>> config_class({"_class_name": "WanModel"}), config_class({"architectures": ["UMT5EncoderModel"]})
+    ('WanModel', 'UMT5EncoderModel')
+    """
+    config = config or {}
+    cls = config.get("_class_name")
+    if cls is None and isinstance(config.get("architectures"), list) and config["architectures"]:
+        cls = config["architectures"][0]
+    return cls if isinstance(cls, str) else None
+
+
 def component_class(folder: Path) -> str | None:
-    """The ``_class_name`` of `folder`'s config.json, or None (no config, unreadable, not a model's)."""
+    """The class `folder`'s config.json names (`config_class`), or None (no config, unreadable, not a model's)."""
     path = Path(folder) / CONFIG_NAME
     if not path.is_file():
         return None
     try:
-        cls = read_json_object(path).get("_class_name")
+        return config_class(read_json_object(path))
     except InputError:
         return None
-    return cls if isinstance(cls, str) else None
 
 
 def bare_model_class(folder: Path) -> str | None:
-    """The class of the one model `folder` itself holds when it is a diffusers model folder (a config.json whose
-    ``_class_name`` is a transformer class, and safetensors beside it), else None. A family's original release
-    (a config class without "Transformer") holds its model at the root as it always did: not a bare folder."""
+    """The class of the one model `folder` itself holds when it is a pipeline's model folder given alone (a
+    config.json naming a diffusers transformer class or, through ``architectures``, a transformers model: a
+    pipeline's ``text_encoder/``; safetensors beside it), else None. A family's original release (a config class
+    without "Transformer") holds its model at the root as it always did: not a bare folder."""
     folder = Path(folder)
     cls = component_class(folder)
-    if cls is None or "Transformer" not in cls or not any(folder.glob("*.safetensors")):
+    if cls is None or not any(folder.glob("*.safetensors")):
         return None
-    return cls
+    transformers_model = "_class_name" not in read_json_object(folder / CONFIG_NAME)
+    return cls if "Transformer" in cls or transformers_model else None
 
 
 def _shards_without_index(comp_dir: Path) -> tuple[list[Path], str]:

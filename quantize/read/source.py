@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InputError
-from ..models import Family, family_of
+from ..models import Family, component_family
 from .files import (
     CARD_NAME,
     CONFIG_NAME,
     OUTPUT_ROOT_FILES,
     bare_model_class,
+    config_class,
     files_of_components,
     read_json_object,
 )
@@ -99,7 +100,7 @@ class SourceFolder:
     def family(self, rel: str) -> Family | None:
         """The model family of component `rel` (by its config class, else its tensor names), or None."""
         comp = self.component(rel)
-        return family_of((comp.config or {}).get("_class_name"), comp.tensors)
+        return component_family(comp)
 
     def files(self) -> list[Path]:
         """The shards and indexes of the components (those that can be read), e.g. to start hashing them."""
@@ -128,12 +129,12 @@ class SourceFolder:
 
     def _refuse_unconverted_twin(self, components: list[Component], files: list[Path]) -> None:
         """Refuse to copy, unconverted, another model of the class being converted (the second expert, say)."""
-        classes = {c.config.get("_class_name") for c in components if c.config} - {None}
+        classes = {config_class(c.config) for c in components} - {None}
         for f in files:
             if f.name != CONFIG_NAME or not any(f.parent.glob("*.safetensors")):
                 continue
             try:
-                cls = read_json_object(f).get("_class_name")
+                cls = config_class(read_json_object(f))
             except InputError:
                 continue
             if cls in classes:
