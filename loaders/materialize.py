@@ -56,7 +56,7 @@ from quantize.models import (
 )
 from quantize.models.meta import parameters_on_meta
 from quantize.read.checkpoint import CONFIG_NAME, Component, TensorInfo, open_component, read_tensor
-from quantize.read.files import read_json_object
+from quantize.read.files import config_class, read_json_object
 from quantize.read.gguf import open_gguf_component
 from quantize.run.names import class_names
 
@@ -236,10 +236,12 @@ def _skeleton(cls: type[nn.Module], comp: Component, family: Family | None) -> n
     config = {k: v for k, v in comp.config.items() if k != "quantization_config"}
     if family is not None:
         _check_class(cls, comp, family)
-        if config.get("_class_name") in family.native_classes and _is_class(cls, family.diffusers_class):
+        if config_class(config) in family.native_classes and _is_class(cls, family.diffusers_class):
             config = family.diffusers_config(config, comp.tensors, comp.dir)
     try:
         with parameters_on_meta():
+            if family is not None and cls.__name__ == family.diffusers_class:
+                return family.build_model(config)  # its class as the family builds it (transformers' config)
             if hasattr(cls, "from_config"):
                 return cls.from_config(config)
             return cls(**{k: v for k, v in config.items() if not k.startswith("_")})
@@ -259,7 +261,7 @@ def _check_names_of_no_family(model: nn.Module, comp: Component) -> None:
     """A checkpoint no family knows (by its config's class or its names) cannot be a known family's model."""
     own = family_of(None, model.state_dict().keys())
     if own is not None:
-        cls = (comp.config or {}).get("_class_name")
+        cls = config_class(comp.config)
         known = ", ".join(f.title for f in FAMILIES)
         raise CheckpointMismatchError(
             f"{comp.dir}: its config names {cls!r} and its tensor names (e.g. {next(iter(comp.tensors))!r}) are "
@@ -273,7 +275,7 @@ def _check_class(cls: type, comp: Component, family: Family) -> None:
     for other in FAMILIES:
         if other is not family and _is_class(cls, other.diffusers_class):
             raise CheckpointMismatchError(
-                f"{comp.dir}: a {family.title} checkpoint ({comp.config.get('_class_name')}); {cls.__name__} "
+                f"{comp.dir}: a {family.title} checkpoint ({config_class(comp.config)}); {cls.__name__} "
                 f"is a {other.title} model: pass {family.diffusers_class}"
             )
 
@@ -324,6 +326,10 @@ _SAME = _Names(lambda key: key, "")
 def _checkpoint_names(model: nn.Module, comp: Component, family: Family | None) -> _Names:
     """How the model's tensor names become the checkpoint's: unchanged when both follow one naming, else through
     the family's name table (a diffusers model from a native checkpoint: ComfyUI's, GGUF's; or the reverse)."""
+    gguf = None if family is None else family.plan.gguf_names
+    if gguf is not None and all(gguf.diffusers(n) is not None for n in comp.tensors):
+        arch = family.plan.gguf_architecture
+        return _Names(gguf.native, f"llama.cpp's {arch} names, which the checkpoint (a GGUF file) has")
     if family is None or family.names is None:
         return _SAME
     stored = family.naming(comp.tensors)

@@ -128,7 +128,7 @@ class QuantizedLinear(nn.Module):
         for part, (dtype_name, shape) in self._specs().items():
             held = (0,) if shape is None else dtypes.held_shape(dtype_name, shape)
             empty = torch.empty(held, dtype=dtypes.by_name(dtype_name).torch, device=device)
-            self.register_buffer(_attr(part), empty)
+            self._buffers[_attr(part)] = empty  # as `register_buffer` does: `weight` is the property below
             self.part_attrs[part] = _attr(part)
             if shape is None:
                 self._late_parts.add(part)
@@ -174,6 +174,16 @@ class QuantizedLinear(nn.Module):
         if bias is not None:
             module.bias = nn.Parameter(bias.detach().cpu().clone(), requires_grad=False)
         return module
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """What model code reads of a Linear's weight: a float32 stand-in of its logical shape on its device (one
+        element, expanded), never the stored part of that name (float8 values, packed bytes): code that casts its
+        input to ``.weight.dtype`` (transformers' T5 before its ``wo``) must not cast it to a storage dtype. The
+        parts are `stored()`; the weight's values, `dequantize()`."""
+        device = next(iter(self._buffers.values())).device
+        one = torch.empty((1, 1), dtype=torch.float32, device=device)
+        return one.expand(self.out_features, self.in_features)
 
     def stored(self) -> dict[str, torch.Tensor]:
         """The parts, by the format's part names."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -30,12 +31,22 @@ from .read.files import SHARD_METADATA, group_by_size, index_json, index_name, s
 __all__ = ["write_random_checkpoint", "write_example", "write_example_lora"]
 
 
-def _random(name: str, shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
+def _random(
+    name: str,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    seed: int,
+    init: dict[str, tuple[float, float]] | None = None,
+) -> torch.Tensor:
+    """Gaussian values: zero mean, 1/sqrt(fan-in) for a matrix, 1 for a vector; or (mean, std) of the first
+    `init` pattern found in `name`."""
     digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
     g = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
     fan_in = shape[-1] if len(shape) >= 2 else 1
-    std = 1.0 if len(shape) < 2 else fan_in**-0.5
-    return (torch.randn(shape, generator=g) * std).to(dtype)
+    mean, std = 0.0, 1.0 if len(shape) < 2 else fan_in**-0.5
+    mean, std = next((v for p, v in (init or {}).items() if re.search(p, name)), (mean, std))
+    values = torch.randn(shape, generator=g) * std
+    return (values + mean if mean else values).to(dtype)
 
 
 def write_random_checkpoint(
@@ -48,20 +59,30 @@ def write_random_checkpoint(
     config: dict | None = None,
     seed: int = 0,
     metadata: dict[str, str] | None = None,
+    fixed: dict[str, bytes] | None = None,
+    init: dict[str, tuple[float, float]] | None = None,
 ) -> list[Path]:
-    """Write random tensors as safetensors shards (+ index when more than one, + config.json); each shard's
-    ``__metadata__`` holds `metadata` beside ``format``."""
+    """Write random tensors, then the `fixed` ones (uint8 tensors of the given bytes), as safetensors shards
+    (+ index when more than one, + config.json); each shard's ``__metadata__`` holds `metadata` beside
+    ``format``. `init`: (mean, std) of the tensors whose names a pattern is found in (`_random`)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     dt = dtypes.by_torch(dtype).name
+    fixed = {
+        name: torch.frombuffer(bytearray(data), dtype=torch.uint8) for name, data in (fixed or {}).items()
+    }
     specs = [TensorSpec(name, dt, shape) for name, shape in tensors]
+    specs += [TensorSpec(name, "U8", tuple(t.shape)) for name, t in fixed.items()]
     groups = group_by_size(specs, lambda s: s.nbytes, max_shard_size)
     names = shard_names(stem, len(groups), with_index=False)
     weight_map = {}
     for group, name in zip(groups, names, strict=True):
         with ShardWriter(out_dir / name, group, {**SHARD_METADATA, **(metadata or {})}) as w:
             for spec in group:
-                w.write(spec.name, _random(spec.name, spec.shape, dtype, seed))
+                tensor = fixed.get(spec.name)
+                if tensor is None:
+                    tensor = _random(spec.name, spec.shape, dtype, seed, init)
+                w.write(spec.name, tensor)
         weight_map.update(dict.fromkeys((s.name for s in group), name))
     if len(groups) > 1:
         (out_dir / index_name(stem)).write_text(index_json(weight_map, sum(s.nbytes for s in specs)))
@@ -95,10 +116,15 @@ def write_example(
             config=model.config,
             seed=seed + i,
             metadata=dict(model.metadata or {}),
+            fixed=dict(model.fixed or {}),
+            init=dict(model.init or {}),
         )
-    for rel, text in chosen.files().items():
+    for rel, content in chosen.files(layout).items():
         (out_dir / rel).parent.mkdir(parents=True, exist_ok=True)
-        (out_dir / rel).write_text(text)
+        if isinstance(content, bytes):
+            (out_dir / rel).write_bytes(content)
+        else:
+            (out_dir / rel).write_text(content)
     (out_dir / "example.json").write_text(
         json.dumps({"family": family, "preset": preset, "layout": layout}, indent=2) + "\n"
     )

@@ -151,6 +151,9 @@ class ComponentPlan:
     tensors: tuple[TensorPlan, ...]  # source order
     pattern_matches: dict[str, int]  # pattern -> number of tensors whose match key it matches
     family: Family | None = None  # the model family of the component (None: one the tool does not know)
+    #: a text encoder's tokenizer (a uint8 tensor: a source tensor or a file's bytes) that a format holding it as
+    #: key-values writes there (`FormatInfo.tokenizer`, `models.family.Tokenizer`); None: none
+    tokenizer: TensorInfo | None = None
 
     @property
     def rel(self) -> str:
@@ -330,6 +333,8 @@ def plan_component(
     `names`), and its source (stored values, then the transforms `steps` give it)."""
     check_not_quantized(component)
     fmt = get_format(recipe.format)
+    held_as = format_info(recipe.format).tokenizer
+    tokenizer = _tokenizer(component, family, held_as)
     options_type = fmt.options_type
     targets = [re.compile(p) for p in recipe.targets]
     ignores = [re.compile(p) for p in recipe.ignore]
@@ -337,7 +342,9 @@ def plan_component(
     matches = dict.fromkeys([*recipe.targets, *recipe.ignore, *recipe.types], 0)
     compiled = [re.compile(p) for p in matches]
     where = f"{component.dir}"
-    names_in = list(component.tensors)
+    # a tokenizer the format holds as key-values is no tensor of its file
+    infos = [i for i in component.tensors.values() if held_as != "key_values" or i is not tokenizer]
+    names_in = [i.name for i in infos]
     stacks = names.stacker(names_in, where)
     stack_of = {n: out for out, stack in stacks.items() for n, _, _ in stack}
     rename = names.renamer(names_in, where)
@@ -359,7 +366,7 @@ def plan_component(
         return target, ignored, None if typed_as is None else typed_as[1]
 
     plans = []
-    for info in component.tensors.values():
+    for info in infos:
         if info.name in stack_of:  # planned once, where its stack's first tensor is
             out_name = stack_of.pop(info.name)
             if out_name not in stacks:
@@ -385,6 +392,8 @@ def plan_component(
             plans.append(_quantized_plan(source, target, out_name, fmt, options, where))
         else:
             plans.append(_kept_plan(source, ignored, out_name, fmt, recipe.keep_dtype, linear))
+    if held_as == "tensor" and tokenizer is not None and tokenizer.name not in component.tensors:
+        plans.append(_kept_plan(TensorSource(tokenizer), None, tokenizer.name, fmt, "source", False))
     for options in dict.fromkeys(t.options for t in plans if t.quantize):
         fmt.check_available(options)  # an optional library a type needs (gguf's K-quants: ggml)
     _check_every_pattern_matches(component, recipe, matches)
@@ -393,7 +402,38 @@ def plan_component(
             f"{where}: the recipe's ignore patterns keep every tensor its targets match: nothing would be quantized"
         )
     _check_no_key_collision(component, plans)
-    return ComponentPlan(component, tuple(plans), matches, family)
+    return ComponentPlan(
+        component, tuple(plans), matches, family, tokenizer if held_as == "key_values" else None
+    )
+
+
+def _tokenizer(component: Component, family: Family | None, held_as: str | None) -> TensorInfo | None:
+    """The tokenizer a format that holds one (`held_as`: `FormatInfo.tokenizer`) writes into the file of a model
+    whose runtimes read it from there (`models.family.Tokenizer`), as a uint8 tensor: the source's own, else the
+    first of the family's tokenizer files beside the component; `InputError` naming every place looked in when
+    there is none. None where the format or the family has no tokenizer."""
+    tok = None if family is None else family.plan.tokenizer
+    if held_as is None or tok is None:
+        return None
+    if tok.tensor in component.tensors:
+        return component.tensors[tok.tensor]
+    looked = []
+    for rel in tok.files:
+        path = component.dir / rel
+        looked.append(str(path))
+        if path.is_file():
+            size = path.stat().st_size
+            return TensorInfo(tok.tensor, "U8", (size,), path.resolve(), 0, size)
+    reader = (
+        "ComfyUI-GGUF reads it from the GGUF file"
+        if held_as == "key_values"
+        else "ComfyUI reads it from the file"
+    )
+    raise InputError(
+        f"{component.dir}: {family.title}'s tokenizer is missing ({reader}, as tensor {tok.tensor!r} or its "
+        f"{', '.join(dict.fromkeys(p.rsplit('/', 1)[-1] for p in tok.files))}): looked for {', '.join(looked)}; "
+        "put the tokenizer there (a pipeline's tokenizer/ folder holds it)"
+    )
 
 
 def _stacked_source(component: Component, stack, out_name: str, source_of, where: str) -> StackedSource:

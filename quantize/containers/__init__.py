@@ -123,10 +123,13 @@ def config_text(config: dict) -> str:
     return json.dumps(config, indent=2) + "\n"
 
 
-def component_stem(component: str) -> str:
-    """The stem of a one-file-per-model name: ``diffusion_model`` at the root, else the component's folders
-    joined (``high_noise_model``), so that two experts' files do not collide when copied into one folder."""
-    return "diffusion_model" if component == "." else "_".join(PurePosixPath(component).parts)
+def component_stem(cp: ComponentPlan) -> str:
+    """The stem of a one-file-per-model name: the family's at the root (`PlanPolicy.root_stem`:
+    ``diffusion_model``, a text encoder's own), else the component's folders joined (``high_noise_model``), so
+    that two experts' files do not collide when copied into one folder."""
+    if cp.rel == ".":
+        return "diffusion_model" if cp.family is None else cp.family.plan.root_stem
+    return "_".join(PurePosixPath(cp.rel).parts)
 
 
 def write_file(path: Path, text: str) -> None:

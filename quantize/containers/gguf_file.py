@@ -13,6 +13,7 @@ non-default width). Tensors in the source's order, each at its aligned offset; w
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from pathlib import Path
 
@@ -20,10 +21,11 @@ from ..errors import InputError
 from ..formats import Format
 from ..ggml_types import ggml_type
 from ..plan import ComponentPlan
-from ..read.checkpoint import Component
+from ..read.checkpoint import Component, TensorInfo, read_rows
 from ..read.gguf import open_gguf_component
+from ..read.spiece import PIECE_TYPES, Piece, SentencePieceModel, read_spiece_bytes
 from . import PlannedFile, WrittenFile, component_stem, config_with_quantization, write_config
-from .gguf_io import GGUFTensor, GGUFWriter, written_size
+from .gguf_io import GGUFArray, GGUFTensor, GGUFWriter, Value, written_size
 
 __all__ = [
     "NAME",
@@ -41,14 +43,14 @@ NAME = "gguf_file"
 QUANTIZATION_VERSION = 2  # GGML_QNT_VERSION: the block layouts these types have had since 2023
 
 
-def file_name(component: str) -> str:
-    """``high_noise_model.gguf``; ``diffusion_model.gguf`` at the root."""
-    return f"{component_stem(component)}.gguf"
+def file_name(cp: ComponentPlan) -> str:
+    """``high_noise_model.gguf``; ``diffusion_model.gguf`` at the root (a text encoder's: ``umt5.gguf``)."""
+    return f"{component_stem(cp)}.gguf"
 
 
 def planned_files(cp: ComponentPlan, fmt: Format, max_bytes: int) -> list[PlannedFile]:
     """One file holding every tensor, in source order."""
-    return [PlannedFile(file_name(cp.rel), tuple(cp.tensors))]
+    return [PlannedFile(file_name(cp), tuple(cp.tensors))]
 
 
 def file_type(cp: ComponentPlan) -> int:
@@ -62,7 +64,7 @@ def file_type(cp: ComponentPlan) -> int:
     return (row.file_type_mix or row.file_type) if others else row.file_type
 
 
-def key_values(cp: ComponentPlan) -> dict[str, str | int]:
+def key_values(cp: ComponentPlan) -> dict[str, Value]:
     arch = None if cp.family is None else cp.family.plan.gguf_architecture
     if arch is None:
         if cp.family is None:
@@ -77,8 +79,49 @@ def key_values(cp: ComponentPlan) -> dict[str, str | int]:
         "general.architecture": arch,
         "general.quantization_version": QUANTIZATION_VERSION,
         "general.file_type": file_type(cp),
+        **cp.family.gguf_key_values(cp.component.config or {}, cp.component.tensors),
+        **tokenizer_key_values(cp),
         **cp.carried_metadata(),
     }
+
+
+@functools.lru_cache(maxsize=2)
+def _spiece(tok: TensorInfo) -> SentencePieceModel:
+    """The tokenizer a uint8 tensor holds (parsed once: a file's size and layout ask for its key-values too)."""
+    return read_spiece_bytes(bytes(read_rows(tok, 0, tok.shape[0]).numpy()), f"{tok.file}: {tok.name}")
+
+
+#: llama.cpp's placeholder for a vocabulary row its tokenizer has no piece for (`_create_vocab_sentencepiece`)
+_PAD_SCORE = -10000.0
+
+
+def tokenizer_key_values(cp: ComponentPlan) -> dict[str, Value]:
+    """A text encoder's SentencePiece tokenizer (`ComponentPlan.tokenizer`) as llama.cpp's converter writes it
+    (``convert_hf_to_gguf.py``: `_create_vocab_sentencepiece` and `SpecialVocab`), what ComfyUI-GGUF's CLIP
+    loader rebuilds the ``ModelProto`` from: the model kind, each piece, score and type, padded to the embedding's
+    rows with ``[PAD<id>]`` pieces of score -10000 and type UNUSED, the normalizer's flags and character map, and
+    the special ids the model has. Nothing where there is no tokenizer."""
+    tok = cp.tokenizer
+    if tok is None:
+        return {}
+    policy = cp.family.plan.tokenizer
+    pieces = list((model := _spiece(tok)).pieces)
+    vocab = cp.component.tensors[policy.vocab_tensor].shape[0]
+    pieces += [Piece(f"[PAD{i}]", _PAD_SCORE, PIECE_TYPES["UNUSED"]) for i in range(len(pieces), vocab)]
+    out: dict[str, Value] = {
+        "tokenizer.ggml.model": policy.gguf_model,
+        "tokenizer.ggml.pre": "default",
+        "tokenizer.ggml.tokens": GGUFArray("str", tuple(p.piece for p in pieces)),
+        "tokenizer.ggml.scores": GGUFArray("float32", tuple(p.score for p in pieces)),
+        "tokenizer.ggml.token_type": GGUFArray("int32", tuple(p.type for p in pieces)),
+        "tokenizer.ggml.add_space_prefix": model.add_dummy_prefix,
+        "tokenizer.ggml.remove_extra_whitespaces": model.remove_extra_whitespaces,
+    }
+    if model.precompiled_charsmap:
+        out["tokenizer.ggml.precompiled_charsmap"] = GGUFArray("uint8", model.precompiled_charsmap)
+    ids = (("bos", model.bos_id), ("eos", model.eos_id), ("unknown", model.unk_id), ("padding", model.pad_id))
+    out.update({f"tokenizer.ggml.{what}_token_id": i for what, i in ids if i >= 0})
+    return out
 
 
 def file_metadata(fmt: Format, cp: ComponentPlan) -> dict[str, str]:
@@ -108,5 +151,6 @@ def finish(out_dir: Path, cp: ComponentPlan, fmt: Format, written: list[WrittenF
 
 
 def open_stored(root: Path, rel: str) -> Component:
-    """The component's GGUF file read back: its tensors (types, logical shapes, byte ranges) and config.json."""
-    return open_gguf_component(root, rel, file_name(rel))
+    """The component's GGUF file (the one in its folder) read back: its tensors (types, logical shapes, byte
+    ranges) and config.json."""
+    return open_gguf_component(root, rel)

@@ -30,10 +30,39 @@ from ..read.checkpoint import tensor_bytes
 from ..read.gguf import ALIGNMENT, GGUF_MAGIC, GGUF_VERSION, pad, read_gguf
 from .writer import PlacedWrites
 
-__all__ = ["GGUF_MAGIC", "GGUF_VERSION", "ALIGNMENT", "GGUFTensor", "header_bytes", "GGUFWriter", "read_gguf"]
+__all__ = [
+    "GGUF_MAGIC",
+    "GGUF_VERSION",
+    "ALIGNMENT",
+    "GGUFArray",
+    "GGUFTensor",
+    "header_bytes",
+    "GGUFWriter",
+    "read_gguf",
+]
 
 # GGUF's value types (gguf.constants.GGUFValueType)
-_UINT32, _INT32, _STRING = 4, 5, 8
+_UINT8, _UINT32, _INT32, _FLOAT32, _BOOL, _STRING, _ARRAY = 0, 4, 5, 6, 7, 8, 9
+
+
+@dataclass(frozen=True)
+class GGUFArray:
+    """An array key-value: its element type (``"str"``, ``"int32"``, ``"float32"``, ``"uint8"``) and its values, as
+    llama.cpp's tokenizer fields are (``tokenizer.ggml.tokens`` strings, ``scores`` float32, ``token_type`` int32,
+    ``precompiled_charsmap`` uint8)."""
+
+    kind: str
+    values: tuple | bytes
+
+    def data(self) -> bytes:
+        if self.kind == "str":
+            return struct.pack("<IQ", _STRING, len(self.values)) + b"".join(_string(v) for v in self.values)
+        code, fmt = {"int32": (_INT32, "i"), "float32": (_FLOAT32, "f"), "uint8": (_UINT8, "B")}[self.kind]
+        return struct.pack(f"<IQ{len(self.values)}{fmt}", code, len(self.values), *self.values)
+
+
+#: a key-value's value: a string, a UINT32, a FLOAT32, a BOOL, or an array
+Value = str | int | float | bool | GGUFArray
 
 
 @dataclass(frozen=True)
@@ -63,16 +92,23 @@ def _string(text: str) -> bytes:
     return struct.pack("<Q", len(data)) + data
 
 
-def _value(value: str | int) -> bytes:
-    """A key-value's type and value: strings as STRING, ints as UINT32 (GGUF's file type and versions)."""
+def _value(value) -> bytes:
+    """A key-value's type and value: strings as STRING, ints as UINT32 (GGUF's file type, versions, llama.cpp's
+    hyperparameters and token ids), floats as FLOAT32 (its epsilons), bools as BOOL, `GGUFArray`s as ARRAY."""
     if isinstance(value, str):
         return struct.pack("<I", _STRING) + _string(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"GGUF metadata value {value!r}: only str and int are written here")
-    return struct.pack("<II", _UINT32, value)
+    if isinstance(value, bool):
+        return struct.pack("<IB", _BOOL, value)
+    if isinstance(value, int):
+        return struct.pack("<II", _UINT32, value)
+    if isinstance(value, float):
+        return struct.pack("<If", _FLOAT32, value)
+    if isinstance(value, GGUFArray):
+        return struct.pack("<I", _ARRAY) + value.data()
+    raise TypeError(f"GGUF metadata value {value!r}: not a str, int, float, bool or GGUFArray")
 
 
-def header_bytes(metadata: dict[str, str | int], tensors: list[GGUFTensor]) -> tuple[bytes, list[int]]:
+def header_bytes(metadata: dict[str, Value], tensors: list[GGUFTensor]) -> tuple[bytes, list[int]]:
     """Everything before the tensor data (padded to the alignment), and each tensor's offset from the data start."""
     out = bytearray(GGUF_MAGIC + struct.pack("<IQQ", GGUF_VERSION, len(tensors), len(metadata)))
     for key, value in metadata.items():
@@ -88,7 +124,7 @@ def header_bytes(metadata: dict[str, str | int], tensors: list[GGUFTensor]) -> t
     return bytes(out), offsets
 
 
-def written_size(metadata: dict[str, str | int], tensors: list[GGUFTensor]) -> int:
+def written_size(metadata: dict[str, Value], tensors: list[GGUFTensor]) -> int:
     """The size of the file `GGUFWriter` writes for these key-values and tensors."""
     header, offsets = header_bytes(metadata, tensors)
     return len(header) + (offsets[-1] + pad(tensors[-1].nbytes) if tensors else 0)
@@ -101,7 +137,7 @@ class GGUFWriter(PlacedWrites):
     The same calls as `writer.ShardWriter` (write, write_bytes, close, abort), so a container can hand it out.
     """
 
-    def __init__(self, path: Path, tensors: Iterable[GGUFTensor], metadata: dict[str, str | int]):
+    def __init__(self, path: Path, tensors: Iterable[GGUFTensor], metadata: dict[str, Value]):
         self.path = Path(path)
         self.tensors = list(tensors)
         header, offsets = header_bytes(metadata, self.tensors)

@@ -31,14 +31,15 @@ __all__ = [
 NAME = "single_safetensors"
 
 
-def file_name(component: str, fmt_name: str) -> str:
-    """``high_noise_model_comfy_fp8.safetensors``; ``diffusion_model_comfy_fp8.safetensors`` at the root."""
-    return f"{component_stem(component)}_{fmt_name}.safetensors"
+def file_name(cp: ComponentPlan, fmt_name: str) -> str:
+    """``high_noise_model_comfy_fp8.safetensors``; ``diffusion_model_comfy_fp8.safetensors`` at the root (a text
+    encoder's: ``umt5_comfy_fp8.safetensors``)."""
+    return f"{component_stem(cp)}_{fmt_name}.safetensors"
 
 
 def planned_files(cp: ComponentPlan, fmt: Format, max_bytes: int) -> list[PlannedFile]:
     """One file holding every tensor, in source order."""
-    return [PlannedFile(file_name(cp.rel, fmt.NAME), tuple(cp.tensors))]
+    return [PlannedFile(file_name(cp, fmt.NAME), tuple(cp.tensors))]
 
 
 def finish(out_dir: Path, cp: ComponentPlan, fmt: Format, written: list[WrittenFile]) -> list[Path]:

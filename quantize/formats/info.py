@@ -28,7 +28,9 @@ class FormatInfo:
     quant_method: str  # config.json quantization_config.quant_method: how a reader recognizes it
     libraries: tuple[str, ...]  # packages whose numerics it follows (their versions go into the manifest)
     container: str  # how a component's tensors become files (`quantize.containers`)
-    names: str  # the role of names its output keys take (`models.ROLES`): "source" (as stored), "native"
+    names: (
+        str  # the role of names its output keys take (`models.ROLES`): "source" (as stored), "native", "gguf"
+    )
     words: str  # what the model card calls it
     tag: str  # the Hub tag of its kind (fp8, nf4)
     layout_library: str  # the library whose on-disk layout it is (a Hub tag too)
@@ -43,6 +45,9 @@ class FormatInfo:
     options: type[FormatOptions] = NoOptions
     #: it decides itself what kept tensors are stored as (gguf: F32 for all but Linear weights): no `keep_dtype`
     fixes_kept_dtypes: bool = False
+    #: how its file holds a text encoder's tokenizer (`models.family.Tokenizer`), for the runtimes that read it
+    #: from there: "tensor" (ComfyUI's: the tokenizer file's bytes), "key_values" (GGUF's); None: it does not
+    tokenizer: str | None = None
 
 
 FORMAT_INFO: dict[str, FormatInfo] = {
@@ -92,6 +97,7 @@ FORMAT_INFO: dict[str, FormatInfo] = {
             libraries=(),
             container="single_safetensors",
             names="native",
+            tokenizer="tensor",
             words="ComfyUI FP8 scaled (e4m3, one scale per tensor, `comfy_quant` markers)",
             tag="fp8",
             layout_library="comfyui",
@@ -107,6 +113,7 @@ FORMAT_INFO: dict[str, FormatInfo] = {
             libraries=(),
             container="single_safetensors",
             names="native",
+            tokenizer="tensor",
             words="ComfyUI INT8 (one scale per output row, `comfy_quant` markers)",
             tag="int8",
             layout_library="comfyui",
@@ -122,6 +129,7 @@ FORMAT_INFO: dict[str, FormatInfo] = {
             libraries=(),
             container="single_safetensors",
             names="native",
+            tokenizer="tensor",
             words="ComfyUI NVFP4 (E2M1 values, an E4M3 scale per 16 and one FP32 scale per tensor, `comfy_quant` markers)",
             tag="nvfp4",
             layout_library="comfyui",
@@ -137,6 +145,7 @@ FORMAT_INFO: dict[str, FormatInfo] = {
             libraries=(),
             container="single_safetensors",
             names="native",
+            tokenizer="tensor",
             words="ComfyUI MXFP8 (E4M3 values, an E8M0 scale per 32, `comfy_quant` markers)",
             tag="mxfp8",
             layout_library="comfyui",
@@ -163,7 +172,8 @@ FORMAT_INFO: dict[str, FormatInfo] = {
             quant_method="gguf",
             libraries=("gguf",),
             container="gguf_file",
-            names="native",
+            names="gguf",
+            tokenizer="key_values",
             words="GGUF (GGML block types, one file per model)",
             tag="gguf",
             layout_library="gguf",

@@ -33,6 +33,7 @@ from .names import (
     stack_rows,
 )
 from .skyreels_v2 import SKYREELS_V2
+from .umt5 import UMT5
 from .wan import WAN
 from .wan_animate import WAN_ANIMATE
 from .wan_vace import WAN_VACE
@@ -78,6 +79,7 @@ FAMILIES: tuple[Family, ...] = (
     LTX2,
     HUNYUANVIDEO15,
     MINIMAX_H3,
+    UMT5,
 )
 #: the family `quantize example` (and `examples.write_example`) makes when none is named
 DEFAULT_FAMILY: str = WAN.name

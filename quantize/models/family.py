@@ -63,6 +63,9 @@ class SourceLayout:
     name: str
     why: str  # e.g. "Wan2.2 A14B layout, original names, 2 experts"
     family: str = ""  # the family's registry name
+    #: a pipeline's text encoder beside its transformer (``text_encoder/``): `convert --format` of a folder that
+    #: holds both takes the transformer's recipe; the encoder's is named with ``--recipe``
+    encoder: bool = False
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,8 @@ class Detection:
     whatever its config names among `shared_classes` (the base family's classes a variant's release may name).
     `foreign_marks`: other families' own layers: a model with one is never this family's (Wan and its variants)."""
 
-    #: the diffusers class that runs it (config ``_class_name`` of its diffusers checkpoints)
+    #: the class that runs it: diffusers' (config ``_class_name`` of its diffusers checkpoints), or for a text
+    #: encoder transformers' (config ``architectures``), as `library` says
     diffusers_class: str
     #: config ``_class_name`` of the original release (Wan's ``WanModel``); run as `diffusers_class`
     native_classes: tuple[str, ...] = ()
@@ -101,6 +105,8 @@ class Detection:
     own_marks: tuple[str, ...] = ()
     foreign_marks: tuple[str, ...] = ()
     shared_classes: tuple[str, ...] = ()
+    #: the library whose class `diffusers_class` is: ``diffusers``, or ``transformers`` (a text encoder)
+    library: str = "diffusers"
 
     def marks_naming(self, names: Sequence[str]) -> str | None:
         """Which naming `names` follow by the marks alone: ``native``, ``diffusers``, ``mixed`` or None."""
@@ -201,6 +207,21 @@ NO_GGUF_READER = (
 
 
 @dataclass(frozen=True)
+class Tokenizer:
+    """A text encoder's tokenizer as its runtimes read it from the model's file: ComfyUI's loaders as the tensor
+    `tensor` (the tokenizer file's bytes, uint8; a single-file release holds it so already), ComfyUI-GGUF as
+    ``tokenizer.ggml.*`` key-values of model `gguf_model` (what llama.cpp's converter writes). `files`: where it is
+    looked for beside a model folder that does not hold it, relative to that folder, in order (a pipeline's
+    ``../tokenizer/spiece.model``)."""
+
+    tensor: str
+    files: tuple[str, ...]
+    gguf_model: str
+    #: the source tensor whose rows are the vocabulary (a GGUF file's tokens are padded to them, as llama.cpp's)
+    vocab_tensor: str
+
+
+@dataclass(frozen=True)
 class PlanPolicy:
     """What a plan of the family's models must know beyond its names."""
 
@@ -211,10 +232,18 @@ class PlanPolicy:
     #: why a model in diffusers' names has no output in the native names (ComfyUI's and GGUF's files, which the
     #: release converts to): what its runtimes need that diffusers' layout does not hold (None: it has)
     diffusers_not_native_why: str | None = None
-    #: name prefixes (either naming) of 2-D weights the runtimes use as plain parameters, not as Linear layers
-    #: (Wan Animate's motion encoder, SkyReels-V2's fps Embedding): never quantized, kept as any non-Linear tensor
+    #: patterns (`re.match`: name prefixes, either naming) of 2-D weights the runtimes use as plain parameters,
+    #: not as Linear layers (Wan Animate's motion encoder, SkyReels-V2's fps Embedding, umT5's relative attention
+    #: biases): never quantized, kept as any non-Linear tensor
     plain_weights: tuple[str, ...] = ()
     carried: Carried = Carried()
+    #: the names its GGUF files hold where a GGUF reader wants other names than the native ones (a text
+    #: encoder's: llama.cpp's, which ComfyUI-GGUF's CLIP loader maps back): the table read native-wards
+    gguf_names: BlockNames | None = None
+    #: the tokenizer its runtimes read from the model's own file (a text encoder's), None: none
+    tokenizer: Tokenizer | None = None
+    #: the stem of a one-file output of a model converted at the root (``diffusion_model_comfy_fp8.safetensors``)
+    root_stem: str = "diffusion_model"
 
 
 @dataclass(frozen=True)
@@ -263,6 +292,14 @@ class Family(abc.ABC):
         """The diffusers class's config for a native config.json (one of `native_classes`), or for a release
         that has none (`config` empty), what the config does not say read off the tensor shapes."""
 
+    def build_model(self, config: dict):
+        """Hook: the class that runs it (`Detection.diffusers_class`) built from `config`, its parameters where
+        the caller's context puts them (the meta device, `models.meta.parameters_on_meta`). Default: the
+        diffusers class's ``from_config``."""
+        import diffusers
+
+        return getattr(diffusers, self.diffusers_class).from_config(config)
+
     def release_config(self, tensors: Mapping[str, TensorInfo], where: Path) -> dict | None:
         """The config.json of a release that ships none (the diffusers class's, read off the tensor shapes): what
         a checkpoint converted from it is written with, so that it loads as that class. None: no such release."""
@@ -288,7 +325,7 @@ class Family(abc.ABC):
 
     def plain_weight(self, name: str) -> bool:
         """Whether tensor `name` is a 2-D weight its runtimes use as a plain parameter (`PlanPolicy.plain_weights`)."""
-        return bool(self.plan.plain_weights) and name.startswith(self.plan.plain_weights)
+        return any(re.match(p, name) for p in self.plan.plain_weights)
 
     def carried(self, name: str) -> bool:
         """Whether tensor `name` is carried as stored and is no part of the diffusers class (`Carried`)."""
@@ -337,8 +374,8 @@ class Family(abc.ABC):
         by_config = any(k in config for k in f.release_config_keys)
         return by_config and self.detection.marks_naming(list(comp.tensors)) == "native"
 
-    def layout(self, why: str, name: str | None = None) -> SourceLayout:
-        return SourceLayout(name or self.name, why, self.name)
+    def layout(self, why: str, name: str | None = None, *, encoder: bool = False) -> SourceLayout:
+        return SourceLayout(name or self.name, why, self.name, encoder)
 
     def is_diffusers(self, comp: Component, registered: Collection[str] = ()) -> bool:
         """A diffusers model of this family: its config names the class, or names none of the `registered`
@@ -362,7 +399,9 @@ class Family(abc.ABC):
             )
         if role == "source":
             return IDENTITY
-        if role == "native" and self.names is not None:
+        if role == "gguf" and self.plan.gguf_names is not None:
+            return self._gguf_table()
+        if role in ("native", "gguf") and self.names is not None:
 
             def refusing(make: Callable) -> Callable:
                 def checked(names: Sequence[str], where: str):
@@ -381,6 +420,27 @@ class Family(abc.ABC):
             f"{at}{fmt} writes a model's {role} names, and {self.title} has none in this tool yet: "
             f"convert {self.title} to another format (quantize recipes lists them)"
         )
+
+    def _gguf_table(self) -> NameTable:
+        """llama.cpp's names (`PlanPolicy.gguf_names`), from the source's: each tensor renamed, or refused naming it."""
+        table, arch = self.plan.gguf_names, self.plan.gguf_architecture
+        lacking = (
+            f"has no name among llama.cpp's {arch} tensors, which a {self.title} GGUF file holds: it is no part "
+            f"of {self.title}"
+        )
+
+        def renamer(names: Sequence[str], where: str) -> Renamer:
+            return renamed(names, table.native, where, lacking).__getitem__
+
+        return NameTable(f"{self.name}_gguf", renamer, f"llama.cpp's {arch} names")
+
+    def gguf_key_values(
+        self, config: dict, tensors: Mapping[str, TensorInfo]
+    ) -> dict[str, str | int | float]:
+        """Hook: the key-values a GGUF file of one of its models holds beside the general ones and the tokenizer's
+        (llama.cpp's ``<architecture>.*`` hyperparameters of a text encoder), from its config and tensors.
+        Default: none (ComfyUI-GGUF reads a DiT's off its tensors)."""
+        return {}
 
     def why_no(self, fmt: str, native_names: bool = False) -> str | None:
         """Why this family has no output in format `fmt` (which writes native names when `native_names`), in

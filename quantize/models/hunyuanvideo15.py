@@ -269,7 +269,7 @@ class HunyuanVideo15(Family):
     plan = PlanPolicy(
         gguf_architecture="hyvid",  # ComfyUI-GGUF's IMG_ARCH_LIST; ComfyUI then tells 1.5 by vision_in (1152)
         # nn.Embedding in both runtimes (ComfyUI builds a plain torch one): a table, no Linear; F32 in GGUF
-        plain_weights=("cond_type_embedding.", "cond_type_embed."),
+        plain_weights=(r"cond_type_embedding\.", r"cond_type_embed\."),
     )
     lora = LoraNames(
         prefixes=("diffusion_model.", "model.diffusion_model.", "transformer.", "base_model.model.")

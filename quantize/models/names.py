@@ -1,6 +1,7 @@
 """A family's names: the tables that rename a component's tensors between its namings, as data.
 
-``source`` names are as stored; ``native`` names are the original release's (what ComfyUI and GGUF readers expect);
+``source`` names are as stored; ``native`` names are the original release's (what ComfyUI and GGUF readers expect;
+a text encoder's GGUF file has llama.cpp's, the role ``gguf``);
 ``diffusers`` names are those of the diffusers class. `BlockNames` is one family's diffusers <-> native table, read
 both ways; `Blocks` one list of repeated blocks in it; `Rows` the rows of a diffusers module inside a native tensor
 that stacks several (a fused projection); `NameTable` the renaming a format's role asks for, applied once at plan
@@ -30,8 +31,9 @@ __all__ = [
     "renamed",
 ]
 
-#: the roles of names a format may ask for: as stored, or the original release's (ComfyUI's, GGUF's)
-ROLES = ("source", "native")
+#: the roles of names a format may ask for: as stored; the original release's (ComfyUI's); a GGUF reader's (the
+#: native ones for a DiT, llama.cpp's for a text encoder: `PlanPolicy.gguf_names`)
+ROLES = ("source", "native", "gguf")
 
 Renamer = Callable[[str], str]
 

@@ -95,7 +95,7 @@ class SkyReelsV2(WanVariant):
         release_config_keys=("inject_sample_info",),
     )
     #: the fps Embedding (2 rows): a lookup table, never a Linear (a recipe that targets it is refused by name)
-    plan = PlanPolicy(gguf_architecture="wan", plain_weights=("fps_embedding.",))
+    plan = PlanPolicy(gguf_architecture="wan", plain_weights=(r"fps_embedding\.",))
     default_recipes = {layout: bundled_recipes(layout) for layout in ("skyreels-v2", "skyreels-v2-diffusers")}
 
     @property

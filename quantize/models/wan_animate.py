@@ -235,7 +235,7 @@ class WanAnimate(WanVariant):
         #: the motion encoder's "equalized" layers are plain parameters scaled per call in ComfyUI (``EqualLinear``)
         #: and diffusers alike, not Linear layers: a GGUF file holds them as F32, which both read as they are (as
         #: BF16 they come back as GGML's raw bytes, which only a Linear layer decodes: measured in ComfyUI)
-        plain_weights=("motion_encoder.",),
+        plain_weights=(r"motion_encoder\.",),
         #: the release's blur filters: the class computes them
         carried=Carried(tensors=(BLUR_KERNELS,)),
         diffusers_not_native_why=(

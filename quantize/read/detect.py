@@ -86,6 +86,8 @@ def recipe_for_format(folder: Path, fmt: str) -> tuple[str, SourceLayout]:
         )
     candidates = [(DEFAULT_RECIPES[lay.name].get(fmt), lay) for lay in layouts]
     chosen = [(r, lay) for r, lay in candidates if r is not None]
+    if len(chosen) > 1 and sum(not lay.encoder for _, lay in chosen) == 1:
+        chosen = [(r, lay) for r, lay in chosen if not lay.encoder]  # a pipeline: its transformer
     if len(chosen) == 1:
         return chosen[0]
     if len(chosen) > 1:
@@ -96,7 +98,7 @@ def recipe_for_format(folder: Path, fmt: str) -> tuple[str, SourceLayout]:
             parameters=("recipe",),
         )
     there = sorted({f"{r} ({f})" for lay in layouts for f, r in DEFAULT_RECIPES[lay.name].items()})
-    native = fmt in FORMAT_INFO and FORMAT_INFO[fmt].names == "native"
+    native = fmt in FORMAT_INFO and FORMAT_INFO[fmt].names != "source"
     reasons = {why for lay in layouts if (why := get_family(lay.family).why_no(fmt, native))}
     raise InputError(
         f"{folder}: no bundled {fmt} recipe for {_layout_words(layouts)}"

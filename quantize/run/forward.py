@@ -28,6 +28,7 @@ layers) sees it as that runtime would: with its static input scale (`convert --c
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -52,6 +53,7 @@ from ..models import (
 from ..plan import ComponentPlan, TensorPlan
 from ..process import release_free_memory
 from ..read.checkpoint import CONFIG_NAME, Component, read_rows, read_tensor
+from ..read.files import config_class
 from ..read.source import SourceFolder
 from ..read.tensor_source import StackedSource
 from ..recipes import Recipe
@@ -177,7 +179,7 @@ class Runnable:
 def _runnable_family(config: dict | None, where: Path, names: Iterable[str] = ()) -> Family:
     """The family whose diffusers class (or original release) `config` names, or, where it names no class (a
     release without config.json), the family of the tensor `names`; `InputError` otherwise."""
-    name = (config or {}).get("_class_name")
+    name = config_class(config)
     # a class no family is registered by runs nothing; one that is, by the family that owns the model's names too
     family = family_of(name, names) if name is None or family_of_class(name) is not None else None
     if family is None:
@@ -195,16 +197,19 @@ def require_known_models(source: SourceFolder, inputs: Path | None = None) -> No
     for rel in source.components:
         component = source.component(rel)
         family = _runnable_family(component.config, component.dir, component.tensors)
-        if (component.config or {}).get("_class_name") != family.diffusers_class:
+        if config_class(component.config) != family.diffusers_class:
             family.runnable_names(list(component.tensors), component.dir)
         families[family.name] = family
     if inputs is not None:
         for name in sorted(families):
             _check_input_names(inputs, families[name])
-    try:
-        import diffusers  # noqa: F401
-    except ImportError:
-        raise InputError("a forward pass needs diffusers: pip install 'dit-quantize[diffusers]'") from None
+    for library in sorted({f.detection.library for f in families.values()}):
+        try:
+            importlib.import_module(library)
+        except ImportError:
+            raise InputError(
+                f"a forward pass needs {library}: pip install 'dit-quantize[{library}]'"
+            ) from None
 
 
 def runnable(cp: ComponentPlan) -> Runnable:
@@ -214,12 +219,12 @@ def runnable(cp: ComponentPlan) -> Runnable:
     family = _runnable_family(config, where, cp.component.tensors)
     plans: dict[str, TensorPlan] = {}
     rows: dict[str, tuple[tuple[int, int], ...]] = {}
-    if config.get("_class_name") == family.diffusers_class:
+    if config_class(config) == family.diffusers_class:
         for tp in cp.tensors:
             if isinstance(tp.source, StackedSource):  # diffusers' tensors, stacked by the conversion
                 for name, ranges in _segment_rows(tp.source).items():
                     plans[name], rows[name] = tp, ranges
-            else:
+            elif not family.carried(tp.name):  # a text encoder's tokenizer is no part of the class
                 plans[tp.name] = tp
         return Runnable(family, config, plans, rows)
     names = [tp.name for tp in cp.tensors]
@@ -357,7 +362,6 @@ class StreamedModel:
     """A model whose parameters live on the meta device and are filled unit by unit during a pass."""
 
     def __init__(self, run: Runnable):
-        import diffusers
         from torch import nn
 
         from ..models.meta import parameters_on_meta
@@ -365,7 +369,7 @@ class StreamedModel:
         self.run = run
         try:
             with parameters_on_meta():
-                self.model = getattr(diffusers, run.class_name).from_config(run.config).eval()
+                self.model = run.family.build_model(run.config).eval()
         except (TypeError, ValueError, KeyError) as e:
             raise InputError(f"cannot build {run.class_name} from the component's config: {e}") from None
         names = {n for n, _ in self.model.named_parameters()}

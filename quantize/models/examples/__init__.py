@@ -14,6 +14,7 @@ from .kandinsky5 import KANDINSKY5_EXAMPLES
 from .ltx2 import LTX2_EXAMPLES
 from .minimax_h3 import MINIMAX_H3_EXAMPLES
 from .skyreels_v2 import SKYREELS_EXAMPLES
+from .umt5 import UMT5_EXAMPLES
 from .wan import WAN_EXAMPLES
 from .wan_animate import ANIMATE_EXAMPLES
 from .wan_vace import VACE_EXAMPLES
@@ -32,6 +33,7 @@ EXAMPLES: dict[str, Examples] = {
         LTX2_EXAMPLES,
         HUNYUANVIDEO15_EXAMPLES,
         MINIMAX_H3_EXAMPLES,
+        UMT5_EXAMPLES,
     )
 }
 

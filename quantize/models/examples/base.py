@@ -34,6 +34,13 @@ class ExampleModel:
     stem: str = "diffusion_pytorch_model"
     #: the file's ``__metadata__`` beside ``format`` as the release writes it (LTX-2's ``config``), or None
     metadata: Mapping[str, str] | None = None
+    #: tensors of fixed bytes (uint8, 1-D) after the random ones: what a release holds that is data, not weights
+    #: (a text encoder's tokenizer, ComfyUI's ``spiece_model``)
+    fixed: Mapping[str, bytes] | None = None
+    #: pattern (`re.search` on a tensor's name) -> (mean, std) of its random values, where a model's own
+    #: initialization differs from the default (zero mean, 1/sqrt(fan-in) for a matrix, 1 for a vector): what
+    #: keeps a random model's forward pass in the regime a trained one works in (T5's unscaled attention)
+    init: Mapping[str, tuple[float, float]] | None = None
 
 
 class Examples(abc.ABC):
@@ -57,9 +64,9 @@ class Examples(abc.ABC):
     def models(self, preset: str, layout: str) -> list[ExampleModel]:
         """The models of an example checkpoint, with the dimensions the runtimes fix."""
 
-    def files(self) -> dict[str, str]:
-        """Other files of an example release (relative path -> text): what sits beside the DiT (a tokenizer's
-        config, say), which a recipe's `copy_other_files` copies."""
+    def files(self, layout: str) -> dict[str, str | bytes]:
+        """Other files of an example release of `layout` (relative path -> text or bytes): what sits beside the
+        model (a tokenizer, say), which a recipe's `copy_other_files` copies."""
         return {}
 
     def lora(self, preset: str, layout: str, rank: int) -> list[LoraTensor]:

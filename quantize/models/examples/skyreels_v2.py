@@ -50,8 +50,8 @@ class SkyReelsExamples(Examples):
             return [diffusers_example(self.family, tensors, config)]
         return [ExampleModel(".", tensors, config)]
 
-    def files(self) -> dict[str, str]:
-        return WAN_EXAMPLES.files()
+    def files(self, layout: str) -> dict[str, str | bytes]:
+        return WAN_EXAMPLES.files(layout)
 
     def lora(self, preset: str, layout: str, rank: int) -> list[LoraTensor]:
         return wan_lora(self.shape(preset, layout).wan, rank)

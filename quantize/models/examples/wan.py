@@ -138,7 +138,7 @@ class WanExamples(Examples):
         shape, spec = self.layout_shape(preset, layout)
         return [ExampleModel(rel, wan_tensors(shape), wan_config(shape)) for rel in spec["components"]]
 
-    def files(self) -> dict[str, str]:
+    def files(self, layout: str) -> dict[str, str | bytes]:
         """umT5-XXL's tokenizer config, as it sits beside the DiT in a Wan release."""
         return {"google/umt5-xxl/tokenizer_config.json": json.dumps({"model_max_length": 512}) + "\n"}
 

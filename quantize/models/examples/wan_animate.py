@@ -142,8 +142,8 @@ class AnimateExamples(Examples):
             return [ExampleModel(".", animate_tensors(shape), animate_config(shape))]
         return [diffusers_example(self.family, animate_tensors(shape), animate_config(shape))]
 
-    def files(self) -> dict[str, str]:
-        return WAN_EXAMPLES.files()
+    def files(self, layout: str) -> dict[str, str | bytes]:
+        return WAN_EXAMPLES.files(layout)
 
     def lora(self, preset: str, layout: str, rank: int) -> list[LoraTensor]:
         """Every Linear of the main blocks, as Wan LoRAs are written (`wan_lora`); an I2V's, so with k_img and

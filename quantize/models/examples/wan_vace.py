@@ -75,8 +75,8 @@ class VaceExamples(Examples):
             return [ExampleModel(".", vace_tensors(shape), vace_config(shape))]
         return [diffusers_example(self.family, vace_tensors(shape), vace_config(shape))]
 
-    def files(self) -> dict[str, str]:
-        return WAN_EXAMPLES.files()
+    def files(self, layout: str) -> dict[str, str | bytes]:
+        return WAN_EXAMPLES.files(layout)
 
     def lora(self, preset: str, layout: str, rank: int) -> list[LoraTensor]:
         """Every Linear of the main blocks, as Wan LoRAs are written (they leave the VACE blocks alone)."""

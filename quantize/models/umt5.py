@@ -1,0 +1,255 @@
+"""umT5 (transformers' `UMT5EncoderModel`; umT5-XXL is the text encoder of Wan 2.1/2.2, SkyReels-V2, VACE and
+Animate): everything the tool knows of it.
+
+Layouts (`UMT5.layouts`): ``umt5``: a transformers folder, a pipeline's ``text_encoder/`` (a diffusers Wan
+pipeline's) or such a folder itself (config.json ``architectures: ["UMT5EncoderModel"]``); ``umt5-single``: one
+safetensors file of the encoder in ComfyUI's names, no config.json (Comfy-Org's repackaged
+``umt5_xxl_fp16.safetensors``), which holds its tokenizer as the tensor ``spiece_model``.
+
+Names: ComfyUI's text-encoder loader (``comfy/text_encoders/t5.py``, CLIPLoader type ``wan``) reads transformers'
+own names, so `NAMES` maps each name to itself; it is still a table, so a tensor it does not list is refused. A
+GGUF file holds llama.cpp's ``t5encoder`` names (`GGUF_NAMES`: ``enc.blk.N.attn_q``, ``token_embd``), which
+ComfyUI-GGUF's CLIP loader maps back (its T5 key map), as city96's ``umt5-xxl-encoder-*.gguf`` files do.
+
+The tokenizer (`Tokenizer`): ComfyUI builds umT5's tokenizer from the file's ``spiece_model`` tensor (the bytes of
+sentencepiece's ``spiece.model``; there is no bundled one), ComfyUI-GGUF from the ``tokenizer.ggml.*`` key-values;
+both are made from the pipeline's ``tokenizer/spiece.model`` (or one beside the model).
+
+What stays high-precision, and why (the bundled recipes say it too): the shared embedding (``shared``, 256384 x 4096
+in umT5-XXL: a lookup table, a fifth of the parameters, that ComfyUI and the loaders use as a plain embedding) and
+each layer's relative attention bias (32 buckets x 64 heads: plain parameters, F32 in GGUF as llama.cpp keeps them),
+the layer norms; every Linear of the 24 blocks is quantized.
+
+>>> UMT5.native_name("encoder.block.3.layer.1.DenseReluDense.wi_0.weight")
+'encoder.block.3.layer.1.DenseReluDense.wi_0.weight'
+>>> UMT5.plan.gguf_names.native("encoder.block.3.layer.0.SelfAttention.relative_attention_bias.weight")
+'enc.blk.3.attn_rel_b.weight'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import InputError
+from ..read.files import config_class
+from .family import (
+    COMFY,
+    SOURCE_NAMED,
+    CardWords,
+    Carried,
+    Detection,
+    Family,
+    Folders,
+    ModelInputs,
+    PlanPolicy,
+    SourceLayout,
+    Tokenizer,
+    bundled_recipes,
+    count_blocks,
+)
+from .names import BlockNames, Blocks
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..read.checkpoint import Component, TensorInfo
+
+__all__ = ["UMT5", "UMT5Family", "NAMES", "GGUF_NAMES", "CLASS", "TOKENIZER_TENSOR"]
+
+CLASS = "UMT5EncoderModel"
+#: ComfyUI's key for the tokenizer in a text encoder's file (comfy/text_encoders/wan.py: ``spiece_model``)
+TOKENIZER_TENSOR = "spiece_model"
+
+# --- names -------------------------------------------------------------------------------------------------
+
+_ATTENTION = "layer.0.SelfAttention"
+_FFN = "layer.1.DenseReluDense"
+#: transformers' module in a block -> llama.cpp's (gguf-py's MODEL_TENSORS[T5ENCODER], tensor_mapping.py)
+_BLOCK = {
+    f"{_ATTENTION}.q": "attn_q",
+    f"{_ATTENTION}.k": "attn_k",
+    f"{_ATTENTION}.v": "attn_v",
+    f"{_ATTENTION}.o": "attn_o",
+    f"{_ATTENTION}.relative_attention_bias": "attn_rel_b",
+    "layer.0.layer_norm": "attn_norm",
+    f"{_FFN}.wi_0": "ffn_gate",
+    f"{_FFN}.wi_1": "ffn_up",
+    f"{_FFN}.wo": "ffn_down",
+    "layer.1.layer_norm": "ffn_norm",
+}
+_ROOT = {"shared": "token_embd", "encoder.final_layer_norm": "enc.output_norm"}
+
+#: transformers' names -> ComfyUI's: the same (the tied ``encoder.embed_tokens`` too: ComfyUI ignores it)
+NAMES = BlockNames(
+    root_modules={m: m for m in (*_ROOT, "encoder.embed_tokens")},
+    root_tensors={TOKENIZER_TENSOR: TOKENIZER_TENSOR},
+    blocks=(Blocks("encoder.block", "encoder.block", modules={m: m for m in _BLOCK}),),
+)
+#: transformers' names -> llama.cpp's ``t5encoder`` names, what a GGUF file holds
+GGUF_NAMES = BlockNames(
+    root_modules=_ROOT, root_tensors={}, blocks=(Blocks("encoder.block", "enc.blk", modules=_BLOCK),)
+)
+
+# --- a forward pass's inputs ---------------------------------------------------------------------------------
+
+_KEYS = ("input_ids",)
+
+
+def _shapes(config: dict) -> dict[str, tuple[tuple[int | None, ...], ...]]:
+    return {"input_ids": ((None, None),)}
+
+
+def _random(config: dict, g: torch.Generator) -> dict[str, torch.Tensor]:
+    import torch
+
+    return {"input_ids": torch.randint(0, config["vocab_size"], (1, 16), generator=g)}
+
+
+def _call(config: dict, t: dict[str, torch.Tensor]) -> dict:
+    return dict(t, return_dict=False)
+
+
+INPUTS = ModelInputs(keys=lambda config: _KEYS, shapes=_shapes, random=_random, call=_call, accepts=_KEYS)
+
+
+class UMT5Family(Family):
+    name = "umt5"
+    title = "umT5"
+    names = NAMES
+    detection = Detection(
+        CLASS,
+        diffusers_marks=(f"encoder.block.0.{_ATTENTION}.",),
+        # T5's encoder has a relative attention bias in its first block only, umT5's in every one
+        own_marks=(f"encoder.block.1.{_ATTENTION}.relative_attention_bias.",),
+        library="transformers",
+    )
+    folders = Folders(
+        "umt5",
+        release="umt5-single",
+        release_why="umT5, one file in ComfyUI's names with its tokenizer (Comfy-Org's umt5_xxl_*.safetensors)",
+    )
+    plan = PlanPolicy(
+        root_stem="umt5",
+        gguf_architecture="t5encoder",
+        gguf_names=GGUF_NAMES,
+        plain_weights=(rf"encoder\.block\.\d+\.{_ATTENTION}\.relative_attention_bias\.",),
+        carried=Carried(tensors=(TOKENIZER_TENSOR,)),
+        tokenizer=Tokenizer(
+            tensor=TOKENIZER_TENSOR,
+            files=("spiece.model", "../tokenizer/spiece.model"),
+            gguf_model="t5",
+            vocab_tensor="shared.weight",
+        ),
+    )
+    card = CardWords(pipeline_tag=None)
+    default_recipes = {
+        "umt5": bundled_recipes("umt5", (*SOURCE_NAMED, *COMFY, "gguf")),
+        "umt5-single": bundled_recipes("umt5-single", (*COMFY, "gguf")),
+    }
+
+    # --- recognizing it ------------------------------------------------------------------------------------
+
+    def layouts(
+        self, folder: Path, open_: Callable[[str], Component | None], registered: Collection[str] = ()
+    ) -> list[SourceLayout]:
+        """A pipeline's ``text_encoder/`` or a bare encoder folder naming the class (``umt5``); one file of umT5
+        tensors with no config.json at the root (``umt5-single``)."""
+        found = []
+        encoder = open_("text_encoder")
+        if encoder is not None and config_class(encoder.config) == self.diffusers_class:
+            why = f"{self.title}, a pipeline's text_encoder/ ({CLASS})"
+            found.append(self.layout(why, "umt5", encoder=True))
+        root = open_(".")
+        if root is not None:
+            if config_class(root.config) == self.diffusers_class:
+                found.append(
+                    self.layout(f"{self.title}, a bare {CLASS} folder (transformers' names)", "umt5")
+                )
+            elif not root.config and self.naming(root.tensors) is not None:
+                found.append(self.layout(self.folders.release_why, "umt5-single"))
+        return found
+
+    # --- running it ------------------------------------------------------------------------------------------
+
+    @property
+    def inputs(self) -> ModelInputs:
+        return INPUTS
+
+    def diffusers_config(self, config: dict, tensors: Mapping[str, TensorInfo], where: Path) -> dict:
+        """`UMT5EncoderModel`'s config (transformers' `UMT5Config`) for a file that has none, read off the tensor
+        shapes; what they do not say is umT5-XXL's (gated GELU, 128 as the relative attention's max distance, an
+        epsilon of 1e-6)."""
+        if config:
+            return dict(config)
+
+        def shape(name: str) -> tuple[int, ...]:
+            if name not in tensors:
+                raise InputError(f"{where}: no tensor {name!r}: not a {self.title} encoder")
+            return tuple(tensors[name].shape)
+
+        vocab, d_model = shape("shared.weight")
+        buckets, heads = shape(f"encoder.block.0.{_ATTENTION}.relative_attention_bias.weight")
+        inner = shape(f"encoder.block.0.{_ATTENTION}.q.weight")[0]
+        layers = count_blocks(tensors, "encoder.block.")
+        return {
+            "architectures": [CLASS],
+            "model_type": "umt5",
+            "vocab_size": vocab,
+            "d_model": d_model,
+            "d_kv": inner // heads,
+            "d_ff": shape(f"encoder.block.0.{_FFN}.wi_0.weight")[0],
+            "num_layers": layers,
+            "num_decoder_layers": layers,
+            "num_heads": heads,
+            "relative_attention_num_buckets": buckets,
+            "relative_attention_max_distance": 128,
+            "feed_forward_proj": "gated-gelu",
+            "dense_act_fn": "gelu_new",
+            "is_gated_act": True,
+            "layer_norm_epsilon": 1e-6,
+            "is_encoder_decoder": False,
+            "tie_word_embeddings": False,
+            "pad_token_id": 0,
+            "eos_token_id": 1,
+            "decoder_start_token_id": 0,
+        }
+
+    def build_model(self, config: dict):
+        """transformers' `UMT5EncoderModel` of `UMT5Config(**config)`, its tied embedding untied: the encoder's
+        ``embed_tokens`` is ``shared`` itself, as the checkpoints store one of them."""
+        import transformers
+
+        fields = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "dtype")}
+        model = transformers.UMT5EncoderModel(transformers.UMT5Config(**fields))
+        model.encoder.embed_tokens = model.shared
+        return model
+
+    def release_config(self, tensors: Mapping[str, TensorInfo], where: Path) -> dict | None:
+        """The single file ships no config.json: what is converted from it is written with transformers' config
+        read off its tensors (`diffusers_config`)."""
+        return self.diffusers_config({}, tensors, where)
+
+    def gguf_key_values(
+        self, config: dict, tensors: Mapping[str, TensorInfo]
+    ) -> dict[str, str | int | float]:
+        """llama.cpp's ``t5encoder`` hyperparameters (``convert_hf_to_gguf.py``'s T5EncoderModel): 512 tokens of
+        context, as transformers' T5 default, and the rest from the config (derived for a single file)."""
+        c = self.diffusers_config(config, tensors, Path("."))
+        arch = self.plan.gguf_architecture
+        return {
+            f"{arch}.context_length": c.get("n_positions", 512),
+            f"{arch}.embedding_length": c["d_model"],
+            f"{arch}.feed_forward_length": c["d_ff"],
+            f"{arch}.block_count": c["num_layers"],
+            f"{arch}.attention.head_count": c["num_heads"],
+            f"{arch}.attention.key_length": c["d_kv"],
+            f"{arch}.attention.value_length": c["d_kv"],
+            f"{arch}.attention.layer_norm_epsilon": float(c["layer_norm_epsilon"]),
+            f"{arch}.attention.relative_buckets_count": c["relative_attention_num_buckets"],
+            f"{arch}.attention.layer_norm_rms_epsilon": float(c["layer_norm_epsilon"]),
+        }
+
+
+UMT5 = UMT5Family()
