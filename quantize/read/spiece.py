@@ -194,16 +194,18 @@ def write_spiece(
     eos_id: int = 1,
     pad_id: int = 0,
     bos_id: int = -1,
+    byte_fallback: bool = True,
 ) -> bytes:
     """A serialized unigram ``ModelProto`` of `pieces` ((piece, score, type) in id order), with T5's special ids
-    by default (pad 0, eos 1, unk 2, no bos) and an identity normalizer that adds a dummy prefix and removes
-    extra whitespace, as T5's does."""
+    by default (pad 0, eos 1, unk 2, no bos), umT5's byte fallback (`pieces` must then hold the 256 BYTE pieces
+    ``<0x00>`` .. ``<0xFF>``) and an identity normalizer that adds a dummy prefix and removes extra whitespace, as
+    T5's does."""
     pieces, out = list(pieces), bytearray()
     for piece, score, type_ in pieces:
         body = _len_field(1, piece.encode("utf-8"))
         body += _key(2, _I32) + struct.pack("<f", score) + _varint_field(3, type_)
         out += _len_field(1, body)
-    trainer = _varint_field(3, _UNIGRAM) + _varint_field(4, len(pieces))
+    trainer = _varint_field(3, _UNIGRAM) + _varint_field(4, len(pieces)) + _varint_field(35, byte_fallback)
     trainer += b"".join(
         _varint_field(n, v) for n, v in ((40, unk_id), (41, bos_id), (42, eos_id), (43, pad_id))
     )

@@ -117,3 +117,47 @@ def test_a_bad_alignment_is_one_clean_error(tmp_path, alignment):
     path.write_bytes(header + b"\0" * 32)
     with pytest.raises(InputError, match=f"general.alignment is {alignment}"):
         read_gguf(path)
+
+
+def test_every_kind_of_key_value_is_written_as_gguf_pys(tmp_path):
+    """A text encoder's key-values as llama.cpp's converter writes them through gguf-py: strings, UINT32 ids and
+    sizes, a FLOAT32 epsilon, BOOL flags, and arrays of strings (tokens), FLOAT32 (scores), INT32 (token types)
+    and UINT8 (the normalizer's character map)."""
+    from quantize.containers.gguf_io import GGUFArray
+
+    tokens, scores, types = ["<pad>", "</s>", "▁a", "[PAD3]"], [0.0, 0.0, -1.5, -10000.0], [3, 3, 1, 5]
+    charsmap = bytes(range(7))
+    ref = gguf.GGUFWriter(tmp_path / "ref.gguf", "t5encoder")
+    ref.add_quantization_version(2)
+    ref.add_uint32("t5encoder.block_count", 2)
+    ref.add_float32("t5encoder.attention.layer_norm_epsilon", 1e-6)
+    ref.add_tokenizer_model("t5")
+    ref.add_token_list(tokens)
+    ref.add_token_scores(scores)
+    ref.add_token_types(types)
+    ref.add_add_space_prefix(True)
+    ref.add_remove_extra_whitespaces(False)
+    ref.add_precompiled_charsmap(charsmap)
+    data = np.zeros(32, dtype=np.float32)
+    ref.add_tensor("token_embd.weight", data)
+    ref.write_header_to_file()
+    ref.write_kv_data_to_file()
+    ref.write_tensors_to_file()
+    ref.close()
+    meta = {
+        "general.architecture": "t5encoder",
+        "general.quantization_version": 2,
+        "t5encoder.block_count": 2,
+        "t5encoder.attention.layer_norm_epsilon": 1e-6,
+        "tokenizer.ggml.model": "t5",
+        "tokenizer.ggml.tokens": GGUFArray("str", tuple(tokens)),
+        "tokenizer.ggml.scores": GGUFArray("float32", tuple(scores)),
+        "tokenizer.ggml.token_type": GGUFArray("int32", tuple(types)),
+        "tokenizer.ggml.add_space_prefix": True,
+        "tokenizer.ggml.remove_extra_whitespaces": False,
+        "tokenizer.ggml.precompiled_charsmap": GGUFArray("uint8", charsmap),
+    }
+    writer = GGUFWriter(tmp_path / "ours.gguf", [GGUFTensor("token_embd.weight", "F32", (32,))], meta)
+    writer.write("token_embd.weight", torch.from_numpy(data))
+    writer.close()
+    assert (tmp_path / "ours.gguf").read_bytes() == (tmp_path / "ref.gguf").read_bytes()

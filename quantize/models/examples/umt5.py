@@ -101,11 +101,12 @@ _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
 def example_tokenizer(vocab_size: int) -> bytes:
-    """A unigram ``spiece.model``: umT5's specials (``<pad>``, ``</s>``, ``<unk>``), ``▁``, the letters and the
-    digits alone and after ``▁``, and two-letter pieces, to ``vocab_size - 64`` pieces (the embedding keeps 64 rows
-    past the tokenizer's, as umT5-XXL's does)."""
+    """A unigram ``spiece.model`` with byte fallback, as umT5's: its specials (``<pad>``, ``</s>``, ``<unk>``), the
+    256 byte pieces, then ``▁``, the letters and the digits alone and after ``▁``, and two-letter pieces, to
+    ``vocab_size - 64`` pieces (the embedding keeps 64 rows past the tokenizer's, as umT5-XXL's does)."""
     control, normal = PIECE_TYPES["CONTROL"], PIECE_TYPES["NORMAL"]
     pieces = [("<pad>", 0.0, control), ("</s>", 0.0, control), ("<unk>", 0.0, PIECE_TYPES["UNKNOWN"])]
+    pieces += [(f"<0x{b:02X}>", 0.0, PIECE_TYPES["BYTE"]) for b in range(256)]
     words = ["▁", *_LETTERS, *"0123456789", *(f"▁{c}" for c in _LETTERS)]
     words += [a + b for a in _LETTERS for b in _LETTERS]
     count = max(vocab_size - 64 - len(pieces), 0)

@@ -1,0 +1,299 @@
+"""umT5 (Wan's text encoder): its layouts, names, tokenizer and every format, each read by its real reader.
+
+The oracles:
+- transformers' own `UMT5EncoderModel` (its state dict: the source names; its `from_pretrained`: the loader of
+  the transformers-side formats; its forward: the reference of every output);
+- ComfyUI's umT5 module (``comfy/text_encoders/t5.py``, CLIPLoader type ``wan``), whose state dict `comfyui_state`
+  spells from its source (ComfyUI is not on PyPI): transformers' names, ``shared`` and no ``embed_tokens``, a
+  relative attention bias in every block; its tokenizer is the ``spiece_model`` bytes (comfy/text_encoders/wan.py);
+- gguf-py's tensor map for llama.cpp's ``t5encoder`` (`gguf.get_tensor_name_map`: what llama.cpp's converter names
+  each transformers tensor), and ComfyUI-GGUF's rebuilding of the tokenizer from ``tokenizer.ggml.*``
+  (`comfyui_gguf_tokenizer`, its loader.py spelled with sentencepiece's own protobuf module);
+- sentencepiece, which tokenizes with the tokenizer each file carries.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from quantize.models import family_of, get_family
+from quantize.models.examples.umt5 import UMT5_EXAMPLES, example_tokenizer, umt5_config
+from quantize.read.detect import detect_layouts
+from tests.conftest import read_json, run_cli
+from tests.diffusers_models import wan_of_width
+
+UMT5 = get_family("umt5")
+TRANSFORMERS_SIDE = ["fp8_channel", "torchao_fp8", "torchao_int8", "nf4"]
+COMFY = ["comfy_fp8", "comfy_int8", "comfy_nvfp4", "comfy_mxfp8"]
+FORMATS = [*TRANSFORMERS_SIDE, *COMFY, "gguf"]
+PROMPTS = ["a cat on a mat", "  the 2 quick   foxes  ", "zebra yak"]
+
+
+def comfyui_state(vocab: int, d_model: int, d_ff: int, heads: int, d_kv: int, layers: int) -> dict:
+    """name -> shape of ComfyUI's umT5 (``comfy.text_encoders.t5.T5`` with umT5's config), read off its source:
+    ``shared``, per block the attention's q, k, v, o (no bias), a relative attention bias (32 buckets x heads:
+    umT5's ``relative_attention: true`` in every layer), the gated FFN, two T5 layer norms; the final norm."""
+    s = {"shared.weight": (vocab, d_model), "encoder.final_layer_norm.weight": (d_model,)}
+    inner = heads * d_kv
+    for i in range(layers):
+        a, f = f"encoder.block.{i}.layer.0", f"encoder.block.{i}.layer.1"
+        s |= {f"{a}.SelfAttention.{m}.weight": (inner, d_model) for m in "qkv"}
+        s |= {f"{a}.SelfAttention.o.weight": (d_model, inner), f"{a}.layer_norm.weight": (d_model,)}
+        s[f"{a}.SelfAttention.relative_attention_bias.weight"] = (32, heads)
+        s |= {f"{f}.DenseReluDense.wi_{j}.weight": (d_ff, d_model) for j in (0, 1)}
+        s |= {f"{f}.DenseReluDense.wo.weight": (d_model, d_ff), f"{f}.layer_norm.weight": (d_model,)}
+    return s
+
+
+def comfyui_gguf_tokenizer(path: Path) -> bytes:
+    """The ``spiece_model`` ComfyUI-GGUF's CLIP loader makes of a t5encoder GGUF file (loader.py,
+    ``gguf_tokenizer_loader``): a ``ModelProto`` of ``tokenizer.ggml.tokens`` / ``scores`` / ``token_type``, the
+    normalizer's ``add_space_prefix`` and ``remove_extra_whitespaces``, the eos and pad ids, byte fallback, as
+    sentencepiece's own protobuf module serializes it."""
+    import gguf
+    from sentencepiece import sentencepiece_model_pb2 as model
+
+    reader = gguf.GGUFReader(path)
+
+    def field(key):
+        return reader.fields[key].contents()
+
+    assert field("tokenizer.ggml.model") == "t5"
+    spm = model.ModelProto()
+    spm.normalizer_spec.add_dummy_prefix = field("tokenizer.ggml.add_space_prefix")
+    spm.normalizer_spec.remove_extra_whitespaces = field("tokenizer.ggml.remove_extra_whitespaces")
+    tokens, scores = field("tokenizer.ggml.tokens"), field("tokenizer.ggml.scores")
+    for piece, score, type_ in zip(tokens, scores, field("tokenizer.ggml.token_type"), strict=True):
+        spm.pieces.add(piece=piece, score=score, type=type_)
+    spm.trainer_spec.byte_fallback = True
+    spm.trainer_spec.vocab_size = len(tokens)
+    spm.trainer_spec.max_sentence_length = 4096
+    spm.trainer_spec.eos_id = field("tokenizer.ggml.eos_token_id")
+    spm.trainer_spec.pad_id = field("tokenizer.ggml.padding_token_id")
+    return spm.SerializeToString()
+
+
+def tokenize(spiece: bytes) -> list[list[int]]:
+    """What ComfyUI's `SPieceTokenizer` gives for `PROMPTS` with these tokenizer bytes (eos added, no bos)."""
+    import sentencepiece
+
+    sp = sentencepiece.SentencePieceProcessor(model_proto=spiece, add_bos=False, add_eos=True)
+    return [sp.encode(p) for p in PROMPTS]
+
+
+def sqnr(ref: torch.Tensor, out: torch.Tensor) -> float:
+    return float(10 * torch.log10(ref.pow(2).sum() / (ref - out.float()).pow(2).sum()))
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("umt5")
+    for layout in UMT5_EXAMPLES.layouts:
+        run_cli("example", root / layout, "--family", "umt5", "--layout", layout, check=True)
+    return {layout: root / layout for layout in UMT5_EXAMPLES.layouts}
+
+
+@pytest.fixture(scope="module")
+def reference(sources):
+    """transformers' UMT5EncoderModel of the source (float32) and its last hidden state on fixed token ids."""
+    from transformers import UMT5EncoderModel
+
+    model = UMT5EncoderModel.from_pretrained(sources["pipeline"] / "text_encoder", dtype=torch.float32).eval()
+    ids = torch.randint(3, 400, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        return ids, model(input_ids=ids).last_hidden_state
+
+
+# -- names and detection --------------------------------------------------------------------------------------
+
+
+def test_the_example_is_transformers_own_class_and_comfyuis_module():
+    """The source names are those of transformers' class built from the example's config (its tied embed_tokens
+    left out, as save_pretrained writes them), and ComfyUI's umT5 has the same names and shapes."""
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    for preset in ("tiny", "small"):
+        (model,) = UMT5_EXAMPLES.models(preset, "pipeline")
+        fields = {k: v for k, v in model.config.items() if k not in ("architectures", "model_type", "dtype")}
+        with torch.device("meta"):
+            built = UMT5EncoderModel(UMT5Config(**fields))
+        state = {k: tuple(v.shape) for k, v in built.state_dict().items() if k != "encoder.embed_tokens.weight"}
+        assert dict(model.tensors) == state
+        c = model.config
+        assert state == comfyui_state(
+            c["vocab_size"], c["d_model"], c["d_ff"], c["num_heads"], c["d_kv"], c["num_layers"]
+        )
+
+
+def test_the_gguf_names_are_llama_cpps_t5encoder_names():
+    """Each transformers tensor's GGUF name is the one gguf-py's map (llama.cpp's converter) gives it."""
+    import gguf
+
+    (model,) = UMT5_EXAMPLES.models("tiny", "pipeline")
+    names = [n for n, _ in model.tensors]
+    expected = gguf.get_tensor_name_map(gguf.MODEL_ARCH.T5ENCODER, model.config["num_layers"])
+    table = UMT5.name_table("gguf", "gguf", "here")
+    rename = table.renamer(names, "here")
+    assert {n: rename(n) for n in names} == {
+        n: expected.get_name(n, try_suffixes=(".weight",)) for n in names
+    }
+    assert UMT5.name_table("native", "comfy_fp8", "here").renamer(names, "here")(names[5]) == names[5]
+
+
+def test_family_by_class_by_names_and_not_t5():
+    """By the config's ``architectures``, else by the names: umT5 has a relative attention bias in every block,
+    T5's encoder in its first only (a T5EncoderModel is no umT5)."""
+    (model,) = UMT5_EXAMPLES.models("tiny", "pipeline")
+    names = [n for n, _ in model.tensors]
+    assert family_of("UMT5EncoderModel", []) is UMT5 and family_of(None, names) is UMT5
+    t5 = [n for n in names if not (n.endswith("relative_attention_bias.weight") and ".block.0." not in n)]
+    assert family_of(None, t5) is None
+
+
+def test_every_layout_is_detected_and_finds_its_recipes(sources, tmp_path):
+    """A pipeline's text_encoder/, that folder alone, and Comfy-Org's single file; beside a Wan transformer,
+    ``--format`` takes the transformer's recipe and the encoder's is named."""
+    (pipeline,) = detect_layouts(sources["pipeline"])
+    (bare,) = detect_layouts(sources["pipeline"] / "text_encoder")
+    (single,) = detect_layouts(sources["single"])
+    assert (pipeline.name, pipeline.encoder, bare.name, bare.encoder) == ("umt5", True, "umt5", False)
+    assert single.name == "umt5-single"
+    for layout, where in (("umt5", sources["pipeline"]), ("umt5-single", sources["single"])):
+        listed = run_cli("recipes", "--for", where, check=True).stdout
+        recipes = sorted(line.split("│")[1].strip() for line in listed.splitlines() if ".yaml" in line)
+        assert recipes == sorted(f"{r}.yaml" for r in UMT5.default_recipes[layout].values())
+    wan = tmp_path / "wan"
+    wan_of_width(wan / "transformer", width=64)
+    (wan / "text_encoder").symlink_to(sources["pipeline"] / "text_encoder")
+    assert {lay.name for lay in detect_layouts(wan)} == {"wan-diffusers", "umt5"}
+    plan = run_cli("plan", wan, "--format", "comfy_fp8", check=True).stdout
+    assert plan.startswith("recipe wan-diffusers-comfy-fp8")
+    plan = run_cli("plan", wan, "--recipe", "umt5-comfy-fp8", check=True).stdout
+    assert "with bundled:umt5-comfy-fp8.yaml" in plan.splitlines()[0] and "as comfy_fp8" in plan
+
+
+# -- every format, read by its reader -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def converted(sources, tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("umt5-out")
+    for fmt in FORMATS:
+        run_cli("convert", sources["pipeline"], root / fmt, "--format", fmt, check=True)
+    return {fmt: root / fmt for fmt in FORMATS}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_format_verifies_with_a_streamed_forward_and_our_loader_runs_it(converted, sources, reference, fmt):
+    """`verify --forward` runs the encoder layer by layer on random token ids against the source's; our loader
+    builds UMT5EncoderModel from the output and its last hidden state is as close to transformers' own on the source
+    as the weights allow (T5 casts wo's input to ``wo.weight.dtype``: a quantized wo reports float32, never its
+    storage dtype)."""
+    from transformers import UMT5EncoderModel
+
+    from loaders import load_quantized
+
+    proc = run_cli("verify", converted[fmt], "--source", sources["pipeline"], "--forward", "--json", check=True)
+    (reported,) = [v["output_sqnr_db"] for v in json.loads(proc.stdout)["forward"].values()]
+    model = load_quantized(UMT5EncoderModel, converted[fmt] / "text_encoder", dtype=torch.float32)
+    ids, ref = reference
+    with torch.no_grad():
+        out = model(input_ids=ids).last_hidden_state
+    floor = 14 if fmt in ("nf4", "comfy_nvfp4") else 24
+    assert reported > floor and sqnr(ref, out) > floor
+
+
+@pytest.mark.parametrize("fmt", TRANSFORMERS_SIDE)
+def test_transformers_from_pretrained_loads_and_runs_the_output(converted, reference, fmt):
+    """The transformers-side outputs are transformers checkpoints: its own `from_pretrained` reads the
+    quantization_config (compressed-tensors, torchao, bitsandbytes) and runs them."""
+    from transformers import UMT5EncoderModel
+
+    model = UMT5EncoderModel.from_pretrained(converted[fmt] / "text_encoder", dtype=torch.bfloat16).eval()
+    ids, ref = reference
+    with torch.no_grad():
+        out = model(input_ids=ids).last_hidden_state
+    assert sqnr(ref, out) > (14 if fmt == "nf4" else 20)
+
+
+@pytest.mark.parametrize("fmt", COMFY)
+def test_a_comfy_file_holds_comfyuis_names_its_markers_and_the_tokenizer(converted, sources, fmt):
+    (path,) = (converted[fmt] / "text_encoder").glob("*.safetensors")
+    assert path.name == f"text_encoder_{fmt}.safetensors"
+    with safe_open(path, "pt") as f:
+        keys = set(f.keys())
+        spiece = bytes(f.get_tensor("spiece_model").numpy())
+        marker = json.loads(bytes(f.get_tensor("encoder.block.0.layer.0.SelfAttention.q.comfy_quant").numpy()))
+    config = read_json(sources["pipeline"] / "text_encoder" / "config.json")
+    expected = comfyui_state(
+        config["vocab_size"], config["d_model"], config["d_ff"], config["num_heads"], config["d_kv"], 2
+    )
+    weights = {k for k in keys if k.endswith(".weight")}
+    assert weights == set(expected)  # every tensor ComfyUI's module has, and no other
+    assert keys - weights == {"spiece_model"} | {
+        k for k in keys if k.rsplit(".", 1)[-1] in ("comfy_quant", "weight_scale", "weight_scale_2", "input_scale")
+    }
+    assert spiece == (sources["pipeline"] / "tokenizer" / "spiece.model").read_bytes()
+    assert tokenize(spiece) == tokenize(example_tokenizer(config["vocab_size"]))
+    assert marker["format"]
+
+
+def test_the_gguf_file_is_llama_cpps_t5encoder_and_comfyui_gguf_rebuilds_the_tokenizer(converted, sources):
+    import gguf
+
+    (path,) = (converted["gguf"] / "text_encoder").glob("*.gguf")
+    reader = gguf.GGUFReader(path)
+    config = read_json(sources["pipeline"] / "text_encoder" / "config.json")
+    assert reader.fields["general.architecture"].contents() == "t5encoder"
+    hparams = {k: reader.fields[k].contents() for k in reader.fields if k.startswith("t5encoder.")}
+    assert hparams["t5encoder.embedding_length"] == config["d_model"]
+    assert hparams["t5encoder.block_count"] == config["num_layers"]
+    assert hparams["t5encoder.attention.relative_buckets_count"] == 32
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    assert types["enc.blk.0.attn_rel_b.weight"] == "F32" and types["enc.blk.0.attn_norm.weight"] == "F32"
+    assert types["enc.blk.1.ffn_down.weight"] == "Q8_0" and types["token_embd.weight"] == "BF16"
+    tokens = reader.fields["tokenizer.ggml.tokens"].contents()
+    assert len(tokens) == config["vocab_size"] and tokens[-1] == f"[PAD{config['vocab_size'] - 1}]"
+    source = (sources["pipeline"] / "tokenizer" / "spiece.model").read_bytes()
+    assert tokenize(comfyui_gguf_tokenizer(path)) == tokenize(source)
+
+
+def test_the_single_file_converts_with_its_own_tokenizer_to_the_same_files(converted, sources, tmp_path):
+    """Comfy-Org's single file carries its tokenizer (``spiece_model``): its ComfyUI file keeps it as it is, its
+    GGUF file holds it as key-values, and both equal the pipeline's, whose weights are the same."""
+    for fmt in ("comfy_fp8", "gguf"):
+        run_cli("convert", sources["single"], tmp_path / fmt, "--format", fmt, check=True)
+        run_cli("verify", tmp_path / fmt, "--source", sources["single"], "--forward", check=True)
+    with safe_open(tmp_path / "comfy_fp8" / "umt5_comfy_fp8.safetensors", "pt") as single, safe_open(
+        converted["comfy_fp8"] / "text_encoder" / "text_encoder_comfy_fp8.safetensors", "pt"
+    ) as pipeline:
+        assert set(single.keys()) == set(pipeline.keys())
+        assert torch.equal(single.get_tensor("spiece_model"), pipeline.get_tensor("spiece_model"))
+    assert tokenize(comfyui_gguf_tokenizer(tmp_path / "gguf" / "umt5.gguf")) == tokenize(
+        comfyui_gguf_tokenizer(converted["gguf"] / "text_encoder" / "text_encoder.gguf")
+    )
+    config = read_json(tmp_path / "gguf" / "config.json")
+    assert {k: config[k] for k in ("d_model", "d_ff", "num_layers", "num_heads", "d_kv", "vocab_size")} == {
+        k: umt5_config(UMT5_EXAMPLES.presets["tiny"])[k]
+        for k in ("d_model", "d_ff", "num_layers", "num_heads", "d_kv", "vocab_size")
+    }
+
+
+def test_a_missing_tokenizer_is_one_line_naming_where_it_was_looked_for(sources, tmp_path):
+    bare = tmp_path / "text_encoder"
+    bare.mkdir()
+    for f in (sources["pipeline"] / "text_encoder").iterdir():
+        (bare / f.name).symlink_to(f)
+    for fmt in ("comfy_fp8", "gguf"):
+        proc = run_cli("convert", bare, tmp_path / fmt, "--format", fmt)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        (line,) = proc.stderr.strip().splitlines()
+        assert f"{bare}: umT5's tokenizer is missing" in line
+        assert f"looked for {bare / 'spiece.model'}, {bare / '../tokenizer/spiece.model'}" in line
+        assert not (tmp_path / fmt).exists()
+    run_cli("convert", bare, tmp_path / "fp8", "--format", "fp8_channel", check=True)  # no tokenizer needed
