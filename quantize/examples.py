@@ -31,6 +31,10 @@ from .read.files import SHARD_METADATA, group_by_size, index_json, index_name, s
 __all__ = ["write_random_checkpoint", "write_example", "write_example_lora"]
 
 
+#: a shard size no model reaches: one file
+ONE_FILE = 1 << 62
+
+
 def _random(
     name: str,
     shape: tuple[int, ...],
@@ -111,7 +115,7 @@ def write_example(
             out_dir / model.component,
             model.tensors,
             dtype=dtype,
-            max_shard_size=max_shard_size,
+            max_shard_size=ONE_FILE if model.one_file else max_shard_size,
             stem=model.stem,
             config=model.config,
             seed=seed + i,

@@ -297,3 +297,18 @@ def test_a_missing_tokenizer_is_one_line_naming_where_it_was_looked_for(sources,
         assert f"looked for {bare / 'spiece.model'}, {bare / '../tokenizer/spiece.model'}" in line
         assert not (tmp_path / fmt).exists()
     run_cli("convert", bare, tmp_path / "fp8", "--format", "fp8_channel", check=True)  # no tokenizer needed
+
+
+def test_sensitivity_measures_the_encoder_and_proposes_a_recipe_verify_proves(sources, tmp_path):
+    """`quantize sensitivity` runs the encoder streamed like a transformer: each Linear's output SQNR, a proposal
+    reaching the target, which a conversion under it verifies."""
+    proposal = tmp_path / "umt5-proposed.yaml"
+    proc = run_cli(
+        "sensitivity", sources["pipeline"], "--recipe", "umt5-comfy-fp8", "--min-forward-sqnr", "30",
+        "--write-recipe", proposal, check=True,
+    )  # fmt: skip
+    assert "encoder.block.0.layer.1.DenseReluDense.wo" in proc.stdout and proposal.exists()
+    run_cli("convert", sources["pipeline"], tmp_path / "o", "--recipe", proposal, check=True)
+    proc = run_cli("verify", tmp_path / "o", "--source", sources["pipeline"], "--forward", "--json", check=True)
+    (reported,) = [v["output_sqnr_db"] for v in json.loads(proc.stdout)["forward"].values()]
+    assert reported >= 30

@@ -41,6 +41,8 @@ class ExampleModel:
     #: initialization differs from the default (zero mean, 1/sqrt(fan-in) for a matrix, 1 for a vector): what
     #: keeps a random model's forward pass in the regime a trained one works in (T5's unscaled attention)
     init: Mapping[str, tuple[float, float]] | None = None
+    #: one file whatever its size (a single-file release), not shards of `--max-shard-size`
+    one_file: bool = False
 
 
 class Examples(abc.ABC):

@@ -135,7 +135,13 @@ class UMT5Examples(Examples):
         tokenizer = {TOKENIZER_TENSOR: example_tokenizer(s.vocab_size)}
         return [
             ExampleModel(
-                ".", umt5_tensors(s), None, stem=SINGLE_FILE_STEM, fixed=tokenizer, init=umt5_init(s)
+                ".",
+                umt5_tensors(s),
+                None,
+                SINGLE_FILE_STEM,
+                fixed=tokenizer,
+                init=umt5_init(s),
+                one_file=True,
             )
         ]
 

@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Our text-encoder files in the REAL ComfyUI and ComfyUI-GGUF, on the CPU: load, tokenize, encode a prompt.
+
+    python3 benchmarks/comfyui_encoders.py COMFYUI_DIR COMFYUI_GGUF_DIR WORK_DIR [--preset xxl]
+        [--recipes umt5-single-comfy-fp8,umt5-single-gguf-q8_0] [--prompt TEXT]
+
+ComfyUI recognizes umT5 only at its real widths (comfy/sd.py ``detect_te_model``: block 23's ``wi_1`` 10240 rows;
+the model is built from ``umt5_config_xxl.json`` whatever the file holds), and ComfyUI-GGUF rebuilds its tokenizer
+only for a ``token_embd`` of 256384 x 4096: the check runs at umT5-XXL's shape (`--preset xxl`, 5.7B parameters,
+11.4 GB of bf16; about 25 GB of disk and 14 GB of RAM at its peak).
+
+  - `quantize example --family umt5 --layout single` writes Comfy-Org's single file (ComfyUI's names, the tokenizer
+    inside as ``spiece_model``), random weights at T5's initialization;
+  - `quantize convert --recipe R` writes each file;
+  - ComfyUI's own CLIPLoader (``comfy.sd.load_clip``, type wan) loads the bf16 source and each ComfyUI file,
+    ComfyUI-GGUF's CLIPLoader (GGUF) node each GGUF file; every one must come in as umT5 (``WanT5Model``), with no
+    missing or unexpected key logged, its quantized layers as ComfyUI's quantized tensors (GGUF: GGML tensors), its
+    tokenizer giving the bf16 file's token ids; its prompt embedding is compared with the bf16 file's (SQNR).
+
+Prints one line per file and a SUMMARY line; exit 0: every file passed (loaded, same tokens, SQNR >= --min-sqnr);
+1: one failed; 2: set-up failed. Not part of `make test` (ComfyUI is not on PyPI). Environment: ComfyUI's own,
+built in WORK_DIR/venv by ../shared/tools/comfyui_check.py's `ensure_venv`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CHECK = REPO.parent / "shared" / "tools" / "comfyui_check.py"
+DEFAULT_RECIPES = "umt5-single-comfy-fp8,umt5-single-gguf-q8_0"
+PROMPT = "a red fox jumps over a sleeping dog in the snow, cinematic light"
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("comfyui", type=Path)
+    p.add_argument("comfyui_gguf", type=Path)
+    p.add_argument("work", type=Path)
+    p.add_argument("--quantize", default=str(REPO / ".venv" / "bin" / "quantize"))
+    p.add_argument("--preset", default="xxl")
+    p.add_argument("--recipes", default=DEFAULT_RECIPES)
+    p.add_argument("--prompt", default=PROMPT)
+    p.add_argument("--min-sqnr", type=float, default=30.0)
+    p.add_argument("--venv", type=Path, default=None)
+    p.add_argument("--no-venv", action="store_true")
+    a = p.parse_args()
+    a.comfyui, a.comfyui_gguf, a.work = a.comfyui.resolve(), a.comfyui_gguf.resolve(), a.work.resolve()
+    a.venv = (a.venv or a.work / "venv").resolve()
+    return a
+
+
+def _check_module():
+    spec = importlib.util.spec_from_file_location("comfyui_check", CHECK)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _quantize(args, *argv) -> None:
+    t = time.time()
+    subprocess.run([args.quantize, *map(str, argv)], check=True, stdout=subprocess.DEVNULL)
+    print(f"  quantize {argv[0]} {argv[-1] if argv[0] == 'example' else argv[2]}: {time.time() - t:.0f} s", flush=True)
+
+
+def prepare(args) -> tuple[Path, dict[str, Path]]:
+    """The bf16 source file and each recipe's output file (made once; a later run reuses them)."""
+    src = args.work / f"umt5-{args.preset}"
+    if not (src / "example.json").exists():
+        _quantize(args, "example", "--family", "umt5", "--preset", args.preset, "--layout", "single", src)
+    files = {}
+    for recipe in filter(None, args.recipes.split(",")):
+        out = args.work / f"{recipe}-{args.preset}"
+        if not out.exists():
+            _quantize(args, "convert", src, out, "--recipe", recipe)
+        (files[recipe],) = [p for p in out.iterdir() if p.suffix in (".safetensors", ".gguf")]
+    (source,) = src.glob("*.safetensors")
+    return source, files
+
+
+class Capture(logging.Handler):
+    """ComfyUI's log lines while a file loads (it logs missing and unexpected keys, and what it detected)."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def load(args, comfy, nodes, gg, path: Path):
+    """The CLIP object ComfyUI's loader makes of `path`: CLIPLoader's ``comfy.sd.load_clip`` (type wan) for a
+    safetensors file, ComfyUI-GGUF's CLIPLoaderGGUF node for a GGUF file."""
+    import folder_paths
+
+    if path.suffix == ".gguf":
+        folder_paths.add_model_folder_path("clip", str(path.parent))
+        folder_paths.add_model_folder_path("text_encoders", str(path.parent))
+        (clip,) = gg.NODE_CLASS_MAPPINGS["CLIPLoaderGGUF"]().load_clip(path.name, type="wan")
+        return clip
+    return comfy.sd.load_clip(ckpt_paths=[str(path)], clip_type=comfy.sd.CLIPType.WAN)
+
+
+def quantized_layers(clip) -> dict[str, int]:
+    """How many Linear weights of the loaded model are held quantized, by the class that holds them."""
+    import torch
+
+    kinds: dict[str, int] = {}
+    for name, p in clip.cond_stage_model.state_dict().items():
+        if name.endswith(".weight") and p.ndim == 2 and type(p) is not torch.Tensor:
+            kinds[type(p).__name__] = kinds.get(type(p).__name__, 0) + 1
+    return kinds
+
+
+def encode(clip, prompt: str):
+    tokens = clip.tokenize(prompt)
+    ids = [t[0] for t in tokens["umt5xxl"][0]]
+    cond = clip.encode_from_tokens(tokens)
+    return ids, cond.float()
+
+
+def main() -> int:
+    args = parse_args()
+    if not args.no_venv and os.path.realpath(sys.prefix) != os.path.realpath(args.venv):
+        check = _check_module()
+        py = check.ensure_venv(args)
+        os.execv(str(py), [str(py), os.path.abspath(__file__), *sys.argv[1:], "--no-venv", "--venv", str(args.venv)])
+    args.work.mkdir(parents=True, exist_ok=True)
+    try:
+        source, files = prepare(args)
+        mm, _, nodes, gg = _check_module().import_comfy(args)
+        import comfy.sd
+        import torch
+    except Exception as e:  # noqa: BLE001
+        print(f"SETUP FAILED: {type(e).__name__}: {e}")
+        return 2
+    capture = Capture()
+    logging.getLogger().addHandler(capture)
+    logging.getLogger().setLevel(logging.INFO)
+
+    def run(path: Path):
+        capture.lines.clear()
+        t = time.time()
+        clip = load(args, comfy, nodes, gg, path)
+        loaded = time.time() - t
+        t = time.time()
+        ids, cond = encode(clip, args.prompt)
+        model = type(clip.cond_stage_model).__name__
+        kinds = quantized_layers(clip)
+        keys = [line for line in capture.lines if "missing" in line.lower() or "unexpected" in line.lower()]
+        del clip
+        gc.collect()
+        mm.soft_empty_cache()
+        return model, ids, cond, kinds, keys, loaded, time.time() - t
+
+    ref_model, ref_ids, ref, _, ref_keys, lt, et = run(source)
+    print(f"REF {source.name}: {ref_model}, {len(ref_ids)} tokens, cond {list(ref.shape)}, load {lt:.0f} s, "
+          f"encode {et:.0f} s{', keys: ' + '; '.join(ref_keys) if ref_keys else ''}", flush=True)
+    passed = 0
+    for recipe, path in files.items():
+        model, ids, cond, kinds, keys, lt, et = run(path)
+        sqnr = float(10 * torch.log10(ref.pow(2).sum() / (ref - cond).pow(2).sum()))
+        ok = model == ref_model and ids == ref_ids and not keys and bool(kinds) and sqnr >= args.min_sqnr
+        passed += ok
+        print(f"{'PASS' if ok else 'FAIL'} {recipe} ({path.name}, {path.stat().st_size / 1e9:.2f} GB): {model}, "
+              f"tokens {'same' if ids == ref_ids else 'DIFFER'}, quantized {kinds}, SQNR {sqnr:.1f} dB, load {lt:.0f} s, "
+              f"encode {et:.0f} s{', keys: ' + '; '.join(keys) if keys else ''}", flush=True)
+    print(f"SUMMARY {passed}/{len(files)} passed (min SQNR {args.min_sqnr} dB against the bf16 file in the same ComfyUI)")
+    return 0 if passed == len(files) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
