@@ -68,7 +68,10 @@ def _check_module():
 def _quantize(args, *argv) -> None:
     t = time.time()
     subprocess.run([args.quantize, *map(str, argv)], check=True, stdout=subprocess.DEVNULL)
-    print(f"  quantize {argv[0]} {argv[-1] if argv[0] == 'example' else argv[2]}: {time.time() - t:.0f} s", flush=True)
+    print(
+        f"  quantize {argv[0]} {argv[-1] if argv[0] == 'example' else argv[2]}: {time.time() - t:.0f} s",
+        flush=True,
+    )
 
 
 def prepare(args) -> tuple[Path, dict[str, Path]]:
@@ -111,14 +114,39 @@ def load(args, comfy, nodes, gg, path: Path):
 
 
 def quantized_layers(clip) -> dict[str, int]:
-    """How many Linear weights of the loaded model are held quantized, by the class that holds them."""
+    """How many weights of the loaded model ComfyUI holds quantized, by layout (its ``QuantizedTensor``s) or GGML
+    type (ComfyUI-GGUF's ``GGMLTensor``s), as ../shared/tools/comfyui_check.py counts them."""
     import torch
 
     kinds: dict[str, int] = {}
-    for name, p in clip.cond_stage_model.state_dict().items():
-        if name.endswith(".weight") and p.ndim == 2 and type(p) is not torch.Tensor:
-            kinds[type(p).__name__] = kinds.get(type(p).__name__, 0) + 1
+    for _, mod in clip.cond_stage_model.named_modules():
+        w = getattr(mod, "weight", None)
+        if not isinstance(w, torch.Tensor):
+            continue
+        mro = [c.__name__ for c in type(w).__mro__]
+        kind = None
+        if "QuantizedTensor" in mro:
+            layout = getattr(w, "_layout_cls", None) or getattr(w, "layout_cls", None)
+            kind = layout if isinstance(layout, str) else getattr(layout, "__name__", str(layout))
+        elif "GGMLTensor" in mro and w.tensor_type.name not in ("F32", "F16", "BF16"):
+            kind = w.tensor_type.name
+        if kind is not None:
+            kinds[kind] = kinds.get(kind, 0) + 1
     return kinds
+
+
+def stored_quantized(path: Path) -> int:
+    """How many weights the file stores quantized (a ``comfy_quant`` marker each; a GGML block type)."""
+    if path.suffix == ".gguf":
+        import gguf
+
+        return sum(
+            t.tensor_type.name not in ("F32", "F16", "BF16") for t in gguf.GGUFReader(str(path)).tensors
+        )
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        return sum(k.endswith(".comfy_quant") for k in f.keys())
 
 
 def encode(clip, prompt: str):
@@ -133,7 +161,10 @@ def main() -> int:
     if not args.no_venv and os.path.realpath(sys.prefix) != os.path.realpath(args.venv):
         check = _check_module()
         py = check.ensure_venv(args)
-        os.execv(str(py), [str(py), os.path.abspath(__file__), *sys.argv[1:], "--no-venv", "--venv", str(args.venv)])
+        os.execv(
+            str(py),
+            [str(py), os.path.abspath(__file__), *sys.argv[1:], "--no-venv", "--venv", str(args.venv)],
+        )
     args.work.mkdir(parents=True, exist_ok=True)
     try:
         source, files = prepare(args)
@@ -163,18 +194,29 @@ def main() -> int:
         return model, ids, cond, kinds, keys, loaded, time.time() - t
 
     ref_model, ref_ids, ref, _, ref_keys, lt, et = run(source)
-    print(f"REF {source.name}: {ref_model}, {len(ref_ids)} tokens, cond {list(ref.shape)}, load {lt:.0f} s, "
-          f"encode {et:.0f} s{', keys: ' + '; '.join(ref_keys) if ref_keys else ''}", flush=True)
+    print(
+        f"REF {source.name}: {ref_model}, {len(ref_ids)} tokens, cond {list(ref.shape)}, load {lt:.0f} s, "
+        f"encode {et:.0f} s{', keys: ' + '; '.join(ref_keys) if ref_keys else ''}",
+        flush=True,
+    )
     passed = 0
     for recipe, path in files.items():
         model, ids, cond, kinds, keys, lt, et = run(path)
         sqnr = float(10 * torch.log10(ref.pow(2).sum() / (ref - cond).pow(2).sum()))
-        ok = model == ref_model and ids == ref_ids and not keys and bool(kinds) and sqnr >= args.min_sqnr
+        stored = stored_quantized(path)
+        ok = model == ref_model and ids == ref_ids and not keys and sum(kinds.values()) == stored
+        ok = ok and sqnr >= args.min_sqnr
         passed += ok
-        print(f"{'PASS' if ok else 'FAIL'} {recipe} ({path.name}, {path.stat().st_size / 1e9:.2f} GB): {model}, "
-              f"tokens {'same' if ids == ref_ids else 'DIFFER'}, quantized {kinds}, SQNR {sqnr:.1f} dB, load {lt:.0f} s, "
-              f"encode {et:.0f} s{', keys: ' + '; '.join(keys) if keys else ''}", flush=True)
-    print(f"SUMMARY {passed}/{len(files)} passed (min SQNR {args.min_sqnr} dB against the bf16 file in the same ComfyUI)")
+        print(
+            f"{'PASS' if ok else 'FAIL'} {recipe} ({path.name}, {path.stat().st_size / 1e9:.2f} GB): {model}, "
+            f"tokens {'same' if ids == ref_ids else 'DIFFER'}, quantized {kinds} of {stored} in the file, "
+            f"SQNR {sqnr:.1f} dB, load {lt:.0f} s, "
+            f"encode {et:.0f} s{', keys: ' + '; '.join(keys) if keys else ''}",
+            flush=True,
+        )
+    print(
+        f"SUMMARY {passed}/{len(files)} passed (min SQNR {args.min_sqnr} dB against the bf16 file in the same ComfyUI)"
+    )
     return 0 if passed == len(files) else 1
 
 

@@ -258,10 +258,24 @@ class LoraNames:
 
 @dataclass(frozen=True)
 class CardWords:
-    """What the model card says of it: the Hub pipeline tag, and a note on two experts (None: it has none)."""
+    """What the model card says of it: the Hub pipeline tag, a note on two experts (None: it has none), what its
+    weights are, what stays in high precision, and how ComfyUI and ComfyUI-GGUF load its files."""
 
     pipeline_tag: str | None = "text-to-video"
     experts_note: str | None = None
+    weights: str = "transformer"
+    kept: str = (
+        "Embeddings, modulation, heads and the layers the recipe keeps stay in their original precision."
+    )
+    kept_tensors: str = "every bias, norm, modulation table, embedding and the patch-embedding convolution"
+    comfyui: str = (
+        "put the model file in `ComfyUI/models/diffusion_models/` and load it with the stock **Load Diffusion "
+        "Model** node (weight_dtype `default`)"
+    )
+    comfyui_gguf: str = (
+        "put the file in `ComfyUI/models/unet/` (or `diffusion_models/`) and load it with the **Unet Loader "
+        "(GGUF)** node"
+    )
 
 
 class Family(abc.ABC):

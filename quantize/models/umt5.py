@@ -143,7 +143,17 @@ class UMT5Family(Family):
             vocab_tensor="shared.weight",
         ),
     )
-    card = CardWords(pipeline_tag=None)
+    card = CardWords(
+        pipeline_tag=None,
+        weights="text encoder",
+        kept="The shared embedding, the relative attention biases, the norms and the layers the recipe keeps stay "
+        "in their original precision.",
+        kept_tensors="every norm, the shared embedding and the relative attention biases",
+        comfyui="put the file in `ComfyUI/models/text_encoders/` and load it with the stock **Load CLIP** node, "
+        "type `wan` (its tokenizer is in the file, as `spiece_model`)",
+        comfyui_gguf="put the file in `ComfyUI/models/text_encoders/` and load it with the **CLIPLoader (GGUF)** "
+        "node, type `wan` (its tokenizer is in the file's `tokenizer.ggml` key-values)",
+    )
     default_recipes = {
         "umt5": bundled_recipes("umt5", (*SOURCE_NAMED, *COMFY, "gguf")),
         "umt5-single": bundled_recipes("umt5-single", (*COMFY, "gguf")),

@@ -18,6 +18,7 @@ import yaml
 from ..formats import format_info
 from ..formats.options import COMFY_RUNTIMES
 from ..models import Family, diffusers_classes, family_of_class
+from ..models.family import CardWords
 from ..read.files import config_class
 from ..steps import card_lines as step_card_lines
 from .manifest import Manifest
@@ -77,7 +78,7 @@ def _metadata(manifest: Manifest, facts: CardFacts) -> str:
     data = ModelCardData(
         base_model=facts.base_model,
         base_model_relation="quantized" if facts.base_model else None,
-        library_name="diffusers" if _diffusers_layout(manifest, facts) else None,
+        library_name=_model_library(manifest, facts),
         license=source.get("license") if isinstance(source.get("license"), str) else None,
         pipeline_tag=facts.pipeline_tag,
         tags=["quantized", info.tag, manifest.format.replace("_", "-"), info.layout_library, "dit-quantize"],
@@ -86,13 +87,24 @@ def _metadata(manifest: Manifest, facts: CardFacts) -> str:
     return data.to_yaml()
 
 
+def _words(family: Family | None) -> CardWords:
+    """What the card says of the model's family (a model of none: what it says of a transformer)."""
+    return family.card if family is not None else CardWords()
+
+
+def _model_library(manifest: Manifest, facts: CardFacts) -> str | None:
+    """The library whose ``from_pretrained`` loads the output's models (diffusers; transformers for a text
+    encoder), or None: not laid out as that library's models (a ComfyUI file is not, whatever its source)."""
+    if not (format_info(manifest.format).diffusers_layout and facts.classes):
+        return None
+    if not all(c in diffusers_classes() for c in facts.classes.values()):
+        return None
+    libraries = {family_of_class(c).detection.library for c in facts.classes.values()}
+    return libraries.pop() if len(libraries) == 1 else None
+
+
 def _diffusers_layout(manifest: Manifest, facts: CardFacts) -> bool:
-    """Whether the output is laid out as diffusers models (a ComfyUI file is not, whatever its source)."""
-    return (
-        format_info(manifest.format).diffusers_layout
-        and bool(facts.classes)
-        and all(c in diffusers_classes() for c in facts.classes.values())
-    )
+    return _model_library(manifest, facts) is not None
 
 
 def _gb(n: int) -> str:
@@ -102,13 +114,13 @@ def _gb(n: int) -> str:
 def render_card(manifest: Manifest, facts: CardFacts) -> str:
     """The README.md text for a checkpoint described by `manifest`."""
     words = format_info(manifest.format).words
+    card = _words(facts.family)
     title = f"{manifest.source['name']} ({manifest.format})"
     lines = ["---", _metadata(manifest, facts).rstrip(), "---", "", f"# {title}", ""]
     lines += [
-        f"`{manifest.source['name']}` with its transformer weights quantized offline to {words} by "
+        f"`{manifest.source['name']}` with its {card.weights} weights quantized offline to {words} by "
         f"dit-quantize {manifest.tool['version']}, recipe "
-        f"`{manifest.recipe.name or manifest.recipe.origin}`. Embeddings, modulation, heads and the layers the "
-        "recipe keeps stay in their original precision.",
+        f"`{manifest.recipe.name or manifest.recipe.origin}`. {card.kept}",
         "",
         "| component | model class | quantized Linears | other tensors | size before | size after |",
         "|---|---|---:|---:|---:|---:|",
@@ -122,7 +134,7 @@ def render_card(manifest: Manifest, facts: CardFacts) -> str:
     lines += _calibration_section(manifest)
     lines += [
         "",
-        *_quantized_section(manifest),
+        *_quantized_section(manifest, facts.family),
         "",
         *_parity_section(manifest),
         "",
@@ -169,7 +181,7 @@ def _calibration_section(manifest: Manifest) -> list[str]:
     return out
 
 
-def _quantized_section(manifest: Manifest) -> list[str]:
+def _quantized_section(manifest: Manifest, family: Family | None) -> list[str]:
     recipe = yaml.safe_load(manifest.recipe.text) or {}
     out = [
         "## What was quantized, and what was kept",
@@ -184,7 +196,7 @@ def _quantized_section(manifest: Manifest) -> list[str]:
     out += [
         "",
         f"{len(kept)} Linear layers are kept in high precision (listed in each config.json's `quantization_config`), "
-        "as is every bias, norm, modulation table, embedding and the patch-embedding convolution.",
+        f"as is {_words(family).kept_tensors}.",
     ]
     return out
 
@@ -223,16 +235,18 @@ def _loading_section(manifest: Manifest, facts: CardFacts) -> list[str]:
     folder = name if comp == "." else f"{name}/{comp}"
     out = ["## How to load", "", f"`{name}` below is this folder, or the Hub repo it was uploaded to.", ""]
     info = format_info(manifest.format)
-    if info.diffusers_needs is not None and _diffusers_layout(manifest, facts):
+    library = _model_library(manifest, facts)
+    if info.diffusers_needs is not None and library is not None:
         needs = info.diffusers_needs
         sub = "" if comp == "." else f', subfolder="{comp}"'
+        dtype = "torch_dtype" if library == "diffusers" else "dtype"
         out += [
-            f"With diffusers and {needs}:",
+            f"With {library} and {needs}:",
             "",
             "```python",
             "import torch",
-            f"from diffusers import {cls}",
-            f'model = {cls}.from_pretrained("{name}"{sub}, torch_dtype=torch.bfloat16)',
+            f"from {library} import {cls}",
+            f'model = {cls}.from_pretrained("{name}"{sub}, {dtype}=torch.bfloat16)',
             "```",
             "",
         ]
@@ -247,7 +261,7 @@ def _loading_section(manifest: Manifest, facts: CardFacts) -> list[str]:
         return out
     runs_as = facts.family.diffusers_class if facts.family is not None else None
     if runs_as:  # the family's diffusers class takes either naming (the loader renames through the family)
-        build = [f"from diffusers import {runs_as}", ""]
+        build = [f"from {facts.family.detection.library} import {runs_as}", ""]
         target = runs_as
     elif _diffusers_layout(manifest, facts):
         build = [f"from diffusers import {cls}", ""]
@@ -274,8 +288,7 @@ def _comfyui_section(files: list[str], family: Family | None) -> list[str]:
     """Where each model file goes in ComfyUI, and the node that loads it."""
     title = family.title if family is not None else "the model"
     out = [
-        "In ComfyUI: put the model file in `ComfyUI/models/diffusion_models/` and load it with the stock "
-        "**Load Diffusion Model** node (weight_dtype `default`); the per-layer `comfy_quant` markers tell "
+        f"In ComfyUI: {_words(family).comfyui}; the per-layer `comfy_quant` markers tell "
         f"ComfyUI the layout. Keys are {title}'s native names, one file per model:",
         "",
     ]
@@ -298,19 +311,27 @@ def _comfy_layouts(manifest: Manifest) -> list[str]:
 
 
 def _gguf_section(files: list[str], manifest: Manifest, family: Family | None) -> list[str]:
-    """Where each GGUF file goes in ComfyUI-GGUF, and how diffusers loads it."""
+    """Where each GGUF file goes in ComfyUI-GGUF, and how diffusers loads it (a diffusers family's)."""
     types = sorted({t.type for t in manifest.tensors.values() if t.type})
     title = family.title if family is not None else "the model"
     cls = family.diffusers_class if family is not None else "the model class"
     arch = family.plan.gguf_architecture if family is not None else None
+    named = (
+        f"llama.cpp's {arch} names"
+        if family is not None and family.plan.gguf_names
+        else f"{title}'s native names"
+    )
     out = [
-        f"One GGUF file per model (GGML types {', '.join(types)}; {title}'s native names; `general.architecture` {arch}):",
+        f"One GGUF file per model (GGML types {', '.join(types)}; {named}; `general.architecture` {arch}):",
         "",
         *[f"- `{f}`" for f in files],
         "",
-        "In ComfyUI with ComfyUI-GGUF: put the file in `ComfyUI/models/unet/` (or `diffusion_models/`) and load it "
-        "with the **Unet Loader (GGUF)** node.",
+        f"In ComfyUI with ComfyUI-GGUF: {_words(family).comfyui_gguf}.",
         "",
+    ]
+    if family is not None and family.detection.library != "diffusers":
+        return out
+    out += [
         "In diffusers (`config`: a folder, local or a Hub repo, holding the diffusers config.json of the same "
         "model size and kind in `transformer/`; one call per file for two experts):",
         "",

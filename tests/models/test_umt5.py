@@ -312,3 +312,22 @@ def test_sensitivity_measures_the_encoder_and_proposes_a_recipe_verify_proves(so
     proc = run_cli("verify", tmp_path / "o", "--source", sources["pipeline"], "--forward", "--json", check=True)
     (reported,) = [v["output_sqnr_db"] for v in json.loads(proc.stdout)["forward"].values()]
     assert reported >= 30
+
+
+@pytest.mark.parametrize("fmt", ["gguf", "comfy_fp8"])
+def test_block_offload_runs_the_encoders_blocks_and_changes_nothing(converted, reference, fmt):
+    """`enable_block_offload` finds the encoder's blocks (``encoder.block``) and streams them; the output is the
+    resident model's, bit for bit."""
+    from transformers import UMT5EncoderModel
+
+    from loaders import enable_block_offload, load_quantized
+
+    ids, _ = reference
+    plain = load_quantized(UMT5EncoderModel, converted[fmt] / "text_encoder", dtype=torch.float32)
+    offloaded = load_quantized(UMT5EncoderModel, converted[fmt] / "text_encoder", dtype=torch.float32)
+    offloader = enable_block_offload(offloaded, device="cpu", host="pageable")
+    with torch.no_grad():
+        want = plain(input_ids=ids).last_hidden_state
+        got = offloaded(input_ids=ids).last_hidden_state
+    assert offloader.stats.block_copies == len(offloaded.encoder.block)
+    assert torch.equal(got, want)
