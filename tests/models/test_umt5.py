@@ -122,7 +122,9 @@ def test_the_example_is_transformers_own_class_and_comfyuis_module():
         fields = {k: v for k, v in model.config.items() if k not in ("architectures", "model_type", "dtype")}
         with torch.device("meta"):
             built = UMT5EncoderModel(UMT5Config(**fields))
-        state = {k: tuple(v.shape) for k, v in built.state_dict().items() if k != "encoder.embed_tokens.weight"}
+        state = {
+            k: tuple(v.shape) for k, v in built.state_dict().items() if k != "encoder.embed_tokens.weight"
+        }
         assert dict(model.tensors) == state
         c = model.config
         assert state == comfyui_state(
@@ -189,7 +191,9 @@ def converted(sources, tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_every_format_verifies_with_a_streamed_forward_and_our_loader_runs_it(converted, sources, reference, fmt):
+def test_every_format_verifies_with_a_streamed_forward_and_our_loader_runs_it(
+    converted, sources, reference, fmt
+):
     """`verify --forward` runs the encoder layer by layer on random token ids against the source's; our loader
     builds UMT5EncoderModel from the output and its last hidden state is as close to transformers' own on the source
     as the weights allow (T5 casts wo's input to ``wo.weight.dtype``: a quantized wo reports float32, never its
@@ -198,7 +202,9 @@ def test_every_format_verifies_with_a_streamed_forward_and_our_loader_runs_it(co
 
     from loaders import load_quantized
 
-    proc = run_cli("verify", converted[fmt], "--source", sources["pipeline"], "--forward", "--json", check=True)
+    proc = run_cli(
+        "verify", converted[fmt], "--source", sources["pipeline"], "--forward", "--json", check=True
+    )
     (reported,) = [v["output_sqnr_db"] for v in json.loads(proc.stdout)["forward"].values()]
     model = load_quantized(UMT5EncoderModel, converted[fmt] / "text_encoder", dtype=torch.float32)
     ids, ref = reference
@@ -228,7 +234,9 @@ def test_a_comfy_file_holds_comfyuis_names_its_markers_and_the_tokenizer(convert
     with safe_open(path, "pt") as f:
         keys = set(f.keys())
         spiece = bytes(f.get_tensor("spiece_model").numpy())
-        marker = json.loads(bytes(f.get_tensor("encoder.block.0.layer.0.SelfAttention.q.comfy_quant").numpy()))
+        marker = json.loads(
+            bytes(f.get_tensor("encoder.block.0.layer.0.SelfAttention.q.comfy_quant").numpy())
+        )
     config = read_json(sources["pipeline"] / "text_encoder" / "config.json")
     expected = comfyui_state(
         config["vocab_size"], config["d_model"], config["d_ff"], config["num_heads"], config["d_kv"], 2
@@ -236,7 +244,9 @@ def test_a_comfy_file_holds_comfyuis_names_its_markers_and_the_tokenizer(convert
     weights = {k for k in keys if k.endswith(".weight")}
     assert weights == set(expected)  # every tensor ComfyUI's module has, and no other
     assert keys - weights == {"spiece_model"} | {
-        k for k in keys if k.rsplit(".", 1)[-1] in ("comfy_quant", "weight_scale", "weight_scale_2", "input_scale")
+        k
+        for k in keys
+        if k.rsplit(".", 1)[-1] in ("comfy_quant", "weight_scale", "weight_scale_2", "input_scale")
     }
     assert spiece == (sources["pipeline"] / "tokenizer" / "spiece.model").read_bytes()
     assert tokenize(spiece) == tokenize(example_tokenizer(config["vocab_size"]))
@@ -269,9 +279,12 @@ def test_the_single_file_converts_with_its_own_tokenizer_to_the_same_files(conve
     for fmt in ("comfy_fp8", "gguf"):
         run_cli("convert", sources["single"], tmp_path / fmt, "--format", fmt, check=True)
         run_cli("verify", tmp_path / fmt, "--source", sources["single"], "--forward", check=True)
-    with safe_open(tmp_path / "comfy_fp8" / "umt5_comfy_fp8.safetensors", "pt") as single, safe_open(
-        converted["comfy_fp8"] / "text_encoder" / "text_encoder_comfy_fp8.safetensors", "pt"
-    ) as pipeline:
+    with (
+        safe_open(tmp_path / "comfy_fp8" / "umt5_comfy_fp8.safetensors", "pt") as single,
+        safe_open(
+            converted["comfy_fp8"] / "text_encoder" / "text_encoder_comfy_fp8.safetensors", "pt"
+        ) as pipeline,
+    ):
         assert set(single.keys()) == set(pipeline.keys())
         assert torch.equal(single.get_tensor("spiece_model"), pipeline.get_tensor("spiece_model"))
     assert tokenize(comfyui_gguf_tokenizer(tmp_path / "gguf" / "umt5.gguf")) == tokenize(
@@ -309,7 +322,9 @@ def test_sensitivity_measures_the_encoder_and_proposes_a_recipe_verify_proves(so
     )  # fmt: skip
     assert "encoder.block.0.layer.1.DenseReluDense.wo" in proc.stdout and proposal.exists()
     run_cli("convert", sources["pipeline"], tmp_path / "o", "--recipe", proposal, check=True)
-    proc = run_cli("verify", tmp_path / "o", "--source", sources["pipeline"], "--forward", "--json", check=True)
+    proc = run_cli(
+        "verify", tmp_path / "o", "--source", sources["pipeline"], "--forward", "--json", check=True
+    )
     (reported,) = [v["output_sqnr_db"] for v in json.loads(proc.stdout)["forward"].values()]
     assert reported >= 30
 

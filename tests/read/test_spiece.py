@@ -17,7 +17,9 @@ def test_what_we_write_is_what_sentencepiece_parses_and_loads():
     proto = model.ModelProto()
     proto.ParseFromString(data)
     ours = read_spiece_bytes(data)
-    assert [(p.piece, p.score, p.type) for p in ours.pieces] == [(p.piece, p.score, p.type) for p in proto.pieces]
+    assert [(p.piece, p.score, p.type) for p in ours.pieces] == [
+        (p.piece, p.score, p.type) for p in proto.pieces
+    ]
     t = proto.trainer_spec
     assert (t.unk_id, t.bos_id, t.eos_id, t.pad_id, t.byte_fallback) == (2, -1, 1, 0, True)
     assert (ours.unk_id, ours.bos_id, ours.eos_id, ours.pad_id) == (2, -1, 1, 0)
