@@ -313,7 +313,8 @@ class QuantizedLinear(nn.Module):
             if key not in state_dict:
                 missing_keys.append(key)
                 continue
-            value, current = state_dict[key], getattr(self, attr)
+            value = state_dict[key]
+            current = self.bias if attr == "bias" else self._buffers[attr]  # `weight` is a stand-in
             shape_ok = name in self._late_parts or value.shape == current.shape
             if not shape_ok or (attr != "bias" and value.dtype != current.dtype):
                 error_msgs.append(

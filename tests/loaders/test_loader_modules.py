@@ -138,6 +138,18 @@ def test_nf4_linear_is_close_to_bitsandbytes_linear4bit():
     torch.testing.assert_close(got.float(), want.float(), rtol=2**-6, atol=2**-6)
 
 
+@pytest.mark.parametrize("cls", [c for c in MODULES if "weight" in c.FORMAT.parts((96, 128))])
+def test_weight_reads_as_a_float32_linear_weight_and_the_stored_part_is_in_the_state_dict(cls):
+    """Model code reads ``.weight`` of a Linear for its dtype and device (transformers' T5 casts wo's input to
+    ``wo.weight.dtype``): it is a float32 stand-in of the logical shape, on the module's device, never the stored
+    part of that name (float8 values, packed bytes), which the state dict still holds under ``weight``."""
+    w, b = _weights()
+    m = make(cls, w, b)
+    assert (m.weight.dtype, tuple(m.weight.shape), m.weight.device) == (torch.float32, tuple(w.shape), w.device)
+    assert m.weight.untyped_storage().nbytes() == 4  # one element, expanded
+    assert torch.equal(m.state_dict()["weight"], cls.FORMAT.encode(w)["weight"])
+
+
 @pytest.mark.parametrize("cls", MODULES)
 def test_state_dict_keys_are_the_formats_part_names(cls):
     w, b = _weights()
