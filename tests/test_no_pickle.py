@@ -137,7 +137,8 @@ def test_a_whole_session_unpickles_nothing(tmp_path):
     steps = [
         ["quantize", "example", "wan", "--preset", "tiny"],
         *(["quantize", "convert", "wan", r, "-r", r] for r in ("wan-fp8", "wan-nf4", "wan-torchao-fp8")),
-        *(["quantize", "verify", r, "--source", "wan"] for r in ("wan-fp8", "wan-nf4", "wan-torchao-fp8")),
+        # verify re-encodes the source: bitsandbytes' and torchao's readers (fp8_channel's is ours alone)
+        *(["quantize", "verify", r, "--source", "wan"] for r in ("wan-nf4", "wan-torchao-fp8")),
         ["quantize", "inspect", "wan-nf4"],
         [sys.executable, "example.py"],  # diffusers model, conversion, our loader, block offload, a forward
     ]
