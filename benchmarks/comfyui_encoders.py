@@ -1,21 +1,28 @@
 #!/usr/bin/env python3
 """Our text-encoder files in the REAL ComfyUI and ComfyUI-GGUF, on the CPU: load, tokenize, encode a prompt.
 
-    python3 benchmarks/comfyui_encoders.py COMFYUI_DIR COMFYUI_GGUF_DIR WORK_DIR [--preset xxl]
-        [--recipes umt5-single-comfy-fp8,umt5-single-gguf-q8_0] [--prompt TEXT]
+    python3 benchmarks/comfyui_encoders.py COMFYUI_DIR COMFYUI_GGUF_DIR WORK_DIR [--family umt5|gemma3]
+        [--preset P] [--recipes R1,R2] [--prompt TEXT]
 
-ComfyUI recognizes umT5 only at its real widths (comfy/sd.py ``detect_te_model``: block 23's ``wi_1`` 10240 rows;
-the model is built from ``umt5_config_xxl.json`` whatever the file holds), and ComfyUI-GGUF rebuilds its tokenizer
-only for a ``token_embd`` of 256384 x 4096: the check runs at umT5-XXL's shape (`--preset xxl`, 5.7B parameters,
-11.4 GB of bf16; about 25 GB of disk and 14 GB of RAM at its peak).
+umT5 (`--family umt5`, CLIPLoader type wan): ComfyUI recognizes it only at its real widths (comfy/sd.py
+``detect_te_model``: block 23's ``wi_1`` 10240 rows; the model is built from ``umt5_config_xxl.json`` whatever the
+file holds), and ComfyUI-GGUF rebuilds its tokenizer only for a ``token_embd`` of 256384 x 4096: the check runs at
+umT5-XXL's shape (`--preset xxl`, 5.7B parameters, 11.4 GB of bf16; about 25 GB of disk and 14 GB of RAM at its
+peak).
 
-  - `quantize example --family umt5 --layout single` writes Comfy-Org's single file (ComfyUI's names, the tokenizer
-    inside as ``spiece_model``), random weights at T5's initialization;
+Gemma 3 (`--family gemma3`, CLIPLoader type ltxv): ComfyUI tells Gemma 3 12B by its layer 47 and builds it from its
+`Gemma3_12B_Config`, whose fields its text-encoder options override (``<model_name>_model_config``, read in
+``comfy/sd1_clip.py``): the default preset, ``comfyui``, has the 12B's 48 layers, head size and SigLIP tower at a
+small text width, and the check passes those widths through that option, so that ComfyUI's own loader, tokenizer
+and model run the file.
+
+  - `quantize example --family F --layout single` writes Comfy-Org's single file (ComfyUI's names, the tokenizer
+    inside as ``spiece_model``), random weights;
   - `quantize convert --recipe R` writes each file;
-  - ComfyUI's own CLIPLoader (``comfy.sd.load_clip``, type wan) loads the bf16 source and each ComfyUI file,
-    ComfyUI-GGUF's CLIPLoader (GGUF) node each GGUF file; every one must come in as umT5 (``WanT5Model``), with no
-    missing or unexpected key logged, its quantized layers as ComfyUI's quantized tensors (GGUF: GGML tensors), its
-    tokenizer giving the bf16 file's token ids; its prompt embedding is compared with the bf16 file's (SQNR).
+  - ComfyUI's own CLIPLoader (``comfy.sd.load_clip``) loads the bf16 source and each ComfyUI file, ComfyUI-GGUF's
+    CLIPLoader (GGUF) node each GGUF file; every one must come in as the family's model, with no missing or
+    unexpected key logged, its quantized layers as ComfyUI's quantized tensors (GGUF: GGML tensors), its tokenizer
+    giving the bf16 file's token ids; its prompt embedding is compared with the bf16 file's (SQNR).
 
 Prints one line per file and a SUMMARY line; exit 0: every file passed (loaded, same tokens, SQNR >= --min-sqnr);
 1: one failed; 2: set-up failed. Not part of `make test` (ComfyUI is not on PyPI). Environment: ComfyUI's own,
@@ -36,8 +43,39 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 CHECK = REPO.parent / "shared" / "tools" / "comfyui_check.py"
-DEFAULT_RECIPES = "umt5-single-comfy-fp8,umt5-single-gguf-q8_0"
 PROMPT = "a red fox jumps over a sleeping dog in the snow, cinematic light"
+
+
+def _gemma3_options(preset: str) -> dict:
+    """ComfyUI's Gemma 3 12B config with the example preset's text widths (the fields its dataclass takes; its head
+    size of 256 and its SigLIP tower are fixed, and the preset has them)."""
+    sys.path.insert(0, str(REPO))
+    from quantize.models.examples.gemma3 import GEMMA3_EXAMPLES
+
+    s = GEMMA3_EXAMPLES.presets[preset]
+    config = {
+        "vocab_size": s.vocab_size,
+        "hidden_size": s.hidden,
+        "intermediate_size": s.intermediate,
+        "num_hidden_layers": s.layers,
+        "num_attention_heads": s.heads,
+        "num_key_value_heads": s.kv_heads,
+    }
+    return {"model_name": "gemma3_12b", "gemma3_12b_model_config": config}
+
+
+#: family -> its default recipes and preset, ComfyUI's CLIP type (CLIPLoader and CLIPLoader (GGUF)), the
+#: tokenizer's key in ComfyUI's tokens, and ComfyUI's text-encoder options for a preset (`_gemma3_options`)
+FAMILIES = {
+    "umt5": ("umt5-single-comfy-fp8,umt5-single-gguf-q8_0", "xxl", "wan", "umt5xxl", lambda preset: {}),
+    "gemma3": (
+        "gemma3-single-comfy-fp8,gemma3-single-comfy-int8,gemma3-single-comfy-nvfp4",
+        "comfyui",
+        "ltxv",
+        "gemma3_12b",
+        _gemma3_options,
+    ),
+}
 
 
 def parse_args():
@@ -46,8 +84,9 @@ def parse_args():
     p.add_argument("comfyui_gguf", type=Path)
     p.add_argument("work", type=Path)
     p.add_argument("--quantize", default=str(REPO / ".venv" / "bin" / "quantize"))
-    p.add_argument("--preset", default="xxl")
-    p.add_argument("--recipes", default=DEFAULT_RECIPES)
+    p.add_argument("--family", choices=sorted(FAMILIES), default="umt5")
+    p.add_argument("--preset", default=None)
+    p.add_argument("--recipes", default=None)
     p.add_argument("--prompt", default=PROMPT)
     p.add_argument("--min-sqnr", type=float, default=30.0)
     p.add_argument("--venv", type=Path, default=None)
@@ -55,6 +94,8 @@ def parse_args():
     a = p.parse_args()
     a.comfyui, a.comfyui_gguf, a.work = a.comfyui.resolve(), a.comfyui_gguf.resolve(), a.work.resolve()
     a.venv = (a.venv or a.work / "venv").resolve()
+    recipes, preset, a.clip_type, a.tokens_key, a.options = FAMILIES[a.family]
+    a.recipes, a.preset = a.recipes or recipes, a.preset or preset
     return a
 
 
@@ -76,9 +117,11 @@ def _quantize(args, *argv) -> None:
 
 def prepare(args) -> tuple[Path, dict[str, Path]]:
     """The bf16 source file and each recipe's output file (made once; a later run reuses them)."""
-    src = args.work / f"umt5-{args.preset}"
+    src = args.work / f"{args.family}-{args.preset}"
     if not (src / "example.json").exists():
-        _quantize(args, "example", "--family", "umt5", "--preset", args.preset, "--layout", "single", src)
+        _quantize(
+            args, "example", "--family", args.family, "--preset", args.preset, "--layout", "single", src
+        )
     files = {}
     for recipe in filter(None, args.recipes.split(",")):
         out = args.work / f"{recipe}-{args.preset}"
@@ -101,16 +144,19 @@ class Capture(logging.Handler):
 
 
 def load(args, comfy, nodes, gg, path: Path):
-    """The CLIP object ComfyUI's loader makes of `path`: CLIPLoader's ``comfy.sd.load_clip`` (type wan) for a
-    safetensors file, ComfyUI-GGUF's CLIPLoaderGGUF node for a GGUF file."""
+    """The CLIP object ComfyUI's loader makes of `path`: CLIPLoader's ``comfy.sd.load_clip`` (the family's type)
+    for a safetensors file, ComfyUI-GGUF's CLIPLoaderGGUF node for a GGUF file."""
     import folder_paths
 
     if path.suffix == ".gguf":
         folder_paths.add_model_folder_path("clip", str(path.parent))
         folder_paths.add_model_folder_path("text_encoders", str(path.parent))
-        (clip,) = gg.NODE_CLASS_MAPPINGS["CLIPLoaderGGUF"]().load_clip(path.name, type="wan")
+        (clip,) = gg.NODE_CLASS_MAPPINGS["CLIPLoaderGGUF"]().load_clip(path.name, type=args.clip_type)
         return clip
-    return comfy.sd.load_clip(ckpt_paths=[str(path)], clip_type=comfy.sd.CLIPType.WAN)
+    clip_type = getattr(comfy.sd.CLIPType, args.clip_type.upper())
+    return comfy.sd.load_clip(
+        ckpt_paths=[str(path)], clip_type=clip_type, model_options=args.options(args.preset)
+    )
 
 
 def quantized_layers(clip) -> dict[str, int]:
@@ -149,9 +195,10 @@ def stored_quantized(path: Path) -> int:
         return sum(k.endswith(".comfy_quant") for k in f.keys())
 
 
-def encode(clip, prompt: str):
+def encode(clip, prompt: str, key: str):
     tokens = clip.tokenize(prompt)
-    ids = [t[0] for t in tokens["umt5xxl"][0]]
+    batch = tokens[key] if isinstance(tokens, dict) else tokens  # Gemma 3's tokenizer gives its batch bare
+    ids = [t[0] for t in batch[0]]
     cond = clip.encode_from_tokens(tokens)
     return ids, cond.float()
 
@@ -184,7 +231,7 @@ def main() -> int:
         clip = load(args, comfy, nodes, gg, path)
         loaded = time.time() - t
         t = time.time()
-        ids, cond = encode(clip, args.prompt)
+        ids, cond = encode(clip, args.prompt, args.tokens_key)
         model = type(clip.cond_stage_model).__name__
         kinds = quantized_layers(clip)
         keys = [line for line in capture.lines if "missing" in line.lower() or "unexpected" in line.lower()]

@@ -27,7 +27,7 @@ marker), a part made for the cut (an nf4 quant state of its shape).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -197,12 +197,14 @@ def _load_one(
     names = _checkpoint_names(model, comp, family)
     if family is not None:  # a release's other parts (its VAE), buffers the class computes: not the model's
         comp = replace(comp, tensors={k: t for k, t in comp.tensors.items() if not family.carried(k)})
-    plan = _match(model, comp, fmt, names)
+    tied = _tied(model)
+    plan = _match(model, comp, fmt, names, tied)
     keep_fp32 = tuple(getattr(model, "_keep_in_fp32_modules", None) or ())
     if dtype is None:
         dtype = _source_dtype(plan, fmt)
     for group in _groups(model, plan):
         _materialize(model, group, reader, dtype, keep_fp32, compute)
+    _retie(model, tied)
     _finish(model, device)
     return model
 
@@ -324,8 +326,39 @@ _SAME = _Names(lambda key: key, "")
 
 
 def _checkpoint_names(model: nn.Module, comp: Component, family: Family | None) -> _Names:
-    """How the model's tensor names become the checkpoint's: unchanged when both follow one naming, else through
-    the family's name table (a diffusers model from a native checkpoint: ComfyUI's, GGUF's; or the reverse)."""
+    """How the model's tensor names become the checkpoint's: the family's names of the class's parameters first
+    (`Family.parameter_names` read backwards: a transformers class's own names, where its loader renames the
+    stored keys), then `_stored_names`."""
+    if family is None:
+        return _stored_names(model.state_dict(), comp, family)
+    to_family = _family_names(model, comp, family)
+    names = _stored_names([to_family.get(k, k) for k in model.state_dict()], comp, family)
+    if all(k == v for k, v in to_family.items()):
+        return names
+    return _Names(
+        lambda key: names.rename(to_family.get(key, key)),
+        names.why or f"the names {family.title}'s checkpoints store",
+        lambda key: names.stacked_into(to_family.get(key, key)),
+        names.stack_of,
+    )
+
+
+def _family_names(model: nn.Module, comp: Component, family: Family) -> dict[str, str]:
+    """The model's tensor name -> the family's name of it, for each the checkpoint may hold: its stored names,
+    read as the family's (through the GGUF or native table where they are those), and the weights a quantized
+    Linear's parts hang from (`<module>.weight_scale`: `<module>.weight`)."""
+    tables = [t for t in (family.plan.gguf_names, family.names) if t is not None]
+    stored = list(comp.tensors)
+    candidates = {*stored, *(f"{n.rpartition('.')[0]}.weight" for n in stored if "." in n)}
+    candidates |= {d for t in tables for n in list(candidates) if (d := t.diffusers(n)) is not None}
+    own = set(model.state_dict())
+    return {param: name for name, param in family.parameter_names(sorted(candidates)).items() if param in own}
+
+
+def _stored_names(own_names: Iterable[str], comp: Component, family: Family | None) -> _Names:
+    """How the class's tensor names (`own_names`, the family's names of them) become the checkpoint's: unchanged when both follow
+    one naming, else through the family's name table (a diffusers model from a native checkpoint: ComfyUI's,
+    GGUF's; or the reverse)."""
     gguf = None if family is None else family.plan.gguf_names
     if gguf is not None and all(gguf.diffusers(n) is not None for n in comp.tensors):
         arch = family.plan.gguf_architecture
@@ -333,7 +366,7 @@ def _checkpoint_names(model: nn.Module, comp: Component, family: Family | None) 
     if family is None or family.names is None:
         return _SAME
     stored = family.naming(comp.tensors)
-    own = family.naming(model.state_dict().keys())
+    own = family.naming(own_names)
     if stored == own or stored not in ("native", "diffusers") or own not in ("native", "diffusers"):
         return _SAME
     if stored == "native":
@@ -364,12 +397,38 @@ def _native_names(family: Family, stored: list[str]) -> _Names:
     )
 
 
-def _match(model: nn.Module, comp: Component, fmt: Format, names: _Names) -> dict[str, _Entry]:
+def _tied(model: nn.Module) -> dict[str, str]:
+    """Each parameter that is another's (tied: one tensor under two names, as transformers ties an output head to
+    its token embedding) -> the name it has first: the checkpoint stores it once, under that name."""
+    first: dict[int, str] = {}
+    tied = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            tied[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    return tied
+
+
+def _retie(model: nn.Module, tied: Mapping[str, str]) -> None:
+    """Tie again what `_tied` found: each loaded parameter's other names given the loaded tensor."""
+    for name, source in tied.items():
+        owner, _, attr = name.rpartition(".")
+        src_owner, _, src_attr = source.rpartition(".")
+        model.get_submodule(owner)._parameters[attr] = model.get_submodule(src_owner)._parameters[src_attr]
+
+
+def _match(
+    model: nn.Module, comp: Component, fmt: Format, names: _Names, tied: Mapping[str, str] = {}
+) -> dict[str, _Entry]:
     keys = dict(comp.tensors)
     plan: dict[str, _Entry] = {}
     modules = dict(model.named_modules())
     cut_from: set[str] = set()  # the stacked tensors Linears took row ranges of
     for name, module in modules.items():
+        own = [f"{name}.{k}" if name else k for k, t in module._parameters.items() if t is not None]
+        if own and all(p in tied for p in own) and not _persistent_buffers(module):
+            continue  # its parameters are another module's (`_tied`), loaded there
         entry = _Entry(name, module, modules[name.rpartition(".")[0]] if name else None)
         already = isinstance(module, QuantizedLinear)
         options = None

@@ -163,8 +163,11 @@ class ComponentPlan:
         return (t for t in self.tensors if t.quantize)
 
     def kept_linears(self) -> list[str]:
-        """Modules with a 2-D weight that stay in high precision (compressed-tensors' `ignore`), output names."""
-        return [t.output_module for t in self.tensors if not t.quantize and t.is_linear_weight]
+        """Modules with a 2-D weight that stay in high precision (compressed-tensors' `ignore`), output names; and
+        the class's tied Linears (`Family.tied_linears`), which no checkpoint stores and no quantizer may take."""
+        kept = [t.output_module for t in self.tensors if not t.quantize and t.is_linear_weight]
+        tied = () if self.family is None else self.family.tied_linears
+        return kept + [m for m in tied if m not in kept]
 
     def manifest_key(self, tp: TensorPlan) -> str:
         """How the manifest keys `tp`: its component and its output name."""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from ..errors import InputError
 from ..read.files import config_class
 from .family import Family, ModelInputs, SourceLayout
+from .gemma3 import GEMMA3
 from .hunyuanvideo15 import HUNYUANVIDEO15
 from .kandinsky5 import KANDINSKY5
 from .ltx2 import LTX2
@@ -80,6 +81,7 @@ FAMILIES: tuple[Family, ...] = (
     HUNYUANVIDEO15,
     MINIMAX_H3,
     UMT5,
+    GEMMA3,
 )
 #: the family `quantize example` (and `examples.write_example`) makes when none is named
 DEFAULT_FAMILY: str = WAN.name
@@ -120,7 +122,7 @@ def names_for(role: str, family: Family | None, fmt: str, where: str) -> NameTab
     the model is of no known family and the role needs one, or the family has no names of that role."""
     if role not in ROLES:
         raise InputError(f"{fmt}: unknown role of names {role!r} (roles: {', '.join(ROLES)})")
-    if role == "source":
+    if role == "source" and (family is None or not family.class_prefixes):
         return IDENTITY
     if family is None:
         known = ", ".join(f.title for f in FAMILIES if f.names is not None)

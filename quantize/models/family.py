@@ -80,6 +80,9 @@ class ModelInputs:
     random: Callable[[dict, torch.Generator], dict[str, torch.Tensor]]
     call: Callable[[dict, dict[str, torch.Tensor]], dict]  # (config, tensors) -> the forward's kwargs
     accepts: tuple[str, ...]  # every tensor a pass of this class may take, whatever the config
+    #: the submodule a pass calls, its first output the one compared ("": the whole model): a multimodal text
+    #: encoder's language model, whose last hidden state is what a pipeline reads, not its vision tower or head
+    module: str = ""
 
 
 def _starts(names: Sequence[str], marks: tuple[str, ...]) -> bool:
@@ -293,6 +296,14 @@ class Family(abc.ABC):
     plan: PlanPolicy = PlanPolicy()
     lora: LoraNames = LoraNames()
     card: CardWords = CardWords()
+    #: (stored prefix, the class's prefix): where the class holds a stored tensor under another name, as
+    #: transformers 5 renames Gemma 3's ``language_model.model.`` to ``model.language_model.`` on loading; a
+    #: format that writes the source's names for the class's own loader (`from_pretrained`) writes these
+    class_prefixes: tuple[tuple[str, str], ...] = ()
+    #: the class's Linears whose weight is another tensor (tied: Gemma 3's ``lm_head``, its token embedding), by
+    #: the class's names: no checkpoint stores them, and the quantization configs name them as kept, so that
+    #: transformers' quantizers leave them as the tied Linears they are
+    tied_linears: tuple[str, ...] = ()
 
     # --- running it (abstract: every family runs as its diffusers class) -------------------------
 
@@ -313,6 +324,19 @@ class Family(abc.ABC):
         import diffusers
 
         return getattr(diffusers, self.diffusers_class).from_config(config)
+
+    def class_name(self, name: str) -> str:
+        """The name the class's module holds tensor `name` under (`class_prefixes`: a stored name's prefix
+        renamed), or `name` itself."""
+        for stored, own in self.class_prefixes:
+            if name.startswith(stored):
+                return own + name[len(stored) :]
+        return name
+
+    def parameter_names(self, names: Iterable[str]) -> dict[str, str]:
+        """Each of `names` (tensors of the class under the family's names, as its checkpoints store them) -> the
+        parameter of the built class it fills (`class_name`)."""
+        return {n: self.class_name(n) for n in names}
 
     def release_config(self, tensors: Mapping[str, TensorInfo], where: Path) -> dict | None:
         """The config.json of a release that ships none (the diffusers class's, read off the tensor shapes): what
@@ -412,7 +436,7 @@ class Family(abc.ABC):
                 f"{at}{no_file}: convert it to another format (quantize recipes --for lists them)"
             )
         if role == "source":
-            return IDENTITY
+            return self._class_table() if self.class_prefixes else IDENTITY
         if role == "gguf" and self.plan.gguf_names is not None:
             return self._gguf_table()
         if role in ("native", "gguf") and self.names is not None:
@@ -434,6 +458,15 @@ class Family(abc.ABC):
             f"{at}{fmt} writes a model's {role} names, and {self.title} has none in this tool yet: "
             f"convert {self.title} to another format (quantize recipes lists them)"
         )
+
+    def _class_table(self) -> NameTable:
+        """The source's names as the class holds them (`class_prefixes`): what its library's loader and its
+        quantization config (the modules it converts or leaves) read."""
+
+        def renamer(names: Sequence[str], where: str) -> Renamer:
+            return self.class_name
+
+        return NameTable(f"{self.name}_class", renamer, f"the names {self.diffusers_class} holds")
 
     def _gguf_table(self) -> NameTable:
         """llama.cpp's names (`PlanPolicy.gguf_names`), from the source's: each tensor renamed, or refused naming it."""

@@ -199,15 +199,20 @@ def write_spiece(
     """A serialized unigram ``ModelProto`` of `pieces` ((piece, score, type) in id order), with T5's special ids
     by default (pad 0, eos 1, unk 2, no bos), umT5's byte fallback (`pieces` must then hold the 256 BYTE pieces
     ``<0x00>`` .. ``<0xFF>``) and an identity normalizer that adds a dummy prefix and removes extra whitespace, as
-    T5's does."""
+    T5's does. Each special id's piece is named in the ``TrainerSpec`` where it is not the proto's default
+    (Gemma's ``<bos>``, not ``<s>``): sentencepiece finds the special pieces by those names."""
     pieces, out = list(pieces), bytearray()
     for piece, score, type_ in pieces:
         body = _len_field(1, piece.encode("utf-8"))
         body += _key(2, _I32) + struct.pack("<f", score) + _varint_field(3, type_)
         out += _len_field(1, body)
     trainer = _varint_field(3, _UNIGRAM) + _varint_field(4, len(pieces)) + _varint_field(35, byte_fallback)
+    specials = ((40, unk_id, "<unk>"), (41, bos_id, "<s>"), (42, eos_id, "</s>"), (43, pad_id, "<pad>"))
+    trainer += b"".join(_varint_field(n, v) for n, v, _ in specials)
     trainer += b"".join(
-        _varint_field(n, v) for n, v in ((40, unk_id), (41, bos_id), (42, eos_id), (43, pad_id))
+        _len_field(n + 5, pieces[v][0].encode("utf-8"))
+        for n, v, default in specials
+        if 0 <= v < len(pieces) and pieces[v][0] != default
     )
     out += _len_field(2, trainer)
     normalizer = _len_field(1, b"identity") + _varint_field(3, 1) + _varint_field(4, 1) + _varint_field(5, 1)

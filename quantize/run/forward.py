@@ -372,8 +372,12 @@ class StreamedModel:
                 self.model = run.family.build_model(run.config).eval()
         except (TypeError, ValueError, KeyError) as e:
             raise InputError(f"cannot build {run.class_name} from the component's config: {e}") from None
+        #: the plan's tensor -> the class's parameter it fills (`Family.parameter_names`), and back
+        self.param_of = run.family.parameter_names(run.plans)
+        self.plan_of = {param: name for name, param in self.param_of.items()}
         names = {n for n, _ in self.model.named_parameters()}
-        missing, unexpected = sorted(names - set(run.plans)), sorted(set(run.plans) - names)
+        missing = sorted(names - set(self.plan_of))
+        unexpected = sorted(n for n, p in self.param_of.items() if p not in names)
         if missing or unexpected:
             what = (
                 f"no tensor for parameter {missing[0]!r}"
@@ -401,18 +405,21 @@ class StreamedModel:
         named Linear's input while its weight is filled, and the Linear takes the tensor it returns instead, if
         any. Returns the output in float32."""
         handles = []
-        filler = _Filler(weights)
+        filler = _Filler(lambda param: weights(self.plan_of[param]))
         try:
             for prefix, unit in self.units:
                 handles.append(unit.register_forward_pre_hook(filler.pre_hook(prefix, unit)))
                 handles.append(unit.register_forward_hook(filler.post_hook))
             modules = dict(self.model.named_modules())
             for name, hook in linear_hooks.items():
-                handles.append(modules[name].register_forward_pre_hook(lambda m, args, h=hook: h(m, args[0])))
+                module = modules[self.param_of[f"{name}.weight"].removesuffix(".weight")]
+                handles.append(module.register_forward_pre_hook(lambda m, args, h=hook: h(m, args[0])))
             for name in self.root_params:
-                _set(self.model, name, weights(name))
+                _set(self.model, name, weights(self.plan_of[name]))
+            spec = self.run.inputs
+            runs = self.model.get_submodule(spec.module) if spec.module else self.model
             with torch.no_grad():
-                out = self.model(**self.run.inputs.call(self.run.config, inputs))
+                out = runs(**spec.call(self.run.config, inputs))
             return (out[0] if isinstance(out, (tuple, list)) else out).float()
         finally:
             for h in handles:

@@ -145,7 +145,11 @@ def test_weight_reads_as_a_float32_linear_weight_and_the_stored_part_is_in_the_s
     part of that name (float8 values, packed bytes), which the state dict still holds under ``weight``."""
     w, b = _weights()
     m = make(cls, w, b)
-    assert (m.weight.dtype, tuple(m.weight.shape), m.weight.device) == (torch.float32, tuple(w.shape), w.device)
+    assert (m.weight.dtype, tuple(m.weight.shape), m.weight.device) == (
+        torch.float32,
+        tuple(w.shape),
+        w.device,
+    )
     assert m.weight.untyped_storage().nbytes() == 4  # one element, expanded
     assert torch.equal(m.state_dict()["weight"], cls.FORMAT.encode(w)["weight"])
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from ...errors import InputError
 from ..family import Family
 from .base import ExampleModel, Examples, LoraTensor, diffusers_example, linear
+from .gemma3 import GEMMA3_EXAMPLES
 from .hunyuanvideo15 import HUNYUANVIDEO15_EXAMPLES
 from .kandinsky5 import KANDINSKY5_EXAMPLES
 from .ltx2 import LTX2_EXAMPLES
@@ -34,6 +35,7 @@ EXAMPLES: dict[str, Examples] = {
         HUNYUANVIDEO15_EXAMPLES,
         MINIMAX_H3_EXAMPLES,
         UMT5_EXAMPLES,
+        GEMMA3_EXAMPLES,
     )
 }
 
