@@ -77,7 +77,7 @@ def nbytes(tensors: list[tuple[str, tuple[int, ...]]]) -> int:
 def fitted(models, free: float) -> tuple[list, int, int]:
     """The example's models with the last repeated blocks dropped until the source and one output fit in `free`
     bytes (10% to spare); and (blocks kept, blocks of the real shape)."""
-    from quantize.models import ExampleModel
+    from dataclasses import replace
 
     def size(ms) -> int:
         return sum(nbytes(m.tensors) for m in ms)
@@ -87,11 +87,8 @@ def fitted(models, free: float) -> tuple[list, int, int]:
     while keep > 1 and size(models) * (1 + OUTPUT_SHARE) * 1.1 > free:
         keep -= 1
         models = [
-            ExampleModel(
-                m.component,
-                [(n, s) for n, s in m.tensors if (i := block_index(n, prefix)) is None or i < keep],
-                m.config,
-                m.stem,
+            replace(
+                m, tensors=[(n, s) for n, s in m.tensors if (i := block_index(n, prefix)) is None or i < keep]
             )
             for m in models
         ]
@@ -102,7 +99,7 @@ def generate(data_dir: Path, family: str, preset: str, layout: str) -> None:
     """The source, written once (in this child process: the measured runs are forked from a small parent)."""
     import torch
 
-    from quantize.examples import write_random_checkpoint
+    from quantize.examples import write_example
     from quantize.models.examples import examples_of
 
     path = data_dir / f"{family}-{preset}-{layout}-bf16"
@@ -117,16 +114,9 @@ def generate(data_dir: Path, family: str, preset: str, layout: str) -> None:
     log(
         f"generating {path}: {keep} of {full} blocks, {nbytes([t for m in models for t in m.tensors]) / 1e9:.1f} GB"
     )
-    for i, m in enumerate(models):
-        write_random_checkpoint(
-            tmp / m.component,
-            m.tensors,
-            dtype=torch.bfloat16,
-            max_shard_size=SHARD_BYTES,
-            stem=m.stem,
-            config=m.config,
-            seed=i,
-        )
+    write_example(
+        tmp, preset, layout, family=family, dtype=torch.bfloat16, max_shard_size=SHARD_BYTES, models=models
+    )  # the example's writer: its tokenizer and other files too
     info = {"family": family, "preset": preset, "layout": layout, "blocks": keep, "of_blocks": full}
     (tmp / "example.json").write_text(json.dumps(info, indent=2) + "\n")
     tmp.rename(path)

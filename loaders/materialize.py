@@ -327,8 +327,8 @@ _SAME = _Names(lambda key: key, "")
 
 def _checkpoint_names(model: nn.Module, comp: Component, family: Family | None) -> _Names:
     """How the model's tensor names become the checkpoint's: the family's names of the class's parameters first
-    (`Family.parameter_names` read backwards: a transformers class's own names, where its loader renames the
-    stored keys), then `_stored_names`."""
+    (`Family.parameter_names` read backwards: Gemma 3's class holds the stored ``language_model.model.`` as
+    ``model.language_model.``), then `_stored_names`."""
     if family is None:
         return _stored_names(model.state_dict(), comp, family)
     to_family = _family_names(model, comp, family)
@@ -356,9 +356,9 @@ def _family_names(model: nn.Module, comp: Component, family: Family) -> dict[str
 
 
 def _stored_names(own_names: Iterable[str], comp: Component, family: Family | None) -> _Names:
-    """How the class's tensor names (`own_names`, the family's names of them) become the checkpoint's: unchanged when both follow
-    one naming, else through the family's name table (a diffusers model from a native checkpoint: ComfyUI's,
-    GGUF's; or the reverse)."""
+    """How the class's tensor names (`own_names`, the family's names of them) become the checkpoint's: unchanged
+    when both follow one naming, else through the family's name table (a diffusers model from a native
+    checkpoint: ComfyUI's, GGUF's; or the reverse)."""
     gguf = None if family is None else family.plan.gguf_names
     if gguf is not None and all(gguf.diffusers(n) is not None for n in comp.tensors):
         arch = family.plan.gguf_architecture

@@ -24,7 +24,7 @@ import torch
 from . import dtypes
 from .containers.writer import ShardWriter
 from .models import DEFAULT_FAMILY
-from .models.examples import examples_of
+from .models.examples import ExampleModel, examples_of
 from .plan import TensorSpec
 from .read.files import SHARD_METADATA, group_by_size, index_json, index_name, shard_names
 
@@ -104,12 +104,15 @@ def write_example(
     dtype: torch.dtype = torch.bfloat16,
     max_shard_size: int = 10**9,
     seed: int = 0,
+    models: list[ExampleModel] | None = None,
 ) -> Path:
     """An example checkpoint of `family` (its `preset` shape, in its folder `layout`), with the other files of
-    its releases beside it (copied when a recipe asks)."""
+    its releases beside it (copied when a recipe asks); `models`: those of the preset with blocks left out, say
+    (`make bench-large` fits a shape to the disk), None: the preset's own."""
     out_dir = Path(out_dir)
     chosen = examples_of(family)
-    models = chosen.models(preset, layout)
+    if models is None:
+        models = chosen.models(preset, layout)
     for i, model in enumerate(models):
         write_random_checkpoint(
             out_dir / model.component,

@@ -33,6 +33,7 @@ from .names import (
     same_but_size_one_dims,
     stack_rows,
 )
+from .qwen25vl import QWEN25VL
 from .skyreels_v2 import SKYREELS_V2
 from .umt5 import UMT5
 from .wan import WAN
@@ -82,6 +83,7 @@ FAMILIES: tuple[Family, ...] = (
     MINIMAX_H3,
     UMT5,
     GEMMA3,
+    QWEN25VL,
 )
 #: the family `quantize example` (and `examples.write_example`) makes when none is named
 DEFAULT_FAMILY: str = WAN.name

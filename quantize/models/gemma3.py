@@ -35,6 +35,7 @@ language-model layers is quantized.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
@@ -276,7 +277,7 @@ class Gemma3Family(Family):
         vocab, hidden = shape(f"{_TEXT}.embed_tokens.weight")
         head_dim = shape(f"{layer}.self_attn.q_norm.weight")[0]
         text = {
-            **_TEXT_DEFAULTS,
+            **copy.deepcopy(_TEXT_DEFAULTS),
             "vocab_size": vocab,
             "hidden_size": hidden,
             "intermediate_size": shape(f"{layer}.mlp.gate_proj.weight")[0],
@@ -314,7 +315,12 @@ class Gemma3Family(Family):
         """transformers' `Gemma3ForConditionalGeneration` of `Gemma3Config(**config)`."""
         import transformers
 
-        fields = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "dtype")}
+        # a copy: transformers' config rewrites nested dicts (rope parameters) in place
+        fields = {
+            k: copy.deepcopy(v)
+            for k, v in config.items()
+            if k not in ("architectures", "model_type", "dtype")
+        }
         return transformers.Gemma3ForConditionalGeneration(transformers.Gemma3Config(**fields))
 
     def release_config(self, tensors: Mapping[str, TensorInfo], where: Path) -> dict | None:

@@ -14,6 +14,7 @@ from .hunyuanvideo15 import HUNYUANVIDEO15_EXAMPLES
 from .kandinsky5 import KANDINSKY5_EXAMPLES
 from .ltx2 import LTX2_EXAMPLES
 from .minimax_h3 import MINIMAX_H3_EXAMPLES
+from .qwen25vl import QWEN25VL_EXAMPLES
 from .skyreels_v2 import SKYREELS_EXAMPLES
 from .umt5 import UMT5_EXAMPLES
 from .wan import WAN_EXAMPLES
@@ -36,6 +37,7 @@ EXAMPLES: dict[str, Examples] = {
         MINIMAX_H3_EXAMPLES,
         UMT5_EXAMPLES,
         GEMMA3_EXAMPLES,
+        QWEN25VL_EXAMPLES,
     )
 }
 

@@ -1,0 +1,296 @@
+"""Qwen2.5-VL (transformers' `Qwen2_5_VLForConditionalGeneration`; Qwen2.5-VL-7B is the text encoder of Kandinsky 5,
+HunyuanVideo 1.5 and Qwen-Image): everything the tool knows of it.
+
+Layouts (`QWEN25VL.layouts`): ``qwen25vl``: a transformers folder, a pipeline's ``text_encoder/`` (a diffusers
+Kandinsky 5 pipeline's) or such a folder itself (config.json ``architectures:
+["Qwen2_5_VLForConditionalGeneration"]``), in the names its checkpoints store (Qwen/Qwen2.5-VL-7B-Instruct's:
+``model.layers.N``, ``visual.``, ``lm_head``); ``qwen25vl-single``: one safetensors file in ComfyUI's names, no
+config.json (Comfy-Org's repackaged ``qwen_2.5_vl_7b.safetensors``).
+
+Names: ComfyUI's Qwen2.5-VL (``comfy/text_encoders/llama.py`` `Qwen25_7BVLI`, which CLIPLoader picks by
+``model.layers.0.self_attn.k_proj.bias`` of 512 rows) holds the names as stored, so `NAMES` maps each to itself
+(a table still: a tensor it does not list is refused). transformers 5's class holds them as
+``model.language_model.`` and ``model.visual.`` (`CLASS_PREFIXES`, its loader's renaming, which a test holds to
+transformers' own): a forward pass and the loader fill the class through them, and the formats transformers loads
+are written in them.
+
+The tokenizer: ComfyUI bundles Qwen2.5's (``comfy/text_encoders/qwen25_tokenizer``), so its files hold none.
+
+GGUF: refused at plan time: ComfyUI-GGUF reads Qwen2.5-VL as llama.cpp's ``qwen2vl`` text file plus the vision
+tower in a second, ``mmproj`` file beside it, which this tool does not write yet.
+
+What stays high-precision, and why (the bundled recipes say it too): the token embedding and the output head
+(152064 rows each: 0.55B parameters apiece in the 7B, lookup tables; the head unused by an encoder, carried as
+stored), the vision tower and its merger (0.67B, run for image prompts only; its patch embedding a 3-D
+convolution) and every norm; every Linear of the 28 language-model layers is quantized (their q, k and v biases
+kept).
+
+>>> QWEN25VL.native_name("model.layers.3.self_attn.k_proj.bias")
+'model.layers.3.self_attn.k_proj.bias'
+>>> QWEN25VL.class_name("model.layers.3.self_attn.k_proj.bias"), QWEN25VL.class_name("visual.merger.ln_q.weight")
+('model.language_model.layers.3.self_attn.k_proj.bias', 'model.visual.merger.ln_q.weight')
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Collection, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import InputError
+from ..read.files import config_class
+from .family import (
+    COMFY,
+    SOURCE_NAMED,
+    CardWords,
+    Detection,
+    Family,
+    Folders,
+    ModelInputs,
+    PlanPolicy,
+    SourceLayout,
+    bundled_recipes,
+    count_blocks,
+)
+from .names import BlockNames, Blocks
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..read.checkpoint import Component, TensorInfo
+
+__all__ = ["QWEN25VL", "Qwen25VLFamily", "NAMES", "CLASS", "CLASS_PREFIXES"]
+
+CLASS = "Qwen2_5_VLForConditionalGeneration"
+
+# --- names -------------------------------------------------------------------------------------------------
+
+_LAYER = (
+    *(f"self_attn.{p}_proj" for p in "qkvo"),
+    *(f"mlp.{p}_proj" for p in ("gate", "up", "down")),
+    "input_layernorm",
+    "post_attention_layernorm",
+)
+_VISION_BLOCK = (
+    "norm1",
+    "norm2",
+    "attn.qkv",
+    "attn.proj",
+    *(f"mlp.{p}_proj" for p in ("gate", "up", "down")),
+)
+_ROOT = (
+    "model.embed_tokens",
+    "model.norm",
+    "lm_head",
+    "visual.patch_embed.proj",
+    "visual.merger.ln_q",
+    "visual.merger.mlp.0",
+    "visual.merger.mlp.2",
+)
+
+#: the names Qwen2.5-VL's checkpoints store -> ComfyUI's: the same (``comfy/text_encoders/llama.py``,
+#: ``qwen_vl.py``; ComfyUI ignores ``lm_head``)
+NAMES = BlockNames(
+    root_modules={m: m for m in _ROOT},
+    root_tensors={},
+    blocks=(
+        Blocks("model.layers", "model.layers", modules={m: m for m in _LAYER}),
+        Blocks("visual.blocks", "visual.blocks", modules={m: m for m in _VISION_BLOCK}),
+    ),
+)
+#: stored prefix -> the prefix transformers 5's class holds it under (its ``conversion_mapping`` for qwen2_5_vl)
+CLASS_PREFIXES = (("model.", "model.language_model."), ("visual.", "model.visual."))
+
+# --- a forward pass's inputs ---------------------------------------------------------------------------------
+
+_KEYS = ("input_ids",)
+
+
+def _shapes(config: dict) -> dict[str, tuple[tuple[int | None, ...], ...]]:
+    return {"input_ids": ((None, None),)}
+
+
+def _random(config: dict, g: torch.Generator) -> dict[str, torch.Tensor]:
+    import torch
+
+    vocab = config["text_config"]["vocab_size"]
+    return {"input_ids": torch.randint(0, vocab, (1, 16), generator=g)}
+
+
+def _call(config: dict, t: dict[str, torch.Tensor]) -> dict:
+    return dict(t, use_cache=False, return_dict=False)
+
+
+#: a pass runs the language model (its hidden states are what the pipelines read), not the vision tower or head
+INPUTS = ModelInputs(
+    keys=lambda config: _KEYS,
+    shapes=_shapes,
+    random=_random,
+    call=_call,
+    accepts=_KEYS,
+    module="model.language_model",
+)
+
+# --- config, from a release's tensor shapes ------------------------------------------------------------------
+
+#: Qwen2.5-VL's head size, text and vision (7B: 28 heads of 128 over 3584; the tower: 16 of 80 over 1280)
+_HEAD_DIM, _VISION_HEAD_DIM = 128, 80
+#: what Qwen2.5-VL-7B's config.json says and the shapes do not (Qwen/Qwen2.5-VL-7B-Instruct)
+_TEXT_DEFAULTS = {
+    "model_type": "qwen2_5_vl_text",
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1_000_000.0,
+    "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+    "max_position_embeddings": 128_000,
+    "tie_word_embeddings": False,
+}
+_VISION_DEFAULTS = {
+    "model_type": "qwen2_5_vl",
+    "hidden_act": "silu",
+    "patch_size": 14,
+    "temporal_patch_size": 2,
+    "spatial_merge_size": 2,
+    "window_size": 112,
+}
+
+
+class Qwen25VLFamily(Family):
+    name = "qwen25vl"
+    title = "Qwen2.5-VL"
+    names = NAMES
+    detection = Detection(
+        CLASS,
+        # as its checkpoints store it (ComfyUI's too), or as the class holds it (a transformers-side output)
+        diffusers_marks=("model.layers.0.", "model.language_model.layers.0."),
+        # the vision tower's fused qkv: no other encoder here has it (a Qwen2.5 LLM has no tower)
+        own_marks=("visual.blocks.0.attn.qkv.", "model.visual.blocks.0.attn.qkv."),
+        library="transformers",
+    )
+    class_prefixes = CLASS_PREFIXES
+    tied_linears = (
+        "lm_head",
+    )  # the 3B ties its head to the embedding; the 7B stores it (then kept as stored)
+    folders = Folders(
+        "qwen25vl",
+        release="qwen25vl-single",
+        release_why="Qwen2.5-VL, one file in ComfyUI's names (Comfy-Org's qwen_2.5_vl_7b*.safetensors)",
+    )
+    plan = PlanPolicy(
+        root_stem="qwen25vl",
+        no_gguf_why=(
+            "ComfyUI-GGUF reads Qwen2.5-VL as llama.cpp's qwen2vl text file with its vision tower in a second "
+            "mmproj file beside it, which this tool does not write yet"
+        ),
+    )
+    card = CardWords(
+        pipeline_tag=None,
+        weights="text encoder",
+        kept="The token embedding, the output head, the vision tower, the norms and the layers the recipe keeps "
+        "stay in their original precision.",
+        kept_tensors="every norm and bias, the token embedding, the output head and the vision tower",
+        comfyui="put the file in `ComfyUI/models/text_encoders/` and load it with the stock **Load CLIP** node "
+        "(type `qwen_image`), or as the first file of **DualCLIPLoader** (type `kandinsky5`, `hunyuan_video_15`); "
+        "ComfyUI bundles its tokenizer",
+    )
+    default_recipes = {
+        "qwen25vl": bundled_recipes("qwen25vl", (*SOURCE_NAMED, *COMFY)),
+        "qwen25vl-single": bundled_recipes("qwen25vl-single", COMFY),
+    }
+
+    # --- recognizing it ------------------------------------------------------------------------------------
+
+    def layouts(
+        self, folder: Path, open_: Callable[[str], Component | None], registered: Collection[str] = ()
+    ) -> list[SourceLayout]:
+        """A pipeline's ``text_encoder/`` or a bare folder naming the class (``qwen25vl``); one file of its
+        tensors with no config.json at the root (``qwen25vl-single``)."""
+        found = []
+        encoder = open_("text_encoder")
+        if encoder is not None and config_class(encoder.config) == self.diffusers_class:
+            why = f"{self.title}, a pipeline's text_encoder/ ({CLASS})"
+            found.append(self.layout(why, "qwen25vl", encoder=True))
+        root = open_(".")
+        if root is not None:
+            if config_class(root.config) == self.diffusers_class:
+                found.append(
+                    self.layout(f"{self.title}, a bare {CLASS} folder (its checkpoints' names)", "qwen25vl")
+                )
+            elif not root.config and self.naming(root.tensors) is not None:
+                found.append(self.layout(self.folders.release_why, "qwen25vl-single"))
+        return found
+
+    # --- running it ------------------------------------------------------------------------------------------
+
+    @property
+    def inputs(self) -> ModelInputs:
+        return INPUTS
+
+    def class_name(self, name: str) -> str:
+        """As `Family.class_name`; a name the class already holds (a transformers-side output's) is left as it is:
+        ``model.`` is a prefix of the class's ``model.language_model.``."""
+        if name.startswith(tuple(own for _, own in self.class_prefixes)):
+            return name
+        return super().class_name(name)
+
+    def diffusers_config(self, config: dict, tensors: Mapping[str, TensorInfo], where: Path) -> dict:
+        """`Qwen2_5_VLForConditionalGeneration`'s config for a file that has none, read off the tensor shapes;
+        what they do not say is Qwen2.5-VL-7B's (heads of 128 and of 80, its rope, window and patch sizes)."""
+        if config:
+            return dict(config)
+
+        def shape(name: str) -> tuple[int, ...]:
+            if name not in tensors:
+                raise InputError(f"{where}: no tensor {name!r}: not a {self.title} encoder")
+            return tuple(tensors[name].shape)
+
+        vocab, hidden = shape("model.embed_tokens.weight")
+        depth = count_blocks(tensors, "visual.blocks.")
+        width = shape("visual.patch_embed.proj.weight")[0]
+        text = {
+            **copy.deepcopy(_TEXT_DEFAULTS),
+            "vocab_size": vocab,
+            "hidden_size": hidden,
+            "intermediate_size": shape("model.layers.0.mlp.gate_proj.weight")[0],
+            "num_hidden_layers": count_blocks(tensors, "model.layers."),
+            "num_attention_heads": shape("model.layers.0.self_attn.q_proj.weight")[0] // _HEAD_DIM,
+            "num_key_value_heads": shape("model.layers.0.self_attn.k_proj.weight")[0] // _HEAD_DIM,
+        }
+        vision = {
+            **_VISION_DEFAULTS,
+            "depth": depth,
+            "hidden_size": width,
+            "intermediate_size": shape("visual.blocks.0.mlp.gate_proj.weight")[0],
+            "num_heads": max(1, width // _VISION_HEAD_DIM),
+            "out_hidden_size": shape("visual.merger.mlp.2.weight")[0],
+            # every eighth block attends over the whole image (7, 15, 23, 31 of the 7B's 32)
+            "fullatt_block_indexes": [i for i in range(depth) if i % 8 == 7] or [depth - 1],
+        }
+        return {
+            "architectures": [CLASS],
+            "model_type": "qwen2_5_vl",
+            "text_config": text,
+            "vision_config": vision,
+            "tie_word_embeddings": "lm_head.weight" not in tensors,
+        }
+
+    def build_model(self, config: dict):
+        """transformers' `Qwen2_5_VLForConditionalGeneration` of `Qwen2_5_VLConfig(**config)`."""
+        import transformers
+
+        # a copy: transformers' config rewrites nested dicts (rope parameters) in place
+        fields = {
+            k: copy.deepcopy(v)
+            for k, v in config.items()
+            if k not in ("architectures", "model_type", "dtype")
+        }
+        return transformers.Qwen2_5_VLForConditionalGeneration(transformers.Qwen2_5_VLConfig(**fields))
+
+    def release_config(self, tensors: Mapping[str, TensorInfo], where: Path) -> dict | None:
+        """The single file ships no config.json: what is converted from it is written with transformers' config
+        read off its tensors (`diffusers_config`)."""
+        return self.diffusers_config({}, tensors, where)
+
+
+QWEN25VL = Qwen25VLFamily()
