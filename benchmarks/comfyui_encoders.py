@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Our text-encoder files in the REAL ComfyUI and ComfyUI-GGUF, on the CPU: load, tokenize, encode a prompt.
 
-    python3 benchmarks/comfyui_encoders.py COMFYUI_DIR COMFYUI_GGUF_DIR WORK_DIR [--family umt5|gemma3]
+    python3 benchmarks/comfyui_encoders.py COMFYUI_DIR COMFYUI_GGUF_DIR WORK_DIR [--family umt5|gemma3|qwen25vl]
         [--preset P] [--recipes R1,R2] [--prompt TEXT]
 
 umT5 (`--family umt5`, CLIPLoader type wan): ComfyUI recognizes it only at its real widths (comfy/sd.py
@@ -15,6 +15,10 @@ Gemma 3 (`--family gemma3`, CLIPLoader type ltxv): ComfyUI tells Gemma 3 12B by 
 ``comfy/sd1_clip.py``): the default preset, ``comfyui``, has the 12B's 48 layers, head size and SigLIP tower at a
 small text width, and the check passes those widths through that option, so that ComfyUI's own loader, tokenizer
 and model run the file.
+
+Qwen2.5-VL (`--family qwen25vl`, CLIPLoader type qwen_image): the same, for `Qwen25_7BVLI_Config` (ComfyUI tells the
+7B by ``k_proj``'s 512-row bias; heads of 128, the 1280-wide tower and its bundled tokenizer's 152064 ids are fixed,
+and the preset ``comfyui`` has them).
 
   - `quantize example --family F --layout single` writes Comfy-Org's single file (ComfyUI's names, the tokenizer
     inside as ``spiece_model``), random weights;
@@ -64,6 +68,24 @@ def _gemma3_options(preset: str) -> dict:
     return {"model_name": "gemma3_12b", "gemma3_12b_model_config": config}
 
 
+def _qwen25vl_options(preset: str) -> dict:
+    """ComfyUI's Qwen2.5-VL 7B config with the example preset's text widths (the fields its dataclass takes; its
+    head size of 128 and its vision tower are fixed, and the preset has them)."""
+    sys.path.insert(0, str(REPO))
+    from quantize.models.examples.qwen25vl import QWEN25VL_EXAMPLES
+
+    s = QWEN25VL_EXAMPLES.presets[preset]
+    config = {
+        "vocab_size": s.vocab_size,
+        "hidden_size": s.hidden,
+        "intermediate_size": s.intermediate,
+        "num_hidden_layers": s.layers,
+        "num_attention_heads": s.heads,
+        "num_key_value_heads": s.kv_heads,
+    }
+    return {"model_name": "qwen25_7b", "qwen25_7b_model_config": config}
+
+
 #: family -> its default recipes and preset, ComfyUI's CLIP type (CLIPLoader and CLIPLoader (GGUF)), the
 #: tokenizer's key in ComfyUI's tokens, and ComfyUI's text-encoder options for a preset (`_gemma3_options`)
 FAMILIES = {
@@ -74,6 +96,13 @@ FAMILIES = {
         "ltxv",
         "gemma3_12b",
         _gemma3_options,
+    ),
+    "qwen25vl": (
+        "qwen25vl-single-comfy-fp8,qwen25vl-single-comfy-int8,qwen25vl-single-comfy-nvfp4",
+        "comfyui",
+        "qwen_image",
+        "qwen25_7b",
+        _qwen25vl_options,
     ),
 }
 

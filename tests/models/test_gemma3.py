@@ -309,3 +309,20 @@ def test_block_offload_streams_the_language_models_layers_and_changes_nothing(co
     want, got = last_hidden_state(plain, ids), last_hidden_state(offloaded, ids)
     assert offloader.stats.block_copies == len(offloaded.model.language_model.layers)  # no image, no SigLIP
     assert torch.equal(got, want)
+
+
+def test_sensitivity_runs_the_language_model_and_its_proposal_verifies(sources, tmp_path):
+    """`quantize sensitivity` fills the class through its own names (`Family.parameter_names`) and measures each
+    Linear; a conversion under its proposal verifies at the target."""
+    proposal = tmp_path / "gemma3-proposed.yaml"
+    proc = run_cli(
+        "sensitivity", sources["pipeline"], "--recipe", "gemma3-comfy-fp8", "--min-forward-sqnr", "30",
+        "--write-recipe", proposal, check=True,
+    )  # fmt: skip
+    assert "language_model.model.layers.1.mlp.down_proj" in proc.stdout and proposal.exists()
+    run_cli("convert", sources["pipeline"], tmp_path / "o", "--recipe", proposal, check=True)
+    proc = run_cli(
+        "verify", tmp_path / "o", "--source", sources["pipeline"], "--forward", "--json", check=True
+    )
+    (reported,) = [v["output_sqnr_db"] for v in json.loads(proc.stdout)["forward"].values()]
+    assert reported >= 30
