@@ -20,8 +20,8 @@ Qwen2.5-VL (`--family qwen25vl`, CLIPLoader type qwen_image): the same, for `Qwe
 7B by ``k_proj``'s 512-row bias; heads of 128, the 1280-wide tower and its bundled tokenizer's 152064 ids are fixed,
 and the preset ``comfyui`` has them).
 
-  - `quantize example --family F --layout single` writes Comfy-Org's single file (ComfyUI's names, the tokenizer
-    inside as ``spiece_model``), random weights;
+  - `quantize example --family F --layout single` writes Comfy-Org's single file (ComfyUI's names; umT5's and
+    Gemma 3's hold the tokenizer as ``spiece_model``, ComfyUI bundles Qwen2.5's), random weights;
   - `quantize convert --recipe R` writes each file;
   - ComfyUI's own CLIPLoader (``comfy.sd.load_clip``) loads the bf16 source and each ComfyUI file, ComfyUI-GGUF's
     CLIPLoader (GGUF) node each GGUF file; every one must come in as the family's model, with no missing or
@@ -50,44 +50,31 @@ CHECK = REPO.parent / "shared" / "tools" / "comfyui_check.py"
 PROMPT = "a red fox jumps over a sleeping dog in the snow, cinematic light"
 
 
-def _gemma3_options(preset: str) -> dict:
-    """ComfyUI's Gemma 3 12B config with the example preset's text widths (the fields its dataclass takes; its head
-    size of 256 and its SigLIP tower are fixed, and the preset has them)."""
-    sys.path.insert(0, str(REPO))
-    from quantize.models.examples.gemma3 import GEMMA3_EXAMPLES
+def _text_widths(family: str, model_name: str):
+    """ComfyUI's options for a text encoder whose config it fixes (Gemma 3 12B's, Qwen2.5-VL 7B's): the example
+    preset's text widths, the fields its config dataclass takes (``<model_name>_model_config``); what the
+    dataclass fixes otherwise (head size, vision tower) the preset has."""
 
-    s = GEMMA3_EXAMPLES.presets[preset]
-    config = {
-        "vocab_size": s.vocab_size,
-        "hidden_size": s.hidden,
-        "intermediate_size": s.intermediate,
-        "num_hidden_layers": s.layers,
-        "num_attention_heads": s.heads,
-        "num_key_value_heads": s.kv_heads,
-    }
-    return {"model_name": "gemma3_12b", "gemma3_12b_model_config": config}
+    def options(preset: str) -> dict:
+        sys.path.insert(0, str(REPO))
+        from quantize.models.examples import examples_of
 
+        s = examples_of(family).presets[preset]
+        config = {
+            "vocab_size": s.vocab_size,
+            "hidden_size": s.hidden,
+            "intermediate_size": s.intermediate,
+            "num_hidden_layers": s.layers,
+            "num_attention_heads": s.heads,
+            "num_key_value_heads": s.kv_heads,
+        }
+        return {"model_name": model_name, f"{model_name}_model_config": config}
 
-def _qwen25vl_options(preset: str) -> dict:
-    """ComfyUI's Qwen2.5-VL 7B config with the example preset's text widths (the fields its dataclass takes; its
-    head size of 128 and its vision tower are fixed, and the preset has them)."""
-    sys.path.insert(0, str(REPO))
-    from quantize.models.examples.qwen25vl import QWEN25VL_EXAMPLES
-
-    s = QWEN25VL_EXAMPLES.presets[preset]
-    config = {
-        "vocab_size": s.vocab_size,
-        "hidden_size": s.hidden,
-        "intermediate_size": s.intermediate,
-        "num_hidden_layers": s.layers,
-        "num_attention_heads": s.heads,
-        "num_key_value_heads": s.kv_heads,
-    }
-    return {"model_name": "qwen25_7b", "qwen25_7b_model_config": config}
+    return options
 
 
 #: family -> its default recipes and preset, ComfyUI's CLIP type (CLIPLoader and CLIPLoader (GGUF)), the
-#: tokenizer's key in ComfyUI's tokens, and ComfyUI's text-encoder options for a preset (`_gemma3_options`)
+#: tokenizer's key in ComfyUI's tokens, and ComfyUI's text-encoder options for a preset (`_text_widths`)
 FAMILIES = {
     "umt5": ("umt5-single-comfy-fp8,umt5-single-gguf-q8_0", "xxl", "wan", "umt5xxl", lambda preset: {}),
     "gemma3": (
@@ -95,14 +82,14 @@ FAMILIES = {
         "comfyui",
         "ltxv",
         "gemma3_12b",
-        _gemma3_options,
+        _text_widths("gemma3", "gemma3_12b"),
     ),
     "qwen25vl": (
         "qwen25vl-single-comfy-fp8,qwen25vl-single-comfy-int8,qwen25vl-single-comfy-nvfp4",
         "comfyui",
         "qwen_image",
         "qwen25_7b",
-        _qwen25vl_options,
+        _text_widths("qwen25vl", "qwen25_7b"),
     ),
 }
 

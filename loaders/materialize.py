@@ -419,15 +419,21 @@ def _retie(model: nn.Module, tied: Mapping[str, str]) -> None:
 
 
 def _match(
-    model: nn.Module, comp: Component, fmt: Format, names: _Names, tied: Mapping[str, str] = {}
+    model: nn.Module, comp: Component, fmt: Format, names: _Names, tied: Mapping[str, str] | None = None
 ) -> dict[str, _Entry]:
     keys = dict(comp.tensors)
     plan: dict[str, _Entry] = {}
     modules = dict(model.named_modules())
     cut_from: set[str] = set()  # the stacked tensors Linears took row ranges of
+    for key in (
+        tied or {}
+    ):  # loaded under the name they have first (`_tied`); a checkpoint may hold them twice
+        stored = names.rename(key)
+        if stored is not None:
+            keys.pop(stored, None)
     for name, module in modules.items():
         own = [f"{name}.{k}" if name else k for k, t in module._parameters.items() if t is not None]
-        if own and all(p in tied for p in own) and not _persistent_buffers(module):
+        if own and all(p in (tied or {}) for p in own) and not _persistent_buffers(module):
             continue  # its parameters are another module's (`_tied`), loaded there
         entry = _Entry(name, module, modules[name.rpartition(".")[0]] if name else None)
         already = isinstance(module, QuantizedLinear)

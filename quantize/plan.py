@@ -164,10 +164,12 @@ class ComponentPlan:
 
     def kept_linears(self) -> list[str]:
         """Modules with a 2-D weight that stay in high precision (compressed-tensors' `ignore`), output names; and
-        the class's tied Linears (`Family.tied_linears`), which no checkpoint stores and no quantizer may take."""
+        the class's tied Linears (`Family.tied_linears`) where the output holds, under the class's names, the tensor
+        they are tied to: no checkpoint stores them, and no quantizer may take them."""
         kept = [t.output_module for t in self.tensors if not t.quantize and t.is_linear_weight]
-        tied = () if self.family is None else self.family.tied_linears
-        return kept + [m for m in tied if m not in kept]
+        tied = {} if self.family is None else self.family.tied_linears
+        outputs = {t.output_name for t in self.tensors}
+        return kept + [m for m, to in tied.items() if to in outputs and m not in kept]
 
     def manifest_key(self, tp: TensorPlan) -> str:
         """How the manifest keys `tp`: its component and its output name."""

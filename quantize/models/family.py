@@ -300,10 +300,10 @@ class Family(abc.ABC):
     #: transformers 5 renames Gemma 3's ``language_model.model.`` to ``model.language_model.`` on loading; a
     #: format that writes the source's names for the class's own loader (`from_pretrained`) writes these
     class_prefixes: tuple[tuple[str, str], ...] = ()
-    #: the class's Linears whose weight is another tensor (tied: Gemma 3's ``lm_head``, its token embedding), by
-    #: the class's names: no checkpoint stores them, and the quantization configs name them as kept, so that
-    #: transformers' quantizers leave them as the tied Linears they are
-    tied_linears: tuple[str, ...] = ()
+    #: the class's Linears whose weight is another tensor (tied: Gemma 3's ``lm_head``) -> that tensor, by the
+    #: class's names: no checkpoint stores them, and the quantization config of an output in the class's names
+    #: (one holding that tensor) names them as kept, so that transformers' quantizers leave them tied
+    tied_linears: Mapping[str, str] = {}
 
     # --- running it (abstract: every family runs as its diffusers class) -------------------------
 
@@ -327,7 +327,10 @@ class Family(abc.ABC):
 
     def class_name(self, name: str) -> str:
         """The name the class's module holds tensor `name` under (`class_prefixes`: a stored name's prefix
-        renamed), or `name` itself."""
+        renamed), or `name` itself; a name already in the class's form (a transformers-side output's) is left as
+        it is, though a stored prefix may begin it (Qwen2.5-VL's ``model.`` of ``model.language_model.``)."""
+        if name.startswith(tuple(own for _, own in self.class_prefixes)):
+            return name
         for stored, own in self.class_prefixes:
             if name.startswith(stored):
                 return own + name[len(stored) :]
@@ -464,6 +467,11 @@ class Family(abc.ABC):
         quantization config (the modules it converts or leaves) read."""
 
         def renamer(names: Sequence[str], where: str) -> Renamer:
+            if self.detection.native_marks and self.naming(names) == "native":
+                raise InputError(
+                    f"{where}: a {self.title} file in ComfyUI's names converts to ComfyUI's formats; "
+                    f"{self.diffusers_class}'s formats are written from its transformers folder"
+                )
             return self.class_name
 
         return NameTable(f"{self.name}_class", renamer, f"the names {self.diffusers_class} holds")

@@ -196,7 +196,7 @@ class Gemma3Family(Family):
         library="transformers",
     )
     class_prefixes = CLASS_PREFIXES
-    tied_linears = ("lm_head",)
+    tied_linears = {"lm_head": "model.language_model.embed_tokens.weight"}
     folders = Folders(
         "gemma3",
         release="gemma3-single",
@@ -269,7 +269,9 @@ class Gemma3Family(Family):
         def shape(stored: str) -> tuple[int, ...]:
             name = stored if stored in tensors else self.native_name(stored)
             if name not in tensors:
-                raise InputError(f"{where}: no tensor {stored!r} (or {name!r}): not a {self.title} encoder")
+                raise InputError(
+                    f"{where}: no tensor {stored!r} (ComfyUI's {name!r}): not a {self.title} encoder"
+                )
             return tuple(tensors[name].shape)
 
         native = self.naming(tensors) == "native"

@@ -11,8 +11,8 @@ Names: ComfyUI's Qwen2.5-VL (``comfy/text_encoders/llama.py`` `Qwen25_7BVLI`, wh
 ``model.layers.0.self_attn.k_proj.bias`` of 512 rows) holds the names as stored, so `NAMES` maps each to itself
 (a table still: a tensor it does not list is refused). transformers 5's class holds them as
 ``model.language_model.`` and ``model.visual.`` (`CLASS_PREFIXES`, its loader's renaming, which a test holds to
-transformers' own): a forward pass and the loader fill the class through them, and the formats transformers loads
-are written in them.
+transformers' own; a name already so is left as it is): a forward pass and the loader fill the class through them,
+and the formats transformers loads are written in them.
 
 The tokenizer: ComfyUI bundles Qwen2.5's (``comfy/text_encoders/qwen25_tokenizer``), so its files hold none.
 
@@ -169,9 +169,8 @@ class Qwen25VLFamily(Family):
         library="transformers",
     )
     class_prefixes = CLASS_PREFIXES
-    tied_linears = (
-        "lm_head",
-    )  # the 3B ties its head to the embedding; the 7B stores it (then kept as stored)
+    #: the 3B ties its head to the embedding; the 7B stores it (then kept as stored)
+    tied_linears = {"lm_head": "model.language_model.embed_tokens.weight"}
     folders = Folders(
         "qwen25vl",
         release="qwen25vl-single",
@@ -226,13 +225,6 @@ class Qwen25VLFamily(Family):
     @property
     def inputs(self) -> ModelInputs:
         return INPUTS
-
-    def class_name(self, name: str) -> str:
-        """As `Family.class_name`; a name the class already holds (a transformers-side output's) is left as it is:
-        ``model.`` is a prefix of the class's ``model.language_model.``."""
-        if name.startswith(tuple(own for _, own in self.class_prefixes)):
-            return name
-        return super().class_name(name)
 
     def diffusers_config(self, config: dict, tensors: Mapping[str, TensorInfo], where: Path) -> dict:
         """`Qwen2_5_VLForConditionalGeneration`'s config for a file that has none, read off the tensor shapes;

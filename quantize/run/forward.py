@@ -401,9 +401,10 @@ class StreamedModel:
         weights: Weights,
         linear_hooks: Mapping[str, LinearHook] = {},
     ) -> torch.Tensor:
-        """One pass on `inputs` with the values `weights` gives; `linear_hooks[name](module, x)` sees each
-        named Linear's input while its weight is filled, and the Linear takes the tensor it returns instead, if
-        any. Returns the output in float32."""
+        """One pass on `inputs` with the values `weights` gives (by the plan's tensor names);
+        `linear_hooks[name](module, x)` sees the input of the Linear whose weight is the plan's ``<name>.weight``
+        while its weight is filled, and the Linear takes the tensor it returns instead, if any. Returns the output
+        in float32."""
         handles = []
         filler = _Filler(lambda param: weights(self.plan_of[param]))
         try:

@@ -67,8 +67,7 @@ def comfyui_state(shape) -> dict[str, tuple[int, ...]]:
     for i in range(s.vision_layers):
         p = f"{v}.encoder.layers.{i}"
         for m in ("layer_norm1", "layer_norm2", *(f"self_attn.{x}_proj" for x in ("q", "k", "v", "out"))):
-            size = w
-            state |= {f"{p}.{m}.weight": (size, w) if "proj" in m else (w,), f"{p}.{m}.bias": (w,)}
+            state |= {f"{p}.{m}.weight": (w, w) if "proj" in m else (w,), f"{p}.{m}.bias": (w,)}
         state |= {
             f"{p}.mlp.fc1.weight": (s.vision_intermediate, w),
             f"{p}.mlp.fc1.bias": (s.vision_intermediate,),
@@ -326,3 +325,19 @@ def test_sensitivity_runs_the_language_model_and_its_proposal_verifies(sources, 
     )
     (reported,) = [v["output_sqnr_db"] for v in json.loads(proc.stdout)["forward"].values()]
     assert reported >= 30
+
+
+def test_a_comfyui_named_file_is_refused_for_transformers_formats_in_one_line(sources, tmp_path):
+    """The single file holds ComfyUI's names and its tokenizer: a transformers-side format (written in the class's
+    names, for `from_pretrained`) is refused at plan time, naming the file; its ComfyUI formats are its own."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        (Path(__file__).parents[2] / "recipes" / "gemma3-single-comfy-int8.yaml")
+        .read_text()
+        .replace("format: comfy_int8", "format: torchao_int8")
+        .replace("name: gemma3-single-comfy-int8", "name: r")
+    )
+    proc = run_cli("convert", sources["single"], tmp_path / "out", "--recipe", recipe)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert "in ComfyUI's names converts to ComfyUI's formats" in line and not (tmp_path / "out").exists()

@@ -123,7 +123,7 @@ def test_comfyuis_names_are_its_qwen25_7bvli_module_and_the_stored_ones():
         assert all(QWEN.native_name(n) == n for n, _ in model.tensors)
 
 
-def test_family_by_class_and_by_names_and_not_gemma():
+def test_family_by_class_and_by_names_and_not_a_qwen_language_model():
     (single,) = QWEN25VL_EXAMPLES.models("tiny", "single")
     names = [n for n, _ in single.tensors]
     assert (

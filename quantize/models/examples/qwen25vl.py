@@ -6,7 +6,6 @@ single file (the same names, no config.json). ComfyUI bundles Qwen2.5's tokenize
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..qwen25vl import QWEN25VL as FAMILY
 from .base import ExampleModel, Examples
@@ -87,11 +86,44 @@ _INIT = {
 
 
 def qwen25vl_config(s: Qwen25VLShape) -> dict:
-    """config.json as Qwen/Qwen2.5-VL-7B-Instruct's (its fields, this shape's sizes), as the family derives one."""
-    from ...read.checkpoint import TensorInfo
-
-    infos = {n: TensorInfo(n, "BF16", shape, Path("example"), 0, 0) for n, shape in qwen25vl_tensors(s)}
-    return {**FAMILY.diffusers_config({}, infos, Path("example")), "dtype": "bfloat16"}
+    """config.json as Qwen/Qwen2.5-VL-7B-Instruct's, written out (its fields, this shape's sizes; a full-attention
+    block every eighth of the tower's, the last where it has fewer): what the family's config of a release, read off
+    its shapes, is held to."""
+    return {
+        "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+        "model_type": "qwen2_5_vl",
+        "text_config": {
+            "model_type": "qwen2_5_vl_text",
+            "vocab_size": s.vocab_size,
+            "hidden_size": s.hidden,
+            "intermediate_size": s.intermediate,
+            "num_hidden_layers": s.layers,
+            "num_attention_heads": s.heads,
+            "num_key_value_heads": s.kv_heads,
+            "hidden_act": "silu",
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 1_000_000.0,
+            "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+            "max_position_embeddings": 128_000,
+            "tie_word_embeddings": False,
+        },
+        "vision_config": {
+            "model_type": "qwen2_5_vl",
+            "depth": s.vision_depth,
+            "hidden_size": s.vision_width,
+            "intermediate_size": s.vision_intermediate,
+            "num_heads": s.vision_heads,
+            "out_hidden_size": s.hidden,
+            "hidden_act": "silu",
+            "patch_size": s.patch,
+            "temporal_patch_size": s.temporal_patch,
+            "spatial_merge_size": s.merge,
+            "window_size": 112,
+            "fullatt_block_indexes": [7, 15, 23, 31] if s.vision_depth == 32 else [s.vision_depth - 1],
+        },
+        "tie_word_embeddings": False,
+        "dtype": "bfloat16",
+    }
 
 
 class Qwen25VLExamples(Examples):
