@@ -37,23 +37,21 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InputError
-from ..read.files import config_class
+from .encoder import TextEncoder, token_inputs
 from .family import (
     COMFY,
     SOURCE_NAMED,
     CardWords,
     Carried,
     Detection,
-    Family,
     Folders,
     ModelInputs,
     PlanPolicy,
-    SourceLayout,
     Tokenizer,
     bundled_recipes,
     count_blocks,
@@ -61,9 +59,7 @@ from .family import (
 from .names import BlockNames, Blocks
 
 if TYPE_CHECKING:
-    import torch
-
-    from ..read.checkpoint import Component, TensorInfo
+    from ..read.checkpoint import TensorInfo
 
 __all__ = ["GEMMA3", "Gemma3Family", "NAMES", "CLASS", "CLASS_PREFIXES", "TOKENIZER_TENSOR"]
 
@@ -128,32 +124,8 @@ CLASS_PREFIXES = (
 
 # --- a forward pass's inputs ---------------------------------------------------------------------------------
 
-_KEYS = ("input_ids",)
-
-
-def _shapes(config: dict) -> dict[str, tuple[tuple[int | None, ...], ...]]:
-    return {"input_ids": ((None, None),)}
-
-
-def _random(config: dict, g: torch.Generator) -> dict[str, torch.Tensor]:
-    import torch
-
-    vocab = config["text_config"]["vocab_size"]
-    return {"input_ids": torch.randint(0, vocab, (1, 16), generator=g)}
-
-
-def _call(config: dict, t: dict[str, torch.Tensor]) -> dict:
-    return dict(t, use_cache=False, return_dict=False)
-
-
-#: a pass runs the language model (what LTX-2 reads: its hidden states), not the vision tower or the head
-INPUTS = ModelInputs(
-    keys=lambda config: _KEYS,
-    shapes=_shapes,
-    random=_random,
-    call=_call,
-    accepts=_KEYS,
-    module="model.language_model",
+INPUTS = token_inputs(
+    lambda config: config["text_config"]["vocab_size"], module="model.language_model", use_cache=False
 )
 
 # --- config, from a release's tensor shapes ------------------------------------------------------------------
@@ -179,7 +151,7 @@ _VISION_DEFAULTS = {
 _VISION_HEAD_DIM = 72
 
 
-class Gemma3Family(Family):
+class Gemma3Family(TextEncoder):
     name = "gemma3"
     title = "Gemma 3"
     names = NAMES
@@ -233,26 +205,6 @@ class Gemma3Family(Family):
     }
 
     # --- recognizing it ------------------------------------------------------------------------------------
-
-    def layouts(
-        self, folder: Path, open_: Callable[[str], Component | None], registered: Collection[str] = ()
-    ) -> list[SourceLayout]:
-        """A pipeline's ``text_encoder/`` or a bare folder naming the class (``gemma3``); one file of Gemma 3
-        tensors in ComfyUI's names with no config.json at the root (``gemma3-single``)."""
-        found = []
-        encoder = open_("text_encoder")
-        if encoder is not None and config_class(encoder.config) == self.diffusers_class:
-            why = f"{self.title}, a pipeline's text_encoder/ ({CLASS})"
-            found.append(self.layout(why, "gemma3", encoder=True))
-        root = open_(".")
-        if root is not None:
-            if config_class(root.config) == self.diffusers_class:
-                found.append(
-                    self.layout(f"{self.title}, a bare {CLASS} folder (its checkpoints' names)", "gemma3")
-                )
-            elif not root.config and self.naming(root.tensors) == "native":
-                found.append(self.layout(self.folders.release_why, "gemma3-single"))
-        return found
 
     # --- running it ------------------------------------------------------------------------------------------
 
@@ -312,23 +264,6 @@ class Gemma3Family(Family):
             "eoi_token_index": 256_000,
             "image_token_index": 262_144,
         }
-
-    def build_model(self, config: dict):
-        """transformers' `Gemma3ForConditionalGeneration` of `Gemma3Config(**config)`."""
-        import transformers
-
-        # a copy: transformers' config rewrites nested dicts (rope parameters) in place
-        fields = {
-            k: copy.deepcopy(v)
-            for k, v in config.items()
-            if k not in ("architectures", "model_type", "dtype")
-        }
-        return transformers.Gemma3ForConditionalGeneration(transformers.Gemma3Config(**fields))
-
-    def release_config(self, tensors: Mapping[str, TensorInfo], where: Path) -> dict | None:
-        """The single file ships no config.json: what is converted from it is written with transformers' config
-        read off its tensors (`diffusers_config`)."""
-        return self.diffusers_config({}, tensors, where)
 
 
 GEMMA3 = Gemma3Family()

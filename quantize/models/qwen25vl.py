@@ -34,31 +34,27 @@ kept).
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InputError
-from ..read.files import config_class
+from .encoder import TextEncoder, token_inputs
 from .family import (
     COMFY,
     SOURCE_NAMED,
     CardWords,
     Detection,
-    Family,
     Folders,
     ModelInputs,
     PlanPolicy,
-    SourceLayout,
     bundled_recipes,
     count_blocks,
 )
 from .names import BlockNames, Blocks
 
 if TYPE_CHECKING:
-    import torch
-
-    from ..read.checkpoint import Component, TensorInfo
+    from ..read.checkpoint import TensorInfo
 
 __all__ = ["QWEN25VL", "Qwen25VLFamily", "NAMES", "CLASS", "CLASS_PREFIXES"]
 
@@ -104,32 +100,8 @@ CLASS_PREFIXES = (("model.", "model.language_model."), ("visual.", "model.visual
 
 # --- a forward pass's inputs ---------------------------------------------------------------------------------
 
-_KEYS = ("input_ids",)
-
-
-def _shapes(config: dict) -> dict[str, tuple[tuple[int | None, ...], ...]]:
-    return {"input_ids": ((None, None),)}
-
-
-def _random(config: dict, g: torch.Generator) -> dict[str, torch.Tensor]:
-    import torch
-
-    vocab = config["text_config"]["vocab_size"]
-    return {"input_ids": torch.randint(0, vocab, (1, 16), generator=g)}
-
-
-def _call(config: dict, t: dict[str, torch.Tensor]) -> dict:
-    return dict(t, use_cache=False, return_dict=False)
-
-
-#: a pass runs the language model (its hidden states are what the pipelines read), not the vision tower or head
-INPUTS = ModelInputs(
-    keys=lambda config: _KEYS,
-    shapes=_shapes,
-    random=_random,
-    call=_call,
-    accepts=_KEYS,
-    module="model.language_model",
+INPUTS = token_inputs(
+    lambda config: config["text_config"]["vocab_size"], module="model.language_model", use_cache=False
 )
 
 # --- config, from a release's tensor shapes ------------------------------------------------------------------
@@ -156,7 +128,7 @@ _VISION_DEFAULTS = {
 }
 
 
-class Qwen25VLFamily(Family):
+class Qwen25VLFamily(TextEncoder):
     name = "qwen25vl"
     title = "Qwen2.5-VL"
     names = NAMES
@@ -199,26 +171,6 @@ class Qwen25VLFamily(Family):
     }
 
     # --- recognizing it ------------------------------------------------------------------------------------
-
-    def layouts(
-        self, folder: Path, open_: Callable[[str], Component | None], registered: Collection[str] = ()
-    ) -> list[SourceLayout]:
-        """A pipeline's ``text_encoder/`` or a bare folder naming the class (``qwen25vl``); one file of its
-        tensors with no config.json at the root (``qwen25vl-single``)."""
-        found = []
-        encoder = open_("text_encoder")
-        if encoder is not None and config_class(encoder.config) == self.diffusers_class:
-            why = f"{self.title}, a pipeline's text_encoder/ ({CLASS})"
-            found.append(self.layout(why, "qwen25vl", encoder=True))
-        root = open_(".")
-        if root is not None:
-            if config_class(root.config) == self.diffusers_class:
-                found.append(
-                    self.layout(f"{self.title}, a bare {CLASS} folder (its checkpoints' names)", "qwen25vl")
-                )
-            elif not root.config and self.naming(root.tensors) is not None:
-                found.append(self.layout(self.folders.release_why, "qwen25vl-single"))
-        return found
 
     # --- running it ------------------------------------------------------------------------------------------
 
@@ -266,23 +218,6 @@ class Qwen25VLFamily(Family):
             "vision_config": vision,
             "tie_word_embeddings": "lm_head.weight" not in tensors,
         }
-
-    def build_model(self, config: dict):
-        """transformers' `Qwen2_5_VLForConditionalGeneration` of `Qwen2_5_VLConfig(**config)`."""
-        import transformers
-
-        # a copy: transformers' config rewrites nested dicts (rope parameters) in place
-        fields = {
-            k: copy.deepcopy(v)
-            for k, v in config.items()
-            if k not in ("architectures", "model_type", "dtype")
-        }
-        return transformers.Qwen2_5_VLForConditionalGeneration(transformers.Qwen2_5_VLConfig(**fields))
-
-    def release_config(self, tensors: Mapping[str, TensorInfo], where: Path) -> dict | None:
-        """The single file ships no config.json: what is converted from it is written with transformers' config
-        read off its tensors (`diffusers_config`)."""
-        return self.diffusers_config({}, tensors, where)
 
 
 QWEN25VL = Qwen25VLFamily()

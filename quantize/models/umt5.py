@@ -28,23 +28,21 @@ the layer norms; every Linear of the 24 blocks is quantized.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InputError
-from ..read.files import config_class
+from .encoder import TextEncoder, token_inputs
 from .family import (
     COMFY,
     SOURCE_NAMED,
     CardWords,
     Carried,
     Detection,
-    Family,
     Folders,
     ModelInputs,
     PlanPolicy,
-    SourceLayout,
     Tokenizer,
     bundled_recipes,
     count_blocks,
@@ -52,9 +50,7 @@ from .family import (
 from .names import BlockNames, Blocks
 
 if TYPE_CHECKING:
-    import torch
-
-    from ..read.checkpoint import Component, TensorInfo
+    from ..read.checkpoint import TensorInfo
 
 __all__ = ["UMT5", "UMT5Family", "NAMES", "GGUF_NAMES", "CLASS", "TOKENIZER_TENSOR"]
 
@@ -94,27 +90,10 @@ GGUF_NAMES = BlockNames(
 
 # --- a forward pass's inputs ---------------------------------------------------------------------------------
 
-_KEYS = ("input_ids",)
+INPUTS = token_inputs(lambda config: config["vocab_size"])
 
 
-def _shapes(config: dict) -> dict[str, tuple[tuple[int | None, ...], ...]]:
-    return {"input_ids": ((None, None),)}
-
-
-def _random(config: dict, g: torch.Generator) -> dict[str, torch.Tensor]:
-    import torch
-
-    return {"input_ids": torch.randint(0, config["vocab_size"], (1, 16), generator=g)}
-
-
-def _call(config: dict, t: dict[str, torch.Tensor]) -> dict:
-    return dict(t, return_dict=False)
-
-
-INPUTS = ModelInputs(keys=lambda config: _KEYS, shapes=_shapes, random=_random, call=_call, accepts=_KEYS)
-
-
-class UMT5Family(Family):
+class UMT5Family(TextEncoder):
     name = "umt5"
     title = "umT5"
     names = NAMES
@@ -160,26 +139,6 @@ class UMT5Family(Family):
     }
 
     # --- recognizing it ------------------------------------------------------------------------------------
-
-    def layouts(
-        self, folder: Path, open_: Callable[[str], Component | None], registered: Collection[str] = ()
-    ) -> list[SourceLayout]:
-        """A pipeline's ``text_encoder/`` or a bare encoder folder naming the class (``umt5``); one file of umT5
-        tensors with no config.json at the root (``umt5-single``)."""
-        found = []
-        encoder = open_("text_encoder")
-        if encoder is not None and config_class(encoder.config) == self.diffusers_class:
-            why = f"{self.title}, a pipeline's text_encoder/ ({CLASS})"
-            found.append(self.layout(why, "umt5", encoder=True))
-        root = open_(".")
-        if root is not None:
-            if config_class(root.config) == self.diffusers_class:
-                found.append(
-                    self.layout(f"{self.title}, a bare {CLASS} folder (transformers' names)", "umt5")
-                )
-            elif not root.config and self.naming(root.tensors) is not None:
-                found.append(self.layout(self.folders.release_why, "umt5-single"))
-        return found
 
     # --- running it ------------------------------------------------------------------------------------------
 
@@ -227,19 +186,11 @@ class UMT5Family(Family):
         }
 
     def build_model(self, config: dict):
-        """transformers' `UMT5EncoderModel` of `UMT5Config(**config)`, its tied embedding untied: the encoder's
-        ``embed_tokens`` is ``shared`` itself, as the checkpoints store one of them."""
-        import transformers
-
-        fields = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "dtype")}
-        model = transformers.UMT5EncoderModel(transformers.UMT5Config(**fields))
+        """transformers' `UMT5EncoderModel` (`TextEncoder.build_model`), the encoder's ``embed_tokens`` made
+        ``shared`` itself, as the checkpoints store one of them."""
+        model = super().build_model(config)
         model.encoder.embed_tokens = model.shared
         return model
-
-    def release_config(self, tensors: Mapping[str, TensorInfo], where: Path) -> dict | None:
-        """The single file ships no config.json: what is converted from it is written with transformers' config
-        read off its tensors (`diffusers_config`)."""
-        return self.diffusers_config({}, tensors, where)
 
     def gguf_key_values(
         self, config: dict, tensors: Mapping[str, TensorInfo]

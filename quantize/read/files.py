@@ -162,8 +162,8 @@ def config_class(config: dict | None) -> str | None:
     """The model class a config.json names: diffusers' ``_class_name``, else the first of transformers'
     ``architectures`` (a text encoder's); None when it names none.
 
-    >>> config_class({"_class_name": "WanModel"}), config_class({"architectures": ["UMT5EncoderModel"]})
-    ('WanModel', 'UMT5EncoderModel')
+    >>> config_class({"_class_name": "SomeTransformer"}), config_class({"architectures": ["SomeEncoderModel"]})
+    ('SomeTransformer', 'SomeEncoderModel')
     """
     config = config or {}
     cls = config.get("_class_name")

@@ -34,13 +34,9 @@ class ClassNames:
 
 
 def class_names(family: Family, stored: Iterable[str]) -> ClassNames:
-    """How `family`'s diffusers class finds its tensors among `stored`, a native model's tensor names.
-
-    >>> from quantize.models import get_family
-    >>> names = class_names(get_family("wan"), ["head.modulation", "blocks.0.cam_injector_layer1.weight"])
-    >>> names.renamed, names.stored
-    ({'head.modulation': 'scale_shift_table'}, {'scale_shift_table': 'head.modulation'})
-    """
+    """How `family`'s diffusers class finds its tensors among `stored`, a native model's tensor names: each
+    renamed through the family's table both ways, a tensor the class lacks left out (tests/run/test_class_names.py
+    shows it on a family)."""
     runs = [n for n in stored if not family.carried(n)]
     stacks = family.runnable_stacks(runs)
     renamed = {n: own for n in runs if n not in stacks and (own := family.diffusers_name(n)) is not None}

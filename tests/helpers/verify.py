@@ -19,6 +19,14 @@ def verify_json(ckpt: Path, *args) -> tuple[int, dict, str]:
     return proc.returncode, report, proc.stderr
 
 
+def forward_sqnr(ckpt: Path, source: Path) -> float:
+    """`quantize verify CKPT --source SOURCE --forward`, which must pass: its one component's output SQNR (dB)."""
+    code, report, err = verify_json(ckpt, "--source", source, "--forward")
+    assert code == 0, err
+    (sqnr,) = [v["output_sqnr_db"] for v in report["forward"].values()]
+    return sqnr
+
+
 def failures(report: dict) -> dict[str, list[str]]:
     """The failures of each check of a verify report that did not pass, by check name."""
     return {c["check"]: c["failures"] for c in report["checks"] if not c["ok"]}

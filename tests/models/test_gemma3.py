@@ -24,7 +24,10 @@ from safetensors import safe_open
 from quantize.models import family_of, get_family
 from quantize.models.examples.gemma3 import GEMMA3_EXAMPLES, example_tokenizer, gemma3_config
 from quantize.read.detect import detect_layouts
+from quantize.run.forward import forward_sqnr_db as sqnr
 from tests.conftest import read_json, run_cli
+from tests.helpers.recipes import listed_recipes
+from tests.helpers.verify import forward_sqnr
 
 GEMMA3 = get_family("gemma3")
 TRANSFORMERS_SIDE = ["fp8_channel", "torchao_fp8", "torchao_int8", "nf4"]
@@ -82,10 +85,6 @@ def tokenize(spiece: bytes) -> list[list[int]]:
 
     sp = sentencepiece.SentencePieceProcessor(model_proto=spiece, add_bos=True, add_eos=False)
     return [sp.encode(p) for p in PROMPTS]
-
-
-def sqnr(ref: torch.Tensor, out: torch.Tensor) -> float:
-    return float(10 * torch.log10(ref.pow(2).sum() / (ref - out.float()).pow(2).sum()))
 
 
 def last_hidden_state(model, ids: torch.Tensor) -> torch.Tensor:
@@ -175,11 +174,11 @@ def test_every_layout_is_detected_and_finds_its_recipes(sources):
         "gemma3-single",
     )
     for layout, where in (("gemma3", sources["pipeline"]), ("gemma3-single", sources["single"])):
-        listed = run_cli("recipes", "--for", where, check=True).stdout
-        recipes = sorted(line.split("│")[1].strip() for line in listed.splitlines() if ".yaml" in line)
+        recipes = listed_recipes(where)
         # its own, each the default of its format (Qwen2.5-VL's single-file recipes plan on it too: the same
         # ComfyUI layer names)
         assert {f"{r}.yaml" for r in GEMMA3.default_recipes[layout].values()} <= set(recipes)
+        listed = run_cli("recipes", "--for", where, check=True).stdout
         assert all(f"--format {fmt}" in listed for fmt in GEMMA3.default_recipes[layout])
 
 
@@ -214,10 +213,7 @@ def test_every_format_verifies_with_a_streamed_forward_and_our_loader_runs_it(
 
     from loaders import load_quantized
 
-    proc = run_cli(
-        "verify", converted[fmt], "--source", sources["pipeline"], "--forward", "--json", check=True
-    )
-    (reported,) = [v["output_sqnr_db"] for v in json.loads(proc.stdout)["forward"].values()]
+    reported = forward_sqnr(converted[fmt], sources["pipeline"])
     model = load_quantized(
         Gemma3ForConditionalGeneration, converted[fmt] / "text_encoder", dtype=torch.float32
     )
@@ -320,10 +316,7 @@ def test_sensitivity_runs_the_language_model_and_its_proposal_verifies(sources, 
     )  # fmt: skip
     assert "language_model.model.layers.1.mlp.down_proj" in proc.stdout and proposal.exists()
     run_cli("convert", sources["pipeline"], tmp_path / "o", "--recipe", proposal, check=True)
-    proc = run_cli(
-        "verify", tmp_path / "o", "--source", sources["pipeline"], "--forward", "--json", check=True
-    )
-    (reported,) = [v["output_sqnr_db"] for v in json.loads(proc.stdout)["forward"].values()]
+    reported = forward_sqnr(tmp_path / "o", sources["pipeline"])
     assert reported >= 30
 
 

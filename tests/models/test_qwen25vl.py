@@ -21,7 +21,10 @@ from safetensors import safe_open
 from quantize.models import family_of, get_family
 from quantize.models.examples.qwen25vl import QWEN25VL_EXAMPLES, qwen25vl_config
 from quantize.read.detect import detect_layouts
+from quantize.run.forward import forward_sqnr_db as sqnr
 from tests.conftest import read_json, run_cli
+from tests.helpers.recipes import listed_recipes
+from tests.helpers.verify import forward_sqnr
 
 QWEN = get_family("qwen25vl")
 TRANSFORMERS_SIDE = ["fp8_channel", "torchao_fp8", "torchao_int8", "nf4"]
@@ -65,10 +68,6 @@ def comfyui_state(s) -> dict[str, tuple[int, ...]]:
     state |= {"visual.merger.mlp.0.bias": (merged,), "visual.merger.mlp.2.weight": (h, merged)}
     state["visual.merger.mlp.2.bias"] = (h,)
     return state
-
-
-def sqnr(ref: torch.Tensor, out: torch.Tensor) -> float:
-    return float(10 * torch.log10(ref.pow(2).sum() / (ref - out.float()).pow(2).sum()))
 
 
 def last_hidden_state(model, ids: torch.Tensor) -> torch.Tensor:
@@ -142,11 +141,11 @@ def test_every_layout_is_detected_and_finds_its_recipes(sources):
         "qwen25vl", True, "qwen25vl", "qwen25vl-single",
     )  # fmt: skip
     for layout, where in (("qwen25vl", sources["pipeline"]), ("qwen25vl-single", sources["single"])):
-        listed = run_cli("recipes", "--for", where, check=True).stdout
-        recipes = sorted(line.split("│")[1].strip() for line in listed.splitlines() if ".yaml" in line)
+        recipes = listed_recipes(where)
         # its own, each the default of its format (Gemma 3's single-file recipes plan on it too: the same
         # ComfyUI layer names)
         assert {f"{r}.yaml" for r in QWEN.default_recipes[layout].values()} <= set(recipes)
+        listed = run_cli("recipes", "--for", where, check=True).stdout
         assert all(f"--format {fmt}" in listed for fmt in QWEN.default_recipes[layout])
 
 
@@ -174,10 +173,7 @@ def test_every_format_verifies_with_a_streamed_forward_and_our_loader_runs_it(
 
     from loaders import load_quantized
 
-    proc = run_cli(
-        "verify", converted[fmt], "--source", sources["pipeline"], "--forward", "--json", check=True
-    )
-    (reported,) = [v["output_sqnr_db"] for v in json.loads(proc.stdout)["forward"].values()]
+    reported = forward_sqnr(converted[fmt], sources["pipeline"])
     path = converted[fmt] / "text_encoder"
     model = load_quantized(Qwen2_5_VLForConditionalGeneration, path, dtype=torch.float32)
     ids, ref = reference

@@ -24,8 +24,11 @@ from safetensors import safe_open
 from quantize.models import family_of, get_family
 from quantize.models.examples.umt5 import UMT5_EXAMPLES, example_tokenizer, umt5_config
 from quantize.read.detect import detect_layouts
+from quantize.run.forward import forward_sqnr_db as sqnr
 from tests.conftest import read_json, run_cli
 from tests.diffusers_models import wan_of_width
+from tests.helpers.recipes import listed_recipes
+from tests.helpers.verify import forward_sqnr
 
 UMT5 = get_family("umt5")
 TRANSFORMERS_SIDE = ["fp8_channel", "torchao_fp8", "torchao_int8", "nf4"]
@@ -84,10 +87,6 @@ def tokenize(spiece: bytes) -> list[list[int]]:
 
     sp = sentencepiece.SentencePieceProcessor(model_proto=spiece, add_bos=False, add_eos=True)
     return [sp.encode(p) for p in PROMPTS]
-
-
-def sqnr(ref: torch.Tensor, out: torch.Tensor) -> float:
-    return float(10 * torch.log10(ref.pow(2).sum() / (ref - out.float()).pow(2).sum()))
 
 
 @pytest.fixture(scope="module")
@@ -166,8 +165,7 @@ def test_every_layout_is_detected_and_finds_its_recipes(sources, tmp_path):
     assert (pipeline.name, pipeline.encoder, bare.name, bare.encoder) == ("umt5", True, "umt5", False)
     assert single.name == "umt5-single"
     for layout, where in (("umt5", sources["pipeline"]), ("umt5-single", sources["single"])):
-        listed = run_cli("recipes", "--for", where, check=True).stdout
-        recipes = sorted(line.split("│")[1].strip() for line in listed.splitlines() if ".yaml" in line)
+        recipes = listed_recipes(where)
         assert recipes == sorted(f"{r}.yaml" for r in UMT5.default_recipes[layout].values())
     wan = tmp_path / "wan"
     wan_of_width(wan / "transformer", width=64)
@@ -202,10 +200,7 @@ def test_every_format_verifies_with_a_streamed_forward_and_our_loader_runs_it(
 
     from loaders import load_quantized
 
-    proc = run_cli(
-        "verify", converted[fmt], "--source", sources["pipeline"], "--forward", "--json", check=True
-    )
-    (reported,) = [v["output_sqnr_db"] for v in json.loads(proc.stdout)["forward"].values()]
+    reported = forward_sqnr(converted[fmt], sources["pipeline"])
     model = load_quantized(UMT5EncoderModel, converted[fmt] / "text_encoder", dtype=torch.float32)
     ids, ref = reference
     with torch.no_grad():
@@ -322,10 +317,7 @@ def test_sensitivity_measures_the_encoder_and_proposes_a_recipe_verify_proves(so
     )  # fmt: skip
     assert "encoder.block.0.layer.1.DenseReluDense.wo" in proc.stdout and proposal.exists()
     run_cli("convert", sources["pipeline"], tmp_path / "o", "--recipe", proposal, check=True)
-    proc = run_cli(
-        "verify", tmp_path / "o", "--source", sources["pipeline"], "--forward", "--json", check=True
-    )
-    (reported,) = [v["output_sqnr_db"] for v in json.loads(proc.stdout)["forward"].values()]
+    reported = forward_sqnr(tmp_path / "o", sources["pipeline"])
     assert reported >= 30
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from ...errors import InputError
 from ..family import Family
 
-__all__ = ["ExampleModel", "Examples", "LoraTensor", "diffusers_example", "linear"]
+__all__ = ["ExampleModel", "Examples", "LoraTensor", "byte_fallback_pieces", "diffusers_example", "linear"]
 
 #: one tensor of an example LoRA: (key, shape, dtype as safetensors spells it)
 LoraTensor = tuple[str, tuple[int, ...], str]
@@ -74,6 +74,23 @@ class Examples(abc.ABC):
     def lora(self, preset: str, layout: str, rank: int) -> list[LoraTensor]:
         """(key, shape, dtype) of a LoRA for `models(preset, layout)`, as this family's LoRAs are written."""
         raise InputError(f"{self.family.title} has no example LoRA")
+
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def byte_fallback_pieces(specials: list[tuple[str, str]], size: int) -> list[tuple[str, float, int]]:
+    """The pieces of an example SentencePiece tokenizer with byte fallback, as umT5's and Gemma's: `specials`
+    ((piece, sentencepiece type name) in id order), the 256 byte pieces, then ``▁``, the letters and the digits
+    alone and after ``▁``, and two-letter pieces, to `size` pieces at most (for `read.spiece.write_spiece`)."""
+    from ...read.spiece import PIECE_TYPES
+
+    pieces = [(piece, 0.0, PIECE_TYPES[kind]) for piece, kind in specials]
+    pieces += [(f"<0x{b:02X}>", 0.0, PIECE_TYPES["BYTE"]) for b in range(256)]
+    words = ["▁", *_LETTERS, *"0123456789", *(f"▁{c}" for c in _LETTERS)]
+    words += [a + b for a in _LETTERS for b in _LETTERS]
+    count = max(size - len(pieces), 0)
+    return pieces + [(w, -1.0 - i / 100, PIECE_TYPES["NORMAL"]) for i, w in enumerate(words[:count])]
 
 
 def linear(name: str, out: int, inp: int, bias: bool = True) -> list[tuple[str, tuple[int, ...]]]:

@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ...read.spiece import PIECE_TYPES, write_spiece
+from ...read.spiece import write_spiece
 from ..gemma3 import CLASS, TOKENIZER_TENSOR
 from ..gemma3 import GEMMA3 as FAMILY
-from .base import ExampleModel, Examples
+from .base import ExampleModel, Examples, byte_fallback_pieces, linear
 
 __all__ = [
     "GEMMA3_EXAMPLES",
@@ -52,10 +52,6 @@ class Gemma3Shape:
         return max(1, self.vision_width // 72)
 
 
-def _linear(name: str, out: int, inp: int, bias: bool) -> list[tuple[str, tuple[int, ...]]]:
-    return [(f"{name}.weight", (out, inp)), *([(f"{name}.bias", (out,))] if bias else [])]
-
-
 def gemma3_tensors(s: Gemma3Shape) -> list[tuple[str, tuple[int, ...]]]:
     """Names and shapes of `Gemma3ForConditionalGeneration`'s tensors as google/gemma-3-12b-it stores them (the
     tied output head left out, as the checkpoint leaves it)."""
@@ -67,10 +63,10 @@ def gemma3_tensors(s: Gemma3Shape) -> list[tuple[str, tuple[int, ...]]]:
         b = f"{v}.encoder.layers.{i}"
         t += [(f"{b}.layer_norm1.weight", (w,)), (f"{b}.layer_norm1.bias", (w,))]
         for p in ("q", "k", "v", "out"):
-            t += _linear(f"{b}.self_attn.{p}_proj", w, w, True)
+            t += linear(f"{b}.self_attn.{p}_proj", w, w, True)
         t += [(f"{b}.layer_norm2.weight", (w,)), (f"{b}.layer_norm2.bias", (w,))]
-        t += _linear(f"{b}.mlp.fc1", s.vision_intermediate, w, True)
-        t += _linear(f"{b}.mlp.fc2", w, s.vision_intermediate, True)
+        t += linear(f"{b}.mlp.fc1", s.vision_intermediate, w, True)
+        t += linear(f"{b}.mlp.fc2", w, s.vision_intermediate, True)
     t += [(f"{v}.post_layernorm.weight", (w,)), (f"{v}.post_layernorm.bias", (w,))]
     t += [("multi_modal_projector.mm_input_projection_weight", (w, s.hidden))]
     t += [("multi_modal_projector.mm_soft_emb_norm.weight", (w,))]
@@ -78,17 +74,17 @@ def gemma3_tensors(s: Gemma3Shape) -> list[tuple[str, tuple[int, ...]]]:
     t += [(f"{m}.embed_tokens.weight", (s.vocab_size, s.hidden))]
     for i in range(s.layers):
         b = f"{m}.layers.{i}"
-        t += _linear(f"{b}.self_attn.q_proj", q, s.hidden, False)
-        t += _linear(f"{b}.self_attn.k_proj", kv, s.hidden, False)
-        t += _linear(f"{b}.self_attn.v_proj", kv, s.hidden, False)
-        t += _linear(f"{b}.self_attn.o_proj", s.hidden, q, False)
+        t += linear(f"{b}.self_attn.q_proj", q, s.hidden, False)
+        t += linear(f"{b}.self_attn.k_proj", kv, s.hidden, False)
+        t += linear(f"{b}.self_attn.v_proj", kv, s.hidden, False)
+        t += linear(f"{b}.self_attn.o_proj", s.hidden, q, False)
         t += [
             (f"{b}.self_attn.q_norm.weight", (s.head_dim,)),
             (f"{b}.self_attn.k_norm.weight", (s.head_dim,)),
         ]
-        t += _linear(f"{b}.mlp.gate_proj", s.intermediate, s.hidden, False)
-        t += _linear(f"{b}.mlp.up_proj", s.intermediate, s.hidden, False)
-        t += _linear(f"{b}.mlp.down_proj", s.hidden, s.intermediate, False)
+        t += linear(f"{b}.mlp.gate_proj", s.intermediate, s.hidden, False)
+        t += linear(f"{b}.mlp.up_proj", s.intermediate, s.hidden, False)
+        t += linear(f"{b}.mlp.down_proj", s.hidden, s.intermediate, False)
         for norm in ("input", "post_attention", "pre_feedforward", "post_feedforward"):
             t += [(f"{b}.{norm}_layernorm.weight", (s.hidden,))]
     return t + [(f"{m}.norm.weight", (s.hidden,))]
@@ -142,21 +138,11 @@ def gemma3_config(s: Gemma3Shape) -> dict:
     }
 
 
-_LETTERS = "abcdefghijklmnopqrstuvwxyz"
-
-
 def example_tokenizer(vocab_size: int) -> bytes:
-    """A ``tokenizer.model`` with byte fallback and Gemma's specials (``<pad>``, ``<eos>``, ``<bos>``, ``<unk>``),
-    the 256 byte pieces, then ``▁``, the letters and digits alone and after ``▁``, and two-letter pieces, to
-    `vocab_size` pieces at most."""
-    control, normal = PIECE_TYPES["CONTROL"], PIECE_TYPES["NORMAL"]
-    pieces = [("<pad>", 0.0, control), ("<eos>", 0.0, control), ("<bos>", 0.0, control)]
-    pieces += [("<unk>", 0.0, PIECE_TYPES["UNKNOWN"])]
-    pieces += [(f"<0x{b:02X}>", 0.0, PIECE_TYPES["BYTE"]) for b in range(256)]
-    words = ["▁", *_LETTERS, *"0123456789", *(f"▁{c}" for c in _LETTERS)]
-    words += [a + b for a in _LETTERS for b in _LETTERS]
-    pieces += [(w, -1.0 - i / 100, normal) for i, w in enumerate(words[: max(vocab_size - len(pieces), 0)])]
-    return write_spiece(pieces, unk_id=3, eos_id=1, pad_id=0, bos_id=2)
+    """A ``tokenizer.model`` with byte fallback and Gemma's specials (``<pad>``, ``<eos>``, ``<bos>``, ``<unk>``):
+    `byte_fallback_pieces` to `vocab_size` pieces at most."""
+    specials = [("<pad>", "CONTROL"), ("<eos>", "CONTROL"), ("<bos>", "CONTROL"), ("<unk>", "UNKNOWN")]
+    return write_spiece(byte_fallback_pieces(specials, vocab_size), unk_id=3, eos_id=1, pad_id=0, bos_id=2)
 
 
 def _shape(hidden, intermediate, layers, heads, kv_heads, head_dim, vocab, vision=(32, 64, 1, 8, 32, 4)):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..qwen25vl import QWEN25VL as FAMILY
-from .base import ExampleModel, Examples
+from .base import ExampleModel, Examples, linear
 
 __all__ = ["QWEN25VL_EXAMPLES", "Qwen25VLShape", "qwen25vl_tensors", "qwen25vl_config", "SINGLE_FILE_STEM"]
 
@@ -37,10 +37,6 @@ class Qwen25VLShape:
         return max(1, self.vision_width // 80)
 
 
-def _linear(name: str, out: int, inp: int, bias: bool) -> list[tuple[str, tuple[int, ...]]]:
-    return [(f"{name}.weight", (out, inp)), *([(f"{name}.bias", (out,))] if bias else [])]
-
-
 def qwen25vl_tensors(s: Qwen25VLShape) -> list[tuple[str, tuple[int, ...]]]:
     """Names and shapes of `Qwen2_5_VLForConditionalGeneration`'s tensors as Qwen/Qwen2.5-VL-7B-Instruct stores
     them (the output head stored, untied, as the 7B's)."""
@@ -49,26 +45,26 @@ def qwen25vl_tensors(s: Qwen25VLShape) -> list[tuple[str, tuple[int, ...]]]:
     for i in range(s.vision_depth):
         b = f"visual.blocks.{i}"
         t += [(f"{b}.norm1.weight", (w,)), (f"{b}.norm2.weight", (w,))]
-        t += _linear(f"{b}.attn.qkv", 3 * w, w, True) + _linear(f"{b}.attn.proj", w, w, True)
-        t += _linear(f"{b}.mlp.gate_proj", s.vision_intermediate, w, True)
-        t += _linear(f"{b}.mlp.up_proj", s.vision_intermediate, w, True)
-        t += _linear(f"{b}.mlp.down_proj", w, s.vision_intermediate, True)
+        t += linear(f"{b}.attn.qkv", 3 * w, w, True) + linear(f"{b}.attn.proj", w, w, True)
+        t += linear(f"{b}.mlp.gate_proj", s.vision_intermediate, w, True)
+        t += linear(f"{b}.mlp.up_proj", s.vision_intermediate, w, True)
+        t += linear(f"{b}.mlp.down_proj", w, s.vision_intermediate, True)
     merged = w * s.merge**2
     t += [("visual.merger.ln_q.weight", (w,))]
-    t += _linear("visual.merger.mlp.0", merged, merged, True) + _linear(
+    t += linear("visual.merger.mlp.0", merged, merged, True) + linear(
         "visual.merger.mlp.2", s.hidden, merged, True
     )
     q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
     t += [("model.embed_tokens.weight", (s.vocab_size, s.hidden))]
     for i in range(s.layers):
         b = f"model.layers.{i}"
-        t += _linear(f"{b}.self_attn.q_proj", q, s.hidden, True)
-        t += _linear(f"{b}.self_attn.k_proj", kv, s.hidden, True)
-        t += _linear(f"{b}.self_attn.v_proj", kv, s.hidden, True)
-        t += _linear(f"{b}.self_attn.o_proj", s.hidden, q, False)
-        t += _linear(f"{b}.mlp.gate_proj", s.intermediate, s.hidden, False)
-        t += _linear(f"{b}.mlp.up_proj", s.intermediate, s.hidden, False)
-        t += _linear(f"{b}.mlp.down_proj", s.hidden, s.intermediate, False)
+        t += linear(f"{b}.self_attn.q_proj", q, s.hidden, True)
+        t += linear(f"{b}.self_attn.k_proj", kv, s.hidden, True)
+        t += linear(f"{b}.self_attn.v_proj", kv, s.hidden, True)
+        t += linear(f"{b}.self_attn.o_proj", s.hidden, q, False)
+        t += linear(f"{b}.mlp.gate_proj", s.intermediate, s.hidden, False)
+        t += linear(f"{b}.mlp.up_proj", s.intermediate, s.hidden, False)
+        t += linear(f"{b}.mlp.down_proj", s.hidden, s.intermediate, False)
         t += [
             (f"{b}.input_layernorm.weight", (s.hidden,)),
             (f"{b}.post_attention_layernorm.weight", (s.hidden,)),

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ...read.spiece import PIECE_TYPES, write_spiece
+from ...read.spiece import write_spiece
 from ..umt5 import CLASS, TOKENIZER_TENSOR, UMT5
-from .base import ExampleModel, Examples
+from .base import ExampleModel, Examples, byte_fallback_pieces
 
 __all__ = [
     "UMT5_EXAMPLES",
@@ -97,21 +97,12 @@ def umt5_config(s: UMT5Shape) -> dict:
     }
 
 
-_LETTERS = "abcdefghijklmnopqrstuvwxyz"
-
-
 def example_tokenizer(vocab_size: int) -> bytes:
-    """A unigram ``spiece.model`` with byte fallback, as umT5's: its specials (``<pad>``, ``</s>``, ``<unk>``), the
-    256 byte pieces, then ``▁``, the letters and the digits alone and after ``▁``, and two-letter pieces, to
-    ``vocab_size - 64`` pieces (the embedding keeps 64 rows past the tokenizer's, as umT5-XXL's does)."""
-    control, normal = PIECE_TYPES["CONTROL"], PIECE_TYPES["NORMAL"]
-    pieces = [("<pad>", 0.0, control), ("</s>", 0.0, control), ("<unk>", 0.0, PIECE_TYPES["UNKNOWN"])]
-    pieces += [(f"<0x{b:02X}>", 0.0, PIECE_TYPES["BYTE"]) for b in range(256)]
-    words = ["▁", *_LETTERS, *"0123456789", *(f"▁{c}" for c in _LETTERS)]
-    words += [a + b for a in _LETTERS for b in _LETTERS]
-    count = max(vocab_size - 64 - len(pieces), 0)
-    pieces += [(w, -1.0 - i / 100, normal) for i, w in enumerate(words[:count])]
-    return write_spiece(pieces)
+    """A unigram ``spiece.model`` with byte fallback, as umT5's: its specials (``<pad>``, ``</s>``, ``<unk>``) and
+    `byte_fallback_pieces` to ``vocab_size - 64`` pieces (the embedding keeps 64 rows past the tokenizer's, as
+    umT5-XXL's does)."""
+    specials = [("<pad>", "CONTROL"), ("</s>", "CONTROL"), ("<unk>", "UNKNOWN")]
+    return write_spiece(byte_fallback_pieces(specials, vocab_size - 64))
 
 
 class UMT5Examples(Examples):
