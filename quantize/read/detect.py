@@ -19,6 +19,7 @@ from ..errors import InputError
 from ..formats import FORMAT_INFO
 from ..models import FAMILIES, SourceLayout, default_recipes, get_family, registered_classes
 from .checkpoint import Component, open_component
+from .files import component_class
 
 __all__ = ["SourceLayout", "DEFAULT_RECIPES", "detect_layouts", "recipe_for_format"]
 
@@ -64,6 +65,16 @@ def _layout_words(layouts: Sequence[SourceLayout]) -> str:
     return "; ".join(f"{lay.name} ({lay.why})" for lay in layouts)
 
 
+def _unknown_class(folder: Path) -> str:
+    """`` (its config.json names X, which no family is)`` when the folder's own or a component's config names a
+    class no family is registered by (an encoder this tool does not know), else ``""``."""
+    for rel in (".", "transformer", "text_encoder"):
+        cls = component_class(folder / rel)
+        if cls is not None and cls not in registered_classes():
+            return f" (its {rel + '/' if rel != '.' else ''}config.json names {cls}, which no family is)"
+    return ""
+
+
 def recipe_for_format(folder: Path, fmt: str) -> tuple[str, SourceLayout]:
     """The bundled recipe `--format fmt` takes for `folder`, and the layout that decided it.
 
@@ -79,9 +90,11 @@ def recipe_for_format(folder: Path, fmt: str) -> tuple[str, SourceLayout]:
         raise unreadable[0]
     if not layouts:
         known = ", ".join(f.title for f in FAMILIES)
+        named = _unknown_class(folder)
         raise InputError(
             f"{folder}: no known layout (of {known}: original names at the root or in expert folders, a diffusers "
-            "transformer/, or such a folder itself): pick a recipe with `recipe` (quantize recipes lists them)",
+            "transformer/, a transformers text_encoder/, or such a folder itself)"
+            f"{named}: pick a recipe with `recipe` (quantize recipes lists them)",
             parameters=("recipe",),
         )
     candidates = [(DEFAULT_RECIPES[lay.name].get(fmt), lay) for lay in layouts]

@@ -334,3 +334,21 @@ def test_a_comfyui_named_file_is_refused_for_transformers_formats_in_one_line(so
     assert proc.returncode == 2, proc.stdout + proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert "in ComfyUI's names converts to ComfyUI's formats" in line and not (tmp_path / "out").exists()
+
+
+def test_an_encoder_config_no_family_knows_is_one_line_naming_its_class(sources, tmp_path):
+    bare = tmp_path / "text_encoder"
+    bare.mkdir()
+    for f in (sources["pipeline"] / "text_encoder").iterdir():
+        if f.name != "config.json":
+            (bare / f.name).symlink_to(f)
+    config = read_json(sources["pipeline"] / "text_encoder" / "config.json")
+    (bare / "config.json").write_text(json.dumps({**config, "architectures": ["Gemma9ForSomething"]}))
+    proc = run_cli("convert", bare, tmp_path / "out", "--format", "comfy_fp8")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert (
+        f"{bare}: no known layout" in line
+        and "config.json names Gemma9ForSomething, which no family is" in line
+    )
+    assert not (tmp_path / "out").exists()
