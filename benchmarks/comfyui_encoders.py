@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Our text-encoder files in the REAL ComfyUI and ComfyUI-GGUF, on the CPU: load, tokenize, encode a prompt.
 
-    python3 benchmarks/comfyui_encoders.py COMFYUI_DIR COMFYUI_GGUF_DIR WORK_DIR [--family umt5|gemma3|qwen25vl]
+    python3 benchmarks/comfyui_encoders.py COMFYUI_DIR COMFYUI_GGUF_DIR WORK_DIR [--family umt5|gemma3|qwen25vl|qwen25vl-text]
         [--preset P] [--recipes R1,R2] [--prompt TEXT]
 
 umT5 (`--family umt5`, CLIPLoader type wan): ComfyUI recognizes it only at its real widths (comfy/sd.py
@@ -20,6 +20,12 @@ Qwen2.5-VL (`--family qwen25vl`, CLIPLoader type qwen_image): the same, for `Qwe
 7B by ``k_proj``'s 512-row bias; heads of 128, the 1280-wide tower and its bundled tokenizer's 152064 ids are fixed,
 and the preset ``comfyui`` has them).
 
+Qwen2.5-VL's text model alone (`--family qwen25vl-text`, CLIPLoader type qwen_image, and CLIPLoader (GGUF)): a
+diffusers HunyuanVideo 1.5 pipeline's ``text_encoder/`` converted to ComfyUI's and GGUF files; its bf16 reference is
+that folder's tensors under ComfyUI's ``model.`` (written here with safetensors). Both lack the vision tower, so
+ComfyUI logs its keys missing for each alike: lines naming only ``visual.`` keys are the design, any other fails. The GGUF
+node is called as it is, ComfyUI's loader under it given the preset's widths as CLIPLoader's model options.
+
   - `quantize example --family F --layout single` writes Comfy-Org's single file (ComfyUI's names; umT5's and
     Gemma 3's hold the tokenizer as ``spiece_model``, ComfyUI bundles Qwen2.5's), random weights;
   - `quantize convert --recipe R` writes each file;
@@ -36,10 +42,12 @@ built in WORK_DIR/venv by ../shared/tools/comfyui_check.py's `ensure_venv`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib.util
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -91,7 +99,19 @@ FAMILIES = {
         "qwen25_7b",
         _text_widths("qwen25vl", "qwen25_7b"),
     ),
+    "qwen25vl-text": (
+        "qwen25vl-text-comfy-fp8,qwen25vl-text-comfy-int8,qwen25vl-text-gguf-q8_0",
+        "comfyui",
+        "qwen_image",
+        "qwen25_7b",
+        _text_widths("qwen25vl-text", "qwen25_7b"),
+    ),
 }
+#: families whose example is a pipeline's text_encoder/ in the class's names (no ComfyUI file of its own): the bf16
+#: reference is its tensors under ComfyUI's prefix for them (ComfyUI's `Llama2_` language model is ``model.``)
+PIPELINE_REFERENCE_PREFIX = {"qwen25vl-text": "model."}
+#: the keys ComfyUI's model has that a family's files lack by design (a text model alone: Qwen2.5-VL's tower)
+ABSENT_BY_DESIGN = {"qwen25vl-text": "visual."}
 
 
 def parse_args():
@@ -134,18 +154,36 @@ def _quantize(args, *argv) -> None:
 def prepare(args) -> tuple[Path, dict[str, Path]]:
     """The bf16 source file and each recipe's output file (made once; a later run reuses them)."""
     src = args.work / f"{args.family}-{args.preset}"
+    prefix = PIPELINE_REFERENCE_PREFIX.get(args.family)
+    layout = "single" if prefix is None else "pipeline"
     if not (src / "example.json").exists():
-        _quantize(
-            args, "example", "--family", args.family, "--preset", args.preset, "--layout", "single", src
-        )
+        _quantize(args, "example", "--family", args.family, "--preset", args.preset, "--layout", layout, src)
     files = {}
     for recipe in filter(None, args.recipes.split(",")):
         out = args.work / f"{recipe}-{args.preset}"
         if not out.exists():
             _quantize(args, "convert", src, out, "--recipe", recipe)
-        (files[recipe],) = [p for p in out.iterdir() if p.suffix in (".safetensors", ".gguf")]
+        (files[recipe],) = [p for p in out.rglob("*") if p.suffix in (".safetensors", ".gguf")]
+    if prefix is not None:
+        return _prefixed_reference(src, prefix), files
     (source,) = src.glob("*.safetensors")
     return source, files
+
+
+def _prefixed_reference(src: Path, prefix: str) -> Path:
+    """The pipeline's bf16 ``text_encoder/`` as one file of ComfyUI's names (each tensor under `prefix`), written
+    here with safetensors alone: the reference ComfyUI loads beside our files."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    out = src / "reference-bf16.safetensors"
+    if not out.exists():
+        tensors = {}
+        for shard in sorted((src / "text_encoder").glob("*.safetensors")):
+            with safe_open(str(shard), "pt") as f:
+                tensors |= {prefix + k: f.get_tensor(k) for k in f.keys()}
+        save_file(tensors, str(out))
+    return out
 
 
 class Capture(logging.Handler):
@@ -167,12 +205,39 @@ def load(args, comfy, nodes, gg, path: Path):
     if path.suffix == ".gguf":
         folder_paths.add_model_folder_path("clip", str(path.parent))
         folder_paths.add_model_folder_path("text_encoders", str(path.parent))
-        (clip,) = gg.NODE_CLASS_MAPPINGS["CLIPLoaderGGUF"]().load_clip(path.name, type=args.clip_type)
+        with _widths_passed(comfy, args.options(args.preset)):
+            (clip,) = gg.NODE_CLASS_MAPPINGS["CLIPLoaderGGUF"]().load_clip(path.name, type=args.clip_type)
         return clip
     clip_type = getattr(comfy.sd.CLIPType, args.clip_type.upper())
     return comfy.sd.load_clip(
         ckpt_paths=[str(path)], clip_type=clip_type, model_options=args.options(args.preset)
     )
+
+
+def _absent_by_design(line: str, prefix: str | None) -> bool:
+    """Whether a logged line about missing keys names only keys under `prefix` (ComfyUI's list of missing keys, or
+    its quantized ops' one layer without a weight), which the family's files lack by design."""
+    if prefix is None or "unexpected" in line.lower():
+        return False
+    names = re.findall(r"'([^']+)'", line) or [line.split()[-1]]
+    return all(n.startswith(prefix) for n in names)
+
+
+@contextlib.contextmanager
+def _widths_passed(comfy, options: dict):
+    """ComfyUI-GGUF's node as it is, its call of ComfyUI's ``load_text_encoder_state_dicts`` given the preset's
+    widths too (`options`; the node passes its own ops and device only): what ComfyUI's CLIPLoader takes as
+    ``model_options``, for a file below the real widths. Nothing changes for a real-width file (no options)."""
+    real = comfy.sd.load_text_encoder_state_dicts
+
+    def with_widths(*a, model_options=None, **kw):
+        return real(*a, model_options={**(model_options or {}), **options}, **kw)
+
+    comfy.sd.load_text_encoder_state_dicts = with_widths
+    try:
+        yield
+    finally:
+        comfy.sd.load_text_encoder_state_dicts = real
 
 
 def quantized_layers(clip) -> dict[str, int]:
@@ -190,7 +255,7 @@ def quantized_layers(clip) -> dict[str, int]:
         if "QuantizedTensor" in mro:
             layout = getattr(w, "_layout_cls", None) or getattr(w, "layout_cls", None)
             kind = layout if isinstance(layout, str) else getattr(layout, "__name__", str(layout))
-        elif "GGMLTensor" in mro and w.tensor_type.name not in ("F32", "F16", "BF16"):
+        elif "GGMLTensor" in mro and getattr(w.tensor_type, "name", "F32") not in ("F32", "F16", "BF16"):
             kind = w.tensor_type.name
         if kind is not None:
             kinds[kind] = kinds.get(kind, 0) + 1
@@ -251,6 +316,7 @@ def main() -> int:
         model = type(clip.cond_stage_model).__name__
         kinds = quantized_layers(clip)
         keys = [line for line in capture.lines if "missing" in line.lower() or "unexpected" in line.lower()]
+        keys = [line for line in keys if not _absent_by_design(line, ABSENT_BY_DESIGN.get(args.family))]
         del clip
         gc.collect()
         mm.soft_empty_cache()

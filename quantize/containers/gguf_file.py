@@ -79,10 +79,16 @@ def key_values(cp: ComponentPlan) -> dict[str, Value]:
         "general.architecture": arch,
         "general.quantization_version": QUANTIZATION_VERSION,
         "general.file_type": file_type(cp),
-        **cp.family.gguf_key_values(cp.component.config or {}, cp.component.tensors),
+        **_arrays(cp.family.gguf_key_values(cp.component.config or {}, cp.component.tensors)),
         **tokenizer_key_values(cp),
         **cp.carried_metadata(),
     }
+
+
+def _arrays(values: dict) -> dict[str, Value]:
+    """A family's key-values with each tuple of ints an int32 array (as gguf-py's `add_array` writes a list of
+    ints: llama.cpp's ``rope.dimension_sections``)."""
+    return {k: GGUFArray("int32", v) if isinstance(v, tuple) else v for k, v in values.items()}
 
 
 @functools.lru_cache(maxsize=2)

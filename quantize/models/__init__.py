@@ -34,6 +34,7 @@ from .names import (
     stack_rows,
 )
 from .qwen25vl import QWEN25VL
+from .qwen25vl_text import QWEN25VL_TEXT
 from .skyreels_v2 import SKYREELS_V2
 from .umt5 import UMT5
 from .wan import WAN
@@ -84,6 +85,7 @@ FAMILIES: tuple[Family, ...] = (
     UMT5,
     GEMMA3,
     QWEN25VL,
+    QWEN25VL_TEXT,
 )
 #: the family `quantize example` (and `examples.write_example`) makes when none is named
 DEFAULT_FAMILY: str = WAN.name

@@ -491,9 +491,10 @@ class Family(abc.ABC):
 
     def gguf_key_values(
         self, config: dict, tensors: Mapping[str, TensorInfo]
-    ) -> dict[str, str | int | float]:
+    ) -> dict[str, str | int | float | tuple[int, ...]]:
         """Hook: the key-values a GGUF file of one of its models holds beside the general ones and the tokenizer's
-        (llama.cpp's ``<architecture>.*`` hyperparameters of a text encoder), from its config and tensors.
+        (llama.cpp's ``<architecture>.*`` hyperparameters of a text encoder; a tuple of ints is an int32 array),
+        from its config and tensors.
         Default: none (ComfyUI-GGUF reads a DiT's off its tensors)."""
         return {}
 

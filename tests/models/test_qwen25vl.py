@@ -122,14 +122,15 @@ def test_comfyuis_names_are_its_qwen25_7bvli_module_and_the_stored_ones():
         assert all(QWEN.native_name(n) == n for n, _ in model.tensors)
 
 
-def test_family_by_class_and_by_names_and_not_a_qwen_language_model():
+def test_family_by_class_and_by_names_and_the_language_model_alone_is_the_text_models():
     (single,) = QWEN25VL_EXAMPLES.models("tiny", "single")
     names = [n for n, _ in single.tensors]
     assert (
         family_of(CLASS := "Qwen2_5_VLForConditionalGeneration", []) is QWEN
         and family_of(None, names) is QWEN
     )
-    assert family_of(None, [n for n in names if not n.startswith("visual.")]) is None  # a Qwen2.5 LLM
+    # no tower: Qwen2.5-VL's text model (`Qwen2_5_VLTextModel`), in ComfyUI's names
+    assert family_of(None, [n for n in names if not n.startswith("visual.")]) is get_family("qwen25vl-text")
     assert QWEN.diffusers_class == CLASS
 
 

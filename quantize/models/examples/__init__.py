@@ -15,6 +15,7 @@ from .kandinsky5 import KANDINSKY5_EXAMPLES
 from .ltx2 import LTX2_EXAMPLES
 from .minimax_h3 import MINIMAX_H3_EXAMPLES
 from .qwen25vl import QWEN25VL_EXAMPLES
+from .qwen25vl_text import QWEN25VL_TEXT_EXAMPLES
 from .skyreels_v2 import SKYREELS_EXAMPLES
 from .umt5 import UMT5_EXAMPLES
 from .wan import WAN_EXAMPLES
@@ -38,6 +39,7 @@ EXAMPLES: dict[str, Examples] = {
         UMT5_EXAMPLES,
         GEMMA3_EXAMPLES,
         QWEN25VL_EXAMPLES,
+        QWEN25VL_TEXT_EXAMPLES,
     )
 }
 

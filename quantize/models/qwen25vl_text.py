@@ -1,0 +1,146 @@
+"""Qwen2.5-VL's text model alone (transformers' `Qwen2_5_VLTextModel`: the text encoder of a diffusers HunyuanVideo
+1.5 pipeline, 7.1B parameters in the 7B): everything the tool knows of it.
+
+Layout (`QWEN25VL_TEXT.layouts`): ``qwen25vl-text``: a pipeline's ``text_encoder/`` (diffusers' HunyuanVideo 1.5
+pipeline, whose conversion script saves Qwen2.5-VL-7B-Instruct's ``language_model`` alone) or such a folder itself
+(config.json ``architectures: ["Qwen2_5_VLTextModel"]``), in the names the class holds and saves (``layers.N``,
+``embed_tokens``, ``norm``: no prefix, no vision tower, no output head).
+
+Names: ComfyUI's Qwen2.5-VL (``comfy/text_encoders/llama.py`` `Qwen25_7BVLI`, read by CLIPLoader type ``qwen_image``
+and DualCLIPLoader type ``hunyuan_video_15``) holds the language model as ``model.`` (`NAMES`); a file of the text
+model alone lacks the tower's ``visual.`` keys, which only image prompts run. A GGUF file holds llama.cpp's
+``qwen2vl`` names (`GGUF_NAMES`: ``blk.N.attn_q``, ``token_embd``, ``output_norm``), which ComfyUI-GGUF's CLIP loader
+maps back (its ``LLAMA_SD_MAP``); its ``qwen2vl.*`` hyperparameters are llama.cpp's converter's
+(`gguf_key_values`). ComfyUI and ComfyUI-GGUF bundle Qwen2.5's tokenizer: neither file holds one.
+
+What stays high-precision, and why (the bundled recipes say it too): the token embedding (152064 x 3584 in the 7B:
+a lookup table, 0.55B parameters, where a quantization error reaches every token) and every norm; every Linear of the
+28 layers is quantized (their q, k and v biases kept).
+
+>>> QWEN25VL_TEXT.native_name("layers.3.self_attn.k_proj.bias")
+'model.layers.3.self_attn.k_proj.bias'
+>>> QWEN25VL_TEXT.plan.gguf_names.native("layers.3.self_attn.o_proj.weight")
+'blk.3.attn_output.weight'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import InputError
+from .encoder import TextEncoder, token_inputs
+from .family import (
+    COMFY,
+    SOURCE_NAMED,
+    CardWords,
+    Detection,
+    Folders,
+    ModelInputs,
+    PlanPolicy,
+    bundled_recipes,
+)
+from .names import BlockNames, Blocks
+
+if TYPE_CHECKING:
+    from ..read.checkpoint import TensorInfo
+
+__all__ = ["QWEN25VL_TEXT", "Qwen25VLTextFamily", "NAMES", "GGUF_NAMES", "CLASS"]
+
+CLASS = "Qwen2_5_VLTextModel"
+
+# --- names -------------------------------------------------------------------------------------------------
+
+#: the class's module in a layer -> llama.cpp's (gguf-py's MODEL_TENSORS[QWEN2VL], tensor_mapping.py)
+_LAYER = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+}
+_ROOT = {"embed_tokens": "token_embd", "norm": "output_norm"}
+
+#: the class's names -> ComfyUI's (its language model is ``model.``, as in Qwen2.5-VL's own checkpoints)
+NAMES = BlockNames(
+    root_modules={m: f"model.{m}" for m in _ROOT},
+    root_tensors={},
+    blocks=(Blocks("layers", "model.layers", modules={m: m for m in _LAYER}),),
+)
+#: the class's names -> llama.cpp's ``qwen2vl`` names, what a GGUF file holds
+GGUF_NAMES = BlockNames(root_modules=_ROOT, root_tensors={}, blocks=(Blocks("layers", "blk", modules=_LAYER),))
+
+# --- a forward pass's inputs ---------------------------------------------------------------------------------
+
+INPUTS = token_inputs(lambda config: config["vocab_size"], use_cache=False)
+
+
+class Qwen25VLTextFamily(TextEncoder):
+    name = "qwen25vl-text"
+    title = "Qwen2.5-VL text model"
+    names = NAMES
+    detection = Detection(
+        CLASS,
+        # Qwen's biased q projection, by the class's names or ComfyUI's (Gemma's has no bias; a file of the whole
+        # Qwen2.5-VL, its tower's fused qkv beside it, is that family's, asked first)
+        native_marks=("model.layers.0.self_attn.q_proj.bias",),
+        diffusers_marks=("layers.0.self_attn.q_proj.bias",),
+        library="transformers",
+    )
+    folders = Folders("qwen25vl-text")
+    plan = PlanPolicy(root_stem="qwen25vl_text", gguf_architecture="qwen2vl", gguf_names=GGUF_NAMES)
+    card = CardWords(
+        pipeline_tag=None,
+        weights="text encoder",
+        kept="The token embedding, the norms and the layers the recipe keeps stay in their original precision.",
+        kept_tensors="every norm and bias and the token embedding",
+        comfyui="put the file in `ComfyUI/models/text_encoders/` and load it as the first file of "
+        "**DualCLIPLoader** (type `hunyuan_video_15`, byT5 the second) or with **Load CLIP** (type `qwen_image`); "
+        "ComfyUI bundles its tokenizer, and it has no vision tower (text prompts only)",
+        comfyui_gguf="put the file in `ComfyUI/models/text_encoders/` and load it with the **DualCLIPLoader (GGUF)** "
+        "node (type `hunyuan_video_15`) or **CLIPLoader (GGUF)** (type `qwen_image`); ComfyUI bundles its "
+        "tokenizer, and no mmproj file is needed for text prompts",
+    )
+    default_recipes = {"qwen25vl-text": bundled_recipes("qwen25vl-text", (*SOURCE_NAMED, *COMFY, "gguf"))}
+
+    # --- running it ------------------------------------------------------------------------------------------
+
+    @property
+    def inputs(self) -> ModelInputs:
+        return INPUTS
+
+    def diffusers_config(self, config: dict, tensors: Mapping[str, TensorInfo], where: Path) -> dict:
+        """The folder's own config (a text model alone ships in transformers' layout only, with its config)."""
+        if not config:
+            raise InputError(f"{where}: a {self.title} needs its config.json ({CLASS}'s): none here")
+        return dict(config)
+
+    def gguf_key_values(
+        self, config: dict, tensors: Mapping[str, TensorInfo]
+    ) -> dict[str, str | int | float | tuple[int, ...]]:
+        """llama.cpp's ``qwen2vl`` hyperparameters (``convert_hf_to_gguf.py``'s Qwen2VLModel over its TextModel):
+        the config's widths, its rope base and epsilon, and the multimodal rope's sections padded to four."""
+        arch = self.plan.gguf_architecture
+        # transformers 5 writes ``rope_parameters``, 4 wrote ``rope_scaling`` and ``rope_theta`` (diffusers' repos)
+        rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+        sections = list(rope.get("mrope_section") or ())
+        theta = rope.get("rope_theta", config.get("rope_theta", 1_000_000.0))
+        return {
+            f"{arch}.context_length": config["max_position_embeddings"],
+            f"{arch}.embedding_length": config["hidden_size"],
+            f"{arch}.block_count": config["num_hidden_layers"],
+            f"{arch}.feed_forward_length": config["intermediate_size"],
+            f"{arch}.attention.head_count": config["num_attention_heads"],
+            f"{arch}.attention.head_count_kv": config["num_key_value_heads"],
+            f"{arch}.rope.freq_base": float(theta),
+            f"{arch}.attention.layer_norm_rms_epsilon": float(config["rms_norm_eps"]),
+            f"{arch}.rope.dimension_sections": tuple((sections + [0, 0, 0, 0])[:4]),
+        }
+
+
+QWEN25VL_TEXT = Qwen25VLTextFamily()
