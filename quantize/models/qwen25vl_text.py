@@ -73,7 +73,9 @@ NAMES = BlockNames(
     blocks=(Blocks("layers", "model.layers", modules={m: m for m in _LAYER}),),
 )
 #: the class's names -> llama.cpp's ``qwen2vl`` names, what a GGUF file holds
-GGUF_NAMES = BlockNames(root_modules=_ROOT, root_tensors={}, blocks=(Blocks("layers", "blk", modules=_LAYER),))
+GGUF_NAMES = BlockNames(
+    root_modules=_ROOT, root_tensors={}, blocks=(Blocks("layers", "blk", modules=_LAYER),)
+)
 
 # --- a forward pass's inputs ---------------------------------------------------------------------------------
 

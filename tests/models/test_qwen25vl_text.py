@@ -150,7 +150,9 @@ def test_the_gguf_file_is_llama_cpps_qwen2vl_with_its_hyperparameters(converted,
     reader = gguf.GGUFReader(path)
     config = read_json(source / "text_encoder" / "config.json")
     assert reader.fields["general.architecture"].contents() == "qwen2vl"
-    hparams = {k[len("qwen2vl.") :]: reader.fields[k].contents() for k in reader.fields if k.startswith("qwen2vl.")}
+    hparams = {
+        k[len("qwen2vl.") :]: reader.fields[k].contents() for k in reader.fields if k.startswith("qwen2vl.")
+    }
     assert hparams == {
         "context_length": config["max_position_embeddings"],
         "embedding_length": config["hidden_size"],

@@ -17,7 +17,9 @@ _LANGUAGE_MODEL = "model."
 def qwen25vl_text_tensors(s: Qwen25VLShape) -> list[tuple[str, tuple[int, ...]]]:
     """Names and shapes of `Qwen2_5_VLTextModel`'s tensors: Qwen2.5-VL's ``model.`` ones without that prefix."""
     return [
-        (n[len(_LANGUAGE_MODEL) :], shape) for n, shape in qwen25vl_tensors(s) if n.startswith(_LANGUAGE_MODEL)
+        (n[len(_LANGUAGE_MODEL) :], shape)
+        for n, shape in qwen25vl_tensors(s)
+        if n.startswith(_LANGUAGE_MODEL)
     ]
 
 
@@ -38,7 +40,11 @@ class Qwen25VLTextExamples(Examples):
         """``pipeline``: transformers' folder in ``text_encoder/``."""
         s = self.shape(preset, layout)
         (vl,) = QWEN25VL_EXAMPLES.models(preset, layout)
-        return [ExampleModel("text_encoder", qwen25vl_text_tensors(s), qwen25vl_text_config(s), "model", init=vl.init)]
+        return [
+            ExampleModel(
+                "text_encoder", qwen25vl_text_tensors(s), qwen25vl_text_config(s), "model", init=vl.init
+            )
+        ]
 
 
 QWEN25VL_TEXT_EXAMPLES = Qwen25VLTextExamples()
