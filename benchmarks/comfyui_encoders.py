@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Our text-encoder files in the REAL ComfyUI and ComfyUI-GGUF, on the CPU: load, tokenize, encode a prompt.
 
-    python3 benchmarks/comfyui_encoders.py COMFYUI_DIR COMFYUI_GGUF_DIR WORK_DIR [--family umt5|gemma3|qwen25vl|qwen25vl-text]
+    python3 benchmarks/comfyui_encoders.py COMFYUI_DIR COMFYUI_GGUF_DIR WORK_DIR [--family umt5|gemma3|qwen25vl|qwen25vl-text|t5]
         [--preset P] [--recipes R1,R2] [--prompt TEXT]
 
 umT5 (`--family umt5`, CLIPLoader type wan): ComfyUI recognizes it only at its real widths (comfy/sd.py
@@ -25,6 +25,13 @@ diffusers HunyuanVideo 1.5 pipeline's ``text_encoder/`` converted to ComfyUI's a
 that folder's tensors under ComfyUI's ``model.`` (written here with safetensors). Both lack the vision tower, so
 ComfyUI logs its keys missing for each alike: lines naming only ``visual.`` keys are the design, any other fails. The GGUF
 node is called as it is, ComfyUI's loader under it given the preset's widths as CLIPLoader's model options.
+
+T5's encoder (`--family t5`: HunyuanVideo 1.5's byT5, at its real shape, which ComfyUI fixes in
+byt5_config_small_glyph.json and tells by block 0's 384-row ``k``): ComfyUI reads a byT5 only as DualCLIPLoader's
+second file (type hunyuan_video_15, ComfyUI-GGUF's DualCLIPLoader (GGUF) likewise), so each file loads beside the
+same first one, Qwen2.5-VL's text model's bf16 reference at the preset `comfyui-4` (4 layers: ComfyUI reads the hidden
+state 3 from the last); the prompt has quoted text (what
+byT5 encodes) and the compared output is ``conditioning_byt5small``.
 
   - `quantize example --family F --layout single` writes Comfy-Org's single file (ComfyUI's names; umT5's and
     Gemma 3's hold the tokenizer as ``spiece_model``, ComfyUI bundles Qwen2.5's), random weights;
@@ -106,12 +113,26 @@ FAMILIES = {
         "qwen25_7b",
         _text_widths("qwen25vl-text", "qwen25_7b"),
     ),
+    # byT5 at its real shape (ComfyUI builds it from byt5_config_small_glyph.json), beside Qwen2.5-VL's text model
+    # at the preset `comfyui-4` (its widths passed as with qwen25vl-text)
+    "t5": (
+        "t5-single-gguf-q8_0",
+        "byt5",
+        "hunyuan_video_15",
+        "byt5",
+        _text_widths("qwen25vl-text", "qwen25_7b"),
+    ),
 }
+#: families whose files ComfyUI reads only as a DualCLIPLoader's second file (byT5: hunyuan_video_15): the first is
+#: this family's bf16 reference (`PIPELINE_REFERENCE_PREFIX`) at its preset, the compared output the extra key
+#: ComfyUI's model returns beside the first's conditioning, and the prompt holds quoted text (what byT5 encodes)
+DUAL = {"t5": ("qwen25vl-text", "comfyui-4", "conditioning_byt5small")}
+GLYPH_PROMPT = 'a storefront at night, its neon sign reads "OPEN 24 HOURS" above the door, cinematic light'
 #: families whose example is a pipeline's text_encoder/ in the class's names (no ComfyUI file of its own): the bf16
 #: reference is its tensors under ComfyUI's prefix for them (ComfyUI's `Llama2_` language model is ``model.``)
 PIPELINE_REFERENCE_PREFIX = {"qwen25vl-text": "model."}
 #: the keys ComfyUI's model has that a family's files lack by design (a text model alone: Qwen2.5-VL's tower)
-ABSENT_BY_DESIGN = {"qwen25vl-text": "visual."}
+ABSENT_BY_DESIGN = {"qwen25vl-text": "visual.", "t5": "visual."}
 
 
 def parse_args():
@@ -132,6 +153,9 @@ def parse_args():
     a.venv = (a.venv or a.work / "venv").resolve()
     recipes, preset, a.clip_type, a.tokens_key, a.options = FAMILIES[a.family]
     a.recipes, a.preset = a.recipes or recipes, a.preset or preset
+    a.companion = None  # the first file of a DualCLIPLoader (`DUAL`), made by `prepare`
+    if a.family in DUAL and a.prompt == PROMPT:
+        a.prompt = GLYPH_PROMPT
     return a
 
 
@@ -164,6 +188,12 @@ def prepare(args) -> tuple[Path, dict[str, Path]]:
         if not out.exists():
             _quantize(args, "convert", src, out, "--recipe", recipe)
         (files[recipe],) = [p for p in out.rglob("*") if p.suffix in (".safetensors", ".gguf")]
+    if args.family in DUAL:
+        family, preset, _ = DUAL[args.family]
+        first = args.work / f"{family}-{preset}"
+        if not (first / "example.json").exists():
+            _quantize(args, "example", "--family", family, "--preset", preset, "--layout", "pipeline", first)
+        args.companion = _prefixed_reference(first, PIPELINE_REFERENCE_PREFIX[family])
     if prefix is not None:
         return _prefixed_reference(src, prefix), files
     (source,) = src.glob("*.safetensors")
@@ -202,16 +232,25 @@ def load(args, comfy, nodes, gg, path: Path):
     for a safetensors file, ComfyUI-GGUF's CLIPLoaderGGUF node for a GGUF file."""
     import folder_paths
 
+    preset = DUAL[args.family][1] if args.family in DUAL else args.preset
+    paths = [p for p in (args.companion, path) if p is not None]
+    options = args.options(preset)
+    if args.companion is not None:  # ComfyUI names each model of the pair itself; a name given would be both's
+        options.pop("model_name")
     if path.suffix == ".gguf":
-        folder_paths.add_model_folder_path("clip", str(path.parent))
-        folder_paths.add_model_folder_path("text_encoders", str(path.parent))
-        with _widths_passed(comfy, args.options(args.preset)):
-            (clip,) = gg.NODE_CLASS_MAPPINGS["CLIPLoaderGGUF"]().load_clip(path.name, type=args.clip_type)
+        for p in paths:
+            folder_paths.add_model_folder_path("clip", str(p.parent))
+            folder_paths.add_model_folder_path("text_encoders", str(p.parent))
+        with _widths_passed(comfy, options):
+            if args.companion is None:
+                (clip,) = gg.NODE_CLASS_MAPPINGS["CLIPLoaderGGUF"]().load_clip(path.name, type=args.clip_type)
+            else:
+                (clip,) = gg.NODE_CLASS_MAPPINGS["DualCLIPLoaderGGUF"]().load_clip(
+                    args.companion.name, path.name, type=args.clip_type
+                )
         return clip
     clip_type = getattr(comfy.sd.CLIPType, args.clip_type.upper())
-    return comfy.sd.load_clip(
-        ckpt_paths=[str(path)], clip_type=clip_type, model_options=args.options(args.preset)
-    )
+    return comfy.sd.load_clip(ckpt_paths=[str(p) for p in paths], clip_type=clip_type, model_options=options)
 
 
 def _absent_by_design(line: str, prefix: str | None) -> bool:
@@ -276,12 +315,13 @@ def stored_quantized(path: Path) -> int:
         return sum(k.endswith(".comfy_quant") for k in f.keys())
 
 
-def encode(clip, prompt: str, key: str):
+def encode(clip, prompt: str, key: str, output: str = "cond"):
+    """The tokens of the family's tokenizer (`key`) and the conditioning ComfyUI's model returns for the prompt
+    (`output`: ``cond``, or the extra key a DualCLIPLoader's second model's output comes under)."""
     tokens = clip.tokenize(prompt)
     batch = tokens[key] if isinstance(tokens, dict) else tokens  # Gemma 3's tokenizer gives its batch bare
     ids = [t[0] for t in batch[0]]
-    cond = clip.encode_from_tokens(tokens)
-    return ids, cond.float()
+    return ids, clip.encode_from_tokens(tokens, return_dict=True)[output].float()
 
 
 def main() -> int:
@@ -312,7 +352,8 @@ def main() -> int:
         clip = load(args, comfy, nodes, gg, path)
         loaded = time.time() - t
         t = time.time()
-        ids, cond = encode(clip, args.prompt, args.tokens_key)
+        output = DUAL[args.family][2] if args.family in DUAL else "cond"
+        ids, cond = encode(clip, args.prompt, args.tokens_key, output)
         model = type(clip.cond_stage_model).__name__
         kinds = quantized_layers(clip)
         keys = [line for line in capture.lines if "missing" in line.lower() or "unexpected" in line.lower()]

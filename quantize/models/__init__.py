@@ -36,6 +36,7 @@ from .names import (
 from .qwen25vl import QWEN25VL
 from .qwen25vl_text import QWEN25VL_TEXT
 from .skyreels_v2 import SKYREELS_V2
+from .t5 import T5
 from .umt5 import UMT5
 from .wan import WAN
 from .wan_animate import WAN_ANIMATE
@@ -83,6 +84,7 @@ FAMILIES: tuple[Family, ...] = (
     HUNYUANVIDEO15,
     MINIMAX_H3,
     UMT5,
+    T5,
     GEMMA3,
     QWEN25VL,
     QWEN25VL_TEXT,

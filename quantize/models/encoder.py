@@ -56,14 +56,14 @@ class TextEncoder(Family):
     def layouts(
         self, folder: Path, open_: Callable[[str], Component | None], registered: Collection[str] = ()
     ) -> list[SourceLayout]:
-        """A pipeline's ``text_encoder/`` or a bare folder naming the class (`Folders.diffusers`); one file of its
-        tensors with no config.json at the root (`Folders.release`): in its native names where it has them
-        (`Detection.native_marks`), else in its own."""
+        """A pipeline's ``text_encoder/`` (`Folders.encoder`) or a bare folder naming the class (`Folders.diffusers`);
+        one file of its tensors with no config.json at the root (`Folders.release`): in its native names where it
+        has them (`Detection.native_marks`), else in its own."""
         found, f, cls = [], self.folders, self.diffusers_class
-        encoder = open_("text_encoder")
+        encoder = open_(f.encoder)
         if encoder is not None and config_class(encoder.config) == cls:
             found.append(
-                self.layout(f"{self.title}, a pipeline's text_encoder/ ({cls})", f.diffusers, encoder=True)
+                self.layout(f"{self.title}, a pipeline's {f.encoder}/ ({cls})", f.diffusers, encoder=True)
             )
         root = open_(".")
         if root is not None:

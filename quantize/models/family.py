@@ -148,6 +148,8 @@ class Folders:
     release_why: str = ""
     release_classes: tuple[str | None, ...] = ()
     release_config_keys: tuple[str, ...] = ()
+    #: a text encoder's folder in a pipeline (HunyuanVideo 1.5's byT5 is its ``text_encoder_2/``)
+    encoder: str = "text_encoder"
 
 
 @dataclass(frozen=True)
@@ -247,6 +249,10 @@ class PlanPolicy:
     tokenizer: Tokenizer | None = None
     #: the stem of a one-file output of a model converted at the root (``diffusion_model_comfy_fp8.safetensors``)
     root_stem: str = "diffusion_model"
+    #: formats whose files no runtime of the family reads as they are (ComfyUI's for byT5: its loader takes the
+    #: quantization of the other file of the pair only), refused at plan time saying `unread_why`
+    unread_formats: tuple[str, ...] = ()
+    unread_why: str = ""
 
 
 @dataclass(frozen=True)
@@ -504,6 +510,8 @@ class Family(abc.ABC):
         (`PlanPolicy.diffusers_not_native_why`)."""
         if fmt == "gguf" and self.plan.gguf_architecture is None:
             return f"{self.title} has no GGUF architecture ({self.plan.no_gguf_why})"
+        if fmt in self.plan.unread_formats:
+            return f"no runtime reads {self.title}'s {fmt} files: {self.plan.unread_why}"
         if self.plan.diffusers_not_native_why is not None and native_names:
             return f"{self.title}'s {fmt} files are written from the original release only: {self.plan.diffusers_not_native_why}"
         return None

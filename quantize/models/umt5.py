@@ -146,6 +146,9 @@ class UMT5Family(TextEncoder):
     def inputs(self) -> ModelInputs:
         return INPUTS
 
+    #: transformers' ``model_type`` of its config
+    model_type = "umt5"
+
     def diffusers_config(self, config: dict, tensors: Mapping[str, TensorInfo], where: Path) -> dict:
         """`UMT5EncoderModel`'s config (transformers' `UMT5Config`) for a file that has none, read off the tensor
         shapes; what they do not say is umT5-XXL's (gated GELU, 128 as the relative attention's max distance, an
@@ -163,8 +166,8 @@ class UMT5Family(TextEncoder):
         inner = shape(f"encoder.block.0.{_ATTENTION}.q.weight")[0]
         layers = count_blocks(tensors, "encoder.block.")
         return {
-            "architectures": [CLASS],
-            "model_type": "umt5",
+            "architectures": [self.diffusers_class],
+            "model_type": self.model_type,
             "vocab_size": vocab,
             "d_model": d_model,
             "d_kv": inner // heads,

@@ -68,7 +68,7 @@ def _layout_words(layouts: Sequence[SourceLayout]) -> str:
 def _unknown_class(folder: Path) -> str:
     """`` (its config.json names X, which no family is)`` when the folder's own or a component's config names a
     class no family is registered by (an encoder this tool does not know), else ``""``."""
-    for rel in (".", "transformer", "text_encoder"):
+    for rel in (".", "transformer", "text_encoder", "text_encoder_2"):
         cls = component_class(folder / rel)
         if cls is not None and cls not in registered_classes():
             return f" (its {rel + '/' if rel != '.' else ''}config.json names {cls}, which no family is)"

@@ -17,6 +17,7 @@ from .minimax_h3 import MINIMAX_H3_EXAMPLES
 from .qwen25vl import QWEN25VL_EXAMPLES
 from .qwen25vl_text import QWEN25VL_TEXT_EXAMPLES
 from .skyreels_v2 import SKYREELS_EXAMPLES
+from .t5 import T5_EXAMPLES
 from .umt5 import UMT5_EXAMPLES
 from .wan import WAN_EXAMPLES
 from .wan_animate import ANIMATE_EXAMPLES
@@ -37,6 +38,7 @@ EXAMPLES: dict[str, Examples] = {
         HUNYUANVIDEO15_EXAMPLES,
         MINIMAX_H3_EXAMPLES,
         UMT5_EXAMPLES,
+        T5_EXAMPLES,
         GEMMA3_EXAMPLES,
         QWEN25VL_EXAMPLES,
         QWEN25VL_TEXT_EXAMPLES,

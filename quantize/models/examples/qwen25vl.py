@@ -130,6 +130,9 @@ class Qwen25VLExamples(Examples):
         # what ComfyUI's Qwen25_7BVLI fixes (heads of 128, k_proj's 512 rows that it tells the 7B by, the tower
         # 1280 wide and 32 deep, the tokenizer's 152064 ids) at a small text width: comfyui_encoders.py
         "comfyui": Qwen25VLShape(512, 1024, 2, 4, 4, 152064, 1280, 3420, 32),
+        # the same with 4 layers: ComfyUI's HunyuanVideo 1.5 and HunyuanImage encoders read the hidden state 3
+        # from the last (comfyui_encoders.py --family t5, byT5's first file)
+        "comfyui-4": Qwen25VLShape(512, 1024, 4, 4, 4, 152064, 1280, 3420, 32),
         # Qwen2.5-VL-7B (Qwen/Qwen2.5-VL-7B-Instruct): 8.3B parameters, 16.6 GB in bf16
         "7b": Qwen25VLShape(3584, 18944, 28, 28, 4, 152064, 1280, 3420, 32),
     }

@@ -1,0 +1,146 @@
+"""T5's encoder (HunyuanVideo 1.5's byT5, a diffusers pipeline's ``text_encoder_2/``): its layouts, its formats,
+each read by its real reader, and the formats no runtime reads, refused.
+
+The oracles:
+- transformers' own `T5EncoderModel`: its parameters, its `from_pretrained` (the transformers-side formats) and its
+  forward (the reference);
+- gguf-py's tensor map for llama.cpp's ``t5encoder`` and its reader (``benchmarks/comfyui_encoders.py --family t5``
+  loads our GGUF file in the real ComfyUI-GGUF, beside a Qwen2.5-VL file, as HunyuanVideo 1.5's pair).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from quantize.models import family_of, get_family
+from quantize.models.examples.t5 import T5_EXAMPLES, t5_config
+from quantize.models.examples.umt5 import UMT5_EXAMPLES
+from quantize.read.detect import detect_layouts
+from quantize.run.forward import forward_sqnr_db as sqnr
+from tests.conftest import read_json, run_cli
+from tests.helpers.verify import forward_sqnr
+
+T5 = get_family("t5")
+TRANSFORMERS_SIDE = ["fp8_channel", "torchao_fp8", "torchao_int8", "nf4"]
+FORMATS = [*TRANSFORMERS_SIDE, "gguf"]
+
+
+def last_hidden_state(model, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=ids).last_hidden_state.float()
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("t5")
+    for layout in T5_EXAMPLES.layouts:
+        run_cli("example", root / layout, "--family", "t5", "--layout", layout, check=True)
+    return {layout: root / layout for layout in T5_EXAMPLES.layouts}
+
+
+@pytest.fixture(scope="module")
+def reference(sources):
+    from transformers import T5EncoderModel
+
+    model = T5EncoderModel.from_pretrained(sources["pipeline"] / "text_encoder_2", dtype=torch.float32).eval()
+    ids = torch.randint(0, 500, (2, 12), generator=torch.Generator().manual_seed(0))
+    return ids, last_hidden_state(model, ids)
+
+
+def test_the_example_is_transformers_own_class_with_one_relative_attention_bias():
+    from transformers import T5Config, T5EncoderModel
+
+    (model,) = T5_EXAMPLES.models("tiny", "pipeline")
+    fields = {k: v for k, v in model.config.items() if k not in ("architectures", "model_type", "dtype")}
+    with torch.device("meta"):
+        built = T5EncoderModel(T5Config(**fields))
+    own = {k: tuple(v.shape) for k, v in built.state_dict().items() if k != "encoder.embed_tokens.weight"}
+    assert own == dict(model.tensors)
+    assert sum("relative_attention_bias" in n for n, _ in model.tensors) == 1
+
+
+def test_t5_and_umt5_are_told_apart_by_class_and_by_names(sources):
+    (t5,) = T5_EXAMPLES.models("tiny", "single")
+    (umt5,) = UMT5_EXAMPLES.models("tiny", "single")
+    assert family_of("T5EncoderModel", []) is T5 and family_of(None, [n for n, _ in t5.tensors]) is T5
+    assert family_of(None, [n for n, _ in umt5.tensors]) is get_family("umt5")
+    (pipeline,) = detect_layouts(sources["pipeline"])
+    (bare,) = detect_layouts(sources["pipeline"] / "text_encoder_2")
+    (single,) = detect_layouts(sources["single"])
+    assert (pipeline.name, pipeline.encoder, bare.name, single.name) == ("t5", True, "t5", "t5-single")
+
+
+@pytest.mark.parametrize("fmt", ["comfy_fp8", "comfy_int8"])
+def test_comfyuis_formats_are_refused_at_plan_time_saying_why(sources, tmp_path, fmt):
+    # by --format, and by a recipe of that format that matches its tensors (umT5's, given the bare folder)
+    bare = sources["pipeline"] / "text_encoder_2"
+    for source, args in (
+        (sources["single"], ("--format", fmt)),
+        (bare, ("--recipe", f"umt5-{fmt.replace('_', '-')}")),
+    ):
+        proc = run_cli("convert", source, tmp_path / "out", *args)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        (line,) = proc.stderr.strip().splitlines()
+        assert "no runtime reads T5 encoder's" in line and "hunyuan_video_15" in line
+        assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture(scope="module")
+def converted(sources, tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("t5-out")
+    for fmt in FORMATS:
+        run_cli("convert", sources["pipeline"], root / fmt, "--format", fmt, check=True)
+    return {fmt: root / fmt for fmt in FORMATS}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_format_verifies_with_a_streamed_forward_and_our_loader_runs_it(
+    converted, sources, reference, fmt
+):
+    from transformers import T5EncoderModel
+
+    from loaders import load_quantized
+
+    reported = forward_sqnr(converted[fmt], sources["pipeline"])
+    model = load_quantized(T5EncoderModel, converted[fmt] / "text_encoder_2", dtype=torch.float32)
+    ids, ref = reference
+    floor = 14 if fmt == "nf4" else 24
+    assert reported > floor and sqnr(ref, last_hidden_state(model, ids)) > floor
+
+
+@pytest.mark.parametrize("fmt", TRANSFORMERS_SIDE)
+def test_transformers_from_pretrained_loads_and_runs_the_output(converted, reference, fmt):
+    from transformers import T5EncoderModel
+
+    model = T5EncoderModel.from_pretrained(converted[fmt] / "text_encoder_2", dtype=torch.bfloat16).eval()
+    ids, ref = reference
+    assert sqnr(ref, last_hidden_state(model, ids)) > (14 if fmt == "nf4" else 20)
+
+
+def test_the_gguf_file_is_llama_cpps_t5encoder_without_a_tokenizer(converted, sources):
+    import gguf
+
+    (path,) = (converted["gguf"] / "text_encoder_2").glob("*.gguf")
+    reader = gguf.GGUFReader(path)
+    config = read_json(sources["pipeline"] / "text_encoder_2" / "config.json")
+    assert reader.fields["general.architecture"].contents() == "t5encoder"
+    assert reader.fields["t5encoder.block_count"].contents() == config["num_layers"]
+    assert not any(k.startswith("tokenizer.") for k in reader.fields)  # ComfyUI bundles byT5's
+    names = {t.name: t.tensor_type.name for t in reader.tensors}
+    expected = gguf.get_tensor_name_map(gguf.MODEL_ARCH.T5ENCODER, config["num_layers"])
+    (model,) = T5_EXAMPLES.models("tiny", "pipeline")
+    assert set(names) == {expected.get_name(n, try_suffixes=(".weight",)) for n, _ in model.tensors}
+    assert names["enc.blk.0.attn_rel_b.weight"] == "F32" and names["enc.blk.1.ffn_down.weight"] == "Q8_0"
+
+
+def test_the_single_file_converts_with_a_config_read_off_its_shapes(sources, tmp_path):
+    run_cli("convert", sources["single"], tmp_path / "q", "--format", "gguf", check=True)
+    run_cli("verify", tmp_path / "q", "--source", sources["single"], "--forward", check=True)
+    derived = read_json(tmp_path / "q" / "config.json")
+    given = t5_config(T5_EXAMPLES.presets["tiny"])
+    assert {k: v for k, v in derived.items() if k != "quantization_config"} == {
+        k: v for k, v in given.items() if k != "dtype"
+    }
