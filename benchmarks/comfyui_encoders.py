@@ -235,7 +235,9 @@ def load(args, comfy, nodes, gg, path: Path):
     preset = DUAL[args.family][1] if args.family in DUAL else args.preset
     paths = [p for p in (args.companion, path) if p is not None]
     options = args.options(preset)
-    if args.companion is not None:  # ComfyUI names each model of the pair itself; a name given would be both's
+    if (
+        args.companion is not None
+    ):  # ComfyUI names each model of the pair itself; a name given would be both's
         options.pop("model_name")
     if path.suffix == ".gguf":
         for p in paths:
