@@ -306,6 +306,8 @@ def _manifest_recipe(manifest: Manifest) -> Recipe | None:
 
 def _require_source(source: Path, manifest: Manifest) -> None:
     """A source directory that holds none of the files the checkpoint was made from is the wrong input."""
+    if source.is_file():  # one checkpoint file given as the source: the manifest lists it in its folder
+        source = source.parent
     if not source.is_dir():
         raise InputError(f"{source}: source directory not found")
     paths = [confined_path(source, f.path, MANIFEST_NAME) for f in manifest.source_files]
@@ -596,10 +598,10 @@ def _recorded_input_scale(manifest: Manifest, key: str, fmt: Format, options):
 def _check_provenance(
     source: Path, manifest: Manifest, report: Report, pool: ThreadPoolExecutor, progress
 ) -> None:
-    """The source is the one the checkpoint was made from."""
-    present = []
+    """The source is the one the checkpoint was made from (a file given as the source: listed in its folder)."""
+    present, folder = [], source.parent if source.is_file() else source
     for entry in manifest.source_files:
-        path = confined_path(source, entry.path, MANIFEST_NAME)
+        path = confined_path(folder, entry.path, MANIFEST_NAME)
         if path.is_file():
             present.append((entry, path))
         else:

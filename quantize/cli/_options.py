@@ -8,6 +8,7 @@ import click
 
 from ..errors import InputError
 from ..formats import FORMAT_INFO
+from ..read.files import CHECKPOINT_SUFFIXES
 from ._console import err, out
 
 __all__ = ["recipe_options", "chosen_recipe", "lora_options", "inputs_option"]
@@ -42,11 +43,12 @@ def chosen_recipe(source: str, recipe: str | None, fmt: str | None, *, to_stderr
     from ..read.detect import recipe_for_format
 
     folder = Path(source)
-    if folder.exists() and not folder.is_dir():
+    if folder.exists() and not folder.is_dir() and not folder.name.endswith(CHECKPOINT_SUFFIXES):
         raise InputError(
-            f"{source}: not a folder: SOURCE is a model's folder (or a Hub repo id, with --recipe)"
+            f"{source}: not a folder or a checkpoint file ({', '.join(CHECKPOINT_SUFFIXES)}): SOURCE is a model's "
+            "folder or file (or a Hub repo id, with --recipe)"
         )
-    if not folder.is_dir():
+    if not folder.exists():
         raise InputError(
             f"{source}: no such folder; --format looks inside a local folder (for a Hub repo id, give --recipe: "
             "quantize recipes lists them)"

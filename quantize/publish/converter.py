@@ -79,7 +79,7 @@ def convert(
         from ..read.source import open_source
 
         src = open_source(source, loaded.recipe, absolute=True)  # the one time SOURCE is opened
-        check_output_location(src.folder, out, overwrite)  # a Hub source resolves to its cached folder
+        check_output_location(src.path, out, overwrite)  # a Hub source resolves to its cached folder
         # what the conversion reads of the folder besides the components' headers, read now
         card_metadata, files = src.card_metadata(), src.files()
         files += [f for step in steps for f in step.inputs]

@@ -29,6 +29,7 @@ from .files import (
     no_duplicate_keys,
     read_json_object,
 )
+from .pth import PTH_SUFFIX, read_pth
 
 __all__ = [
     "TensorInfo",
@@ -127,6 +128,14 @@ def read_header(path: Path) -> SafetensorsHeader:
     return SafetensorsHeader(path, data_start, {t.name: t for t in infos}, dict(metadata))
 
 
+def read_pth_header(path: Path) -> SafetensorsHeader:
+    """A ``.pth`` file's tensors as a header (`read.pth.read_pth`: their byte ranges in the file), no metadata."""
+    tensors = {
+        name: TensorInfo(name, dtype, shape, path, a, b) for name, dtype, shape, a, b in read_pth(path)
+    }
+    return SafetensorsHeader(path, 0, tensors, {})
+
+
 def _tensor_info(path: Path, name: str, entry: object, data_start: int) -> TensorInfo:
     if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
         raise InputError(f"{path}: tensor {name!r} has a malformed header entry")
@@ -186,15 +195,18 @@ class Component:
         return files
 
 
-def open_component(root: Path, rel: str = ".") -> Component:
-    """Find and validate one component's shards, index and config, reading headers only."""
+def open_component(root: Path, rel: str = ".", file: str | None = None) -> Component:
+    """Find and validate one component's shards, index and config, reading headers only; with `file`, the one
+    checkpoint file `root / file` (a ``.pth`` read as `read.pth` does)."""
     root = Path(root)
-    comp_dir, index_path, stem, shards, owner = component_files(root, rel)  # then every header is checked
+    comp_dir, index_path, stem, shards, owner = component_files(
+        root, rel, file
+    )  # then every header is checked
     tensors: dict[str, TensorInfo] = {}
     metadata: dict[Path, dict[str, str]] = {}
     for p in shards:
         shard_name = p.relative_to(comp_dir).as_posix()
-        header = read_header(p)
+        header = read_pth_header(p) if p.suffix == PTH_SUFFIX else read_header(p)
         metadata[p] = header.metadata
         for name, info in header.tensors.items():
             if name in tensors:
@@ -211,7 +223,8 @@ def open_component(root: Path, rel: str = ".") -> Component:
             raise InputError(f"{index_path}: tensor {missing[0]!r} is listed in the index but in no shard")
     if not tensors:
         raise InputError(f"{comp_dir}: the checkpoint holds no tensors")
-    config = _read_config(comp_dir / CONFIG_NAME)
+    # a file given alone has no config.json: one beside it is its folder's model's (Wan's beside its umT5 .pth)
+    config = None if file is not None else _read_config(comp_dir / CONFIG_NAME)
     return Component(root, rel, shards, tensors, index_path, stem, config, metadata)
 
 

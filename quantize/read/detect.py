@@ -47,6 +47,8 @@ def detect_layouts(folder: Path, unreadable: list[InputError] | None = None) -> 
     than one for a folder that holds two kinds of model). `unreadable`, when given, gets why each component
     folder that holds files could not be read."""
     folder = Path(folder)
+    if folder.is_file():  # one checkpoint file: its one model, at the root
+        return _file_layouts(folder, unreadable)
     if not folder.is_dir():
         raise InputError(f"{folder}: source directory not found")
     opened: dict[str, Component | None] = {}
@@ -59,6 +61,21 @@ def detect_layouts(folder: Path, unreadable: list[InputError] | None = None) -> 
 
     registered = registered_classes()
     return [layout for family in FAMILIES for layout in family.layouts(folder, open_, registered)]
+
+
+def _file_layouts(path: Path, unreadable: list[InputError] | None) -> list[SourceLayout]:
+    """The layouts of one checkpoint file given as SOURCE: those of its model at the root (no config.json is
+    its own, and nothing beside it is part of it)."""
+    try:
+        comp = open_component(path.parent, ".", path.name)
+    except InputError as e:
+        if unreadable is None:
+            raise
+        unreadable.append(e)
+        return []
+    opened = {".": comp}
+    registered = registered_classes()
+    return [lay for family in FAMILIES for lay in family.layouts(path.parent, opened.get, registered)]
 
 
 def _layout_words(layouts: Sequence[SourceLayout]) -> str:

@@ -27,6 +27,7 @@ __all__ = [
     "index_name",
     "index_json",
     "ComponentFiles",
+    "CHECKPOINT_SUFFIXES",
     "component_files",
     "files_of_components",
     "config_class",
@@ -125,12 +126,20 @@ class ComponentFiles(NamedTuple):
     owner: dict[str, str] | None  # tensor -> shard file, from the index
 
 
-def component_files(root: Path, rel: str = ".") -> ComponentFiles:
+#: the files one checkpoint file may be: safetensors, or a PyTorch zip checkpoint (read with torch's weights-only
+#: loader, `read.pth`)
+CHECKPOINT_SUFFIXES = (".safetensors", ".pth")
+
+
+def component_files(root: Path, rel: str = ".", file: str | None = None) -> ComponentFiles:
     """Which files make up the component `rel` of the checkpoint `root`, from the directory listing and the
-    index alone (`checkpoint.open_component` then reads and checks the headers).
+    index alone (`checkpoint.open_component` then reads and checks the headers); with `file` (a source given as
+    one file), that file of `root` alone.
 
     Raises `InputError` for a missing directory, several indexes, or shards that cannot be told apart.
     """
+    if file is not None:
+        return _one_file(Path(root), rel, file)
     comp_dir = root if rel == "." else confined_path(root, rel, f"component {rel!r}")
     if not comp_dir.is_dir():
         raise InputError(f"{comp_dir}: component directory not found")
@@ -143,6 +152,20 @@ def component_files(root: Path, rel: str = ".") -> ComponentFiles:
         return ComponentFiles(comp_dir, indexes[0], indexes[0].name[: -len(INDEX_SUFFIX)], shards, owner)
     shards, stem = _shards_without_index(comp_dir)
     return ComponentFiles(comp_dir, None, stem, shards, None)
+
+
+def _one_file(root: Path, rel: str, file: str) -> ComponentFiles:
+    """A checkpoint given as the one file `root / file`: the component at the root, that file its only shard."""
+    path = root / file
+    if rel != ".":
+        raise InputError(f"{path}: one file is one model, at the root: the recipe names component {rel!r}")
+    if not path.name.endswith(CHECKPOINT_SUFFIXES):
+        raise InputError(
+            f"{path}: not a checkpoint file ({' or '.join(CHECKPOINT_SUFFIXES)}): give that, or its model's folder"
+        )
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+    return ComponentFiles(root, None, path.name.rsplit(".", 1)[0], [path], None)
 
 
 def files_of_components(root: Path, components: list[str]) -> list[Path]:
@@ -199,6 +222,10 @@ def bare_model_class(folder: Path) -> str | None:
 def _shards_without_index(comp_dir: Path) -> tuple[list[Path], str]:
     """One ``*.safetensors`` file, or one complete ``STEM-0000i-of-0000n`` set; anything else is ambiguous."""
     files = sorted(comp_dir.glob("*.safetensors"))
+    if (
+        not files and len(pth := sorted(comp_dir.glob("*.pth"))) == 1
+    ):  # a PyTorch checkpoint alone (`read.pth`)
+        return pth, pth[0].name[: -len(".pth")]
     if not files:
         raise InputError(f"{comp_dir}: no *.safetensors files and no {INDEX_SUFFIX} here")
     if len(files) == 1:

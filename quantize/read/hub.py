@@ -178,8 +178,10 @@ def resolve_source(text: str | Path, choose=None) -> tuple[Path, str, str | None
     """
     path = Path(text)
     if path.exists() or not is_repo_id(str(text)):
-        if not path.is_dir():
-            raise InputError(f"{text}: source not found: neither a folder nor a Hub repo id (org/name)")
+        if not path.is_dir() and not path.is_file():
+            raise InputError(
+                f"{text}: source not found: neither a folder, a file nor a Hub repo id (org/name)"
+            )
         return path, path.absolute().name, None
     repo_id = str(text)
     return fetch(repo_id, choose or sorted), repo_id, repo_id

@@ -53,7 +53,14 @@ class SourceFolder:
     recipe: Recipe
     #: the recipe's components as it names them (`recipe.components` is as they lie here: ``["."]`` for a bare one)
     named: tuple[str, ...]
+    #: SOURCE given as one checkpoint file of `folder` (its one model, at the root), or None: the folder
+    file: str | None = None
     _opened: dict[str, Component] = field(default_factory=dict, repr=False)
+
+    @property
+    def path(self) -> Path:
+        """The source as given: its one file, or its folder."""
+        return self.folder if self.file is None else self.folder / self.file
 
     @property
     def components(self) -> list[str]:
@@ -94,7 +101,7 @@ class SourceFolder:
                 raise InputError(
                     f"{self.folder}: component folder {rel!r} named by the recipe is missing{hint}"
                 )
-            self._opened[rel] = open_component(self.folder, rel)
+            self._opened[rel] = open_component(self.folder, rel, self.file)
         return self._opened[rel]
 
     def family(self, rel: str) -> Family | None:
@@ -104,14 +111,18 @@ class SourceFolder:
 
     def files(self) -> list[Path]:
         """The shards and indexes of the components (those that can be read), e.g. to start hashing them."""
+        if self.file is not None:
+            return [self.folder / self.file]
         return files_of_components(self.folder, self.components)
 
     def other_files(self, skip: Iterable[Path] = ()) -> list[Path]:
         """The files of the folder that no component owns, but the output's own root files and `skip` (a LoRA
         kept in the folder), in path order: what ``copy_other_files`` copies. `InputError` where one of them is the
         config.json of another model of a class being converted (the second expert, say): copied, it would be an
-        unquantized model."""
+        unquantized model. A source given as one file has none: what lies beside it is no part of it."""
         components = [self.component(rel) for rel in self.components]
+        if self.file is not None:
+            return []
         owned = {f for c in components for f in c.own_files()}
         skipped = {Path(f).resolve() for f in skip}
         files = []
@@ -205,8 +216,12 @@ def open_source(
 def local_source(
     folder: Path, recipe: Recipe, name: str | None = None, repo_id: str | None = None
 ) -> SourceFolder:
-    """The local folder `folder` resolved under `recipe` (no Hub lookup: a missing folder is an error)."""
+    """The local folder `folder` resolved under `recipe` (no Hub lookup: a missing folder is an error); a
+    checkpoint file (`read.files.CHECKPOINT_SUFFIXES`) is its one model, converted at the root under a recipe of
+    one component."""
     folder = Path(folder)
+    if folder.is_file():
+        return _file_source(folder, recipe, name)
     if not folder.is_dir():
         raise InputError(f"{folder}: source directory not found")
     components = fitted_components(folder, list(recipe.components))
@@ -217,3 +232,14 @@ def local_source(
     if repo_id is None and components != list(recipe.components):  # a bare transformer/: name its model
         name = f"{folder.absolute().parent.name}/{folder.absolute().name}"
     return SourceFolder(folder, name, repo_id, fitted, tuple(recipe.components))
+
+
+def _file_source(path: Path, recipe: Recipe, name: str | None) -> SourceFolder:
+    """SOURCE given as one checkpoint file: its folder, the file alone read, the recipe's one component the root."""
+    if len(recipe.components) != 1:
+        raise InputError(
+            f"{path}: one file is one model, and the recipe converts {len(recipe.components)} "
+            f"({', '.join(recipe.components)}): give their folder"
+        )
+    fitted = recipe if recipe.components == ["."] else recipe.model_copy(update={"components": ["."]})
+    return SourceFolder(path.parent, name or path.name, None, fitted, tuple(recipe.components), path.name)

@@ -235,7 +235,12 @@ def test_detection_agrees_with_the_conversion_on_odd_folders(sources, tmp_path):
 def test_format_on_a_file_or_a_typo_says_so(sources, tmp_path):
     file = tmp_path / "model.safetensors"
     save_file({"x": torch.zeros(1)}, file)
-    assert "not a folder" in _one_line_exit_2(run_cli("convert", file, tmp_path / "o", "--format", "nf4"))
+    # a checkpoint file is a source (its one model): this one is of no family
+    assert "no known layout" in _one_line_exit_2(run_cli("convert", file, tmp_path / "o", "--format", "nf4"))
+    notes = tmp_path / "notes.txt"
+    notes.write_text("x")
+    line = _one_line_exit_2(run_cli("convert", notes, tmp_path / "o", "--format", "nf4"))
+    assert "not a folder or a checkpoint file" in line
     typo = _one_line_exit_2(run_cli("convert", tmp_path / "typo", tmp_path / "o", "--format", "nf4"))
     assert "no such folder" in typo
     both = _one_line_exit_2(run_cli("recipes", "wan-fp8", "--for", sources["t2v"]))
