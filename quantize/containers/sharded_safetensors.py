@@ -32,10 +32,26 @@ __all__ = [
 NAME = "sharded_safetensors"
 
 
+#: the shard stem transformers' `from_pretrained` looks for (``model.safetensors``, ``model-0000i-of-0000n``)
+TRANSFORMERS_STEM = "model"
+
+
+def shard_stem(cp: ComponentPlan) -> str:
+    """The source's stem; a text encoder's release file, which has no config.json and is written with one (its
+    family's `release_config`), gets transformers' own (``umt5_xxl_fp16`` -> ``model``), so that `from_pretrained`
+    finds what config.json describes."""
+    family = cp.family
+    release = (
+        cp.component.config is None and family is not None and family.detection.library == "transformers"
+    )
+    return TRANSFORMERS_STEM if release else cp.component.stem
+
+
 def planned_files(cp: ComponentPlan, fmt: Format, max_bytes: int) -> list[PlannedFile]:
-    """Tensors in source order, a new shard whenever the next would push one past `max_bytes`; the source's stem."""
+    """Tensors in source order, a new shard whenever the next would push one past `max_bytes`; the source's stem
+    (`shard_stem`)."""
     groups = group_by_size(cp.tensors, lambda tp: tp.output_bytes, max_bytes)
-    names = shard_names(cp.component.stem, len(groups), with_index=cp.component.index_path is not None)
+    names = shard_names(shard_stem(cp), len(groups), with_index=cp.component.index_path is not None)
     return [PlannedFile(name, tuple(group)) for group, name in zip(groups, names, strict=True)]
 
 
@@ -64,7 +80,7 @@ def finish(out_dir: Path, cp: ComponentPlan, fmt: Format, written: list[WrittenF
     if len(written) > 1 or cp.component.index_path is not None:
         weight_map = {spec.name: w.file.name for w in written for tp in w.file.tensors for spec in tp.outputs}
         total = sum(w.data_bytes for w in written)
-        paths.append(out_dir / index_name(cp.component.stem))
+        paths.append(out_dir / index_name(shard_stem(cp)))
         write_file(paths[-1], index_json(weight_map, total))
     return [*paths, write_config(out_dir, cp, fmt)]
 

@@ -65,6 +65,7 @@ __all__ = [
     "component_family",
     "family_of_class",
     "names_for",
+    "own_names",
     "default_recipes",
     "lora_prefixes",
     "lora_renamings",
@@ -121,6 +122,13 @@ def component_family(comp: Component) -> Family | None:
     """The family of an opened component: by the class its config.json names (`read.files.config_class`: diffusers'
     ``_class_name`` or transformers' ``architectures``), else by its tensor names."""
     return family_of(config_class(comp.config), comp.tensors)
+
+
+def own_names(names: Iterable[str], where: str) -> dict[str, str] | None:
+    """Each of `names` -> its family's own name, where they follow another naming a family's releases store
+    (`Family.aliases`: Wan's T5 names in its umT5 ``.pth``), else None."""
+    names = list(names)
+    return next((m for f in FAMILIES if (m := f.own_names(names, where)) is not None), None)
 
 
 def names_for(role: str, family: Family | None, fmt: str, where: str) -> NameTable:

@@ -42,6 +42,7 @@ __all__ = [
     "ModelInputs",
     "Detection",
     "Folders",
+    "Aliases",
     "Carried",
     "PlanPolicy",
     "LoraNames",
@@ -150,6 +151,19 @@ class Folders:
     release_config_keys: tuple[str, ...] = ()
     #: a text encoder's folder in a pipeline (HunyuanVideo 1.5's byT5 is its ``text_encoder_2/``)
     encoder: str = "text_encoder"
+
+
+@dataclass(frozen=True)
+class Aliases:
+    """Another naming a release of the family stores its tensors under (Wan's own T5 module names in its umT5
+    ``.pth``): `marks`, name prefixes only that naming has; `names`, the family's names (the table's diffusers side)
+    against those (its native side). A source in that naming is read under the family's names (`read.source`), so
+    that everything after reading sees one of its usual layouts."""
+
+    marks: tuple[str, ...]
+    names: BlockNames
+    #: what the naming is, in words (an error names it)
+    what: str
 
 
 @dataclass(frozen=True)
@@ -306,6 +320,8 @@ class Family(abc.ABC):
     #: transformers 5 renames Gemma 3's ``language_model.model.`` to ``model.language_model.`` on loading; a
     #: format that writes the source's names for the class's own loader (`from_pretrained`) writes these
     class_prefixes: tuple[tuple[str, str], ...] = ()
+    #: another naming its releases store (`Aliases`), read under the family's own names; None: none
+    aliases: Aliases | None = None
     #: the class's Linears whose weight is another tensor (tied: Gemma 3's ``lm_head``) -> that tensor, by the
     #: class's names: no checkpoint stores them, and the quantization config of an output in the class's names
     #: (one holding that tensor) names them as kept, so that transformers' quantizers leave them tied
@@ -369,6 +385,15 @@ class Family(abc.ABC):
     def owns(self, config_class: str | None, names: Iterable[str]) -> bool:
         """Whether a model whose config names `config_class` (None: no config) and tensors `names` is one of its."""
         return self.detection.owns(config_class, names)
+
+    def own_names(self, names: Sequence[str], where: str) -> dict[str, str] | None:
+        """Each of `names` -> the family's own name, where they follow its `aliases` naming (its marks), else
+        None; `InputError` naming a tensor that naming has and the family does not."""
+        a = self.aliases
+        if a is None or not _starts(names, a.marks):
+            return None
+        lacking = f"is in {a.what}, and {self.title} has no such tensor"
+        return renamed(names, a.names.diffusers, where, lacking)
 
     def plain_weight(self, name: str) -> bool:
         """Whether tensor `name` is a 2-D weight its runtimes use as a plain parameter (`PlanPolicy.plain_weights`)."""

@@ -44,6 +44,7 @@ class T5Family(UMT5Family):
     name = "t5"
     title = "T5 encoder"
     model_type = "t5"
+    aliases = None  # Wan's T5 names are its umT5's
     detection = Detection(
         CLASS,
         diffusers_marks=(f"encoder.block.0.{_ATTENTION}.",),

@@ -4,7 +4,10 @@ Animate): everything the tool knows of it.
 Layouts (`UMT5.layouts`): ``umt5``: a transformers folder, a pipeline's ``text_encoder/`` (a diffusers Wan
 pipeline's) or such a folder itself (config.json ``architectures: ["UMT5EncoderModel"]``); ``umt5-single``: one
 safetensors file of the encoder in ComfyUI's names, no config.json (Comfy-Org's repackaged
-``umt5_xxl_fp16.safetensors``), which holds its tokenizer as the tensor ``spiece_model``.
+``umt5_xxl_fp16.safetensors``), which holds its tokenizer as the tensor ``spiece_model``; Wan's own
+``models_t5_umt5-xxl-enc-bf16.pth`` (given as SOURCE itself: `read.pth` reads it with torch's weights-only loader) in
+Wan's T5 names (`WAN_NAMES`, `UMT5.aliases`), read under transformers' names, so that it is a ``umt5-single`` file;
+its tokenizer is the release's ``google/umt5-xxl/spiece.model`` beside it.
 
 Names: ComfyUI's text-encoder loader (``comfy/text_encoders/t5.py``, CLIPLoader type ``wan``) reads transformers'
 own names, so `NAMES` maps each name to itself; it is still a table, so a tensor it does not list is refused. A
@@ -37,6 +40,7 @@ from .encoder import TextEncoder, token_inputs
 from .family import (
     COMFY,
     SOURCE_NAMED,
+    Aliases,
     CardWords,
     Carried,
     Detection,
@@ -52,7 +56,7 @@ from .names import BlockNames, Blocks
 if TYPE_CHECKING:
     from ..read.checkpoint import TensorInfo
 
-__all__ = ["UMT5", "UMT5Family", "NAMES", "GGUF_NAMES", "CLASS", "TOKENIZER_TENSOR"]
+__all__ = ["UMT5", "UMT5Family", "NAMES", "GGUF_NAMES", "WAN_NAMES", "CLASS", "TOKENIZER_TENSOR"]
 
 CLASS = "UMT5EncoderModel"
 #: ComfyUI's key for the tokenizer in a text encoder's file (comfy/text_encoders/wan.py: ``spiece_model``)
@@ -88,6 +92,29 @@ GGUF_NAMES = BlockNames(
     root_modules=_ROOT, root_tensors={}, blocks=(Blocks("encoder.block", "enc.blk", modules=_BLOCK),)
 )
 
+#: transformers' names -> Wan's own (``wan/modules/t5.py`` `T5Encoder`, what ``models_t5_umt5-xxl-enc-bf16.pth``
+#: stores): the gated FFN's gate (GELU'd) ``gate.0`` is wi_0, ``fc1`` wi_1, ``fc2`` wo; ``pos_embedding.embedding``
+#: each block's relative attention bias, as an Embedding of the same buckets x heads
+WAN_NAMES = BlockNames(
+    root_modules={"shared": "token_embedding", "encoder.final_layer_norm": "norm"},
+    root_tensors={},
+    blocks=(
+        Blocks(
+            "encoder.block",
+            "blocks",
+            modules={
+                **{f"{_ATTENTION}.{m}": f"attn.{m}" for m in "qkvo"},
+                f"{_ATTENTION}.relative_attention_bias": "pos_embedding.embedding",
+                "layer.0.layer_norm": "norm1",
+                f"{_FFN}.wi_0": "ffn.gate.0",
+                f"{_FFN}.wi_1": "ffn.fc1",
+                f"{_FFN}.wo": "ffn.fc2",
+                "layer.1.layer_norm": "norm2",
+            },
+        ),
+    ),
+)
+
 # --- a forward pass's inputs ---------------------------------------------------------------------------------
 
 INPUTS = token_inputs(lambda config: config["vocab_size"])
@@ -104,6 +131,11 @@ class UMT5Family(TextEncoder):
         own_marks=(f"encoder.block.1.{_ATTENTION}.relative_attention_bias.",),
         library="transformers",
     )
+    aliases = Aliases(
+        marks=("blocks.0.pos_embedding.embedding.",),
+        names=WAN_NAMES,
+        what="Wan's T5 names (its models_t5_umt5-xxl-enc-bf16.pth)",
+    )
     folders = Folders(
         "umt5",
         release="umt5-single",
@@ -117,7 +149,8 @@ class UMT5Family(TextEncoder):
         carried=Carried(tensors=(TOKENIZER_TENSOR,)),
         tokenizer=Tokenizer(
             tensor=TOKENIZER_TENSOR,
-            files=("spiece.model", "../tokenizer/spiece.model"),
+            # beside it; a diffusers pipeline's tokenizer/; Wan's release (google/umt5-xxl/ beside the .pth)
+            files=("spiece.model", "../tokenizer/spiece.model", "google/umt5-xxl/spiece.model"),
             gguf_model="t5",
             vocab_tensor="shared.weight",
         ),
@@ -135,7 +168,7 @@ class UMT5Family(TextEncoder):
     )
     default_recipes = {
         "umt5": bundled_recipes("umt5", (*SOURCE_NAMED, *COMFY, "gguf")),
-        "umt5-single": bundled_recipes("umt5-single", (*COMFY, "gguf")),
+        "umt5-single": bundled_recipes("umt5-single", (*SOURCE_NAMED, *COMFY, "gguf")),
     }
 
     # --- recognizing it ------------------------------------------------------------------------------------

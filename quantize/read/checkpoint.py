@@ -9,6 +9,7 @@ no path taken from an index is trusted to stay inside the checkpoint.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import math
 import mmap
@@ -184,6 +185,12 @@ class Component:
     @property
     def config_path(self) -> Path:
         return self.dir / CONFIG_NAME
+
+    def renamed(self, names: dict[str, str]) -> Component:
+        """This component with each tensor under its name in `names` (a release's other naming read as its
+        family's own: `models.own_names`), in the same order, the same bytes."""
+        tensors = {names[k]: dataclasses.replace(t, name=names[k]) for k, t in self.tensors.items()}
+        return dataclasses.replace(self, tensors=tensors)
 
     def own_files(self) -> list[Path]:
         """The files this component is made of: shards, index, config."""

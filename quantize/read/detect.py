@@ -20,6 +20,7 @@ from ..formats import FORMAT_INFO
 from ..models import FAMILIES, SourceLayout, default_recipes, get_family, registered_classes
 from .checkpoint import Component, open_component
 from .files import component_class
+from .source import under_own_names
 
 __all__ = ["SourceLayout", "DEFAULT_RECIPES", "detect_layouts", "recipe_for_format"]
 
@@ -35,7 +36,7 @@ def _open(folder: Path, rel: str, unreadable: list[InputError]) -> Component | N
     if not where.is_dir():
         return None
     try:
-        return open_component(folder, rel)
+        return under_own_names(open_component(folder, rel))
     except InputError as e:
         if any(where.glob("*.safetensors")):  # files of a model that cannot be read, not a folder of no model
             unreadable.append(e)
@@ -67,7 +68,7 @@ def _file_layouts(path: Path, unreadable: list[InputError] | None) -> list[Sourc
     """The layouts of one checkpoint file given as SOURCE: those of its model at the root (no config.json is
     its own, and nothing beside it is part of it)."""
     try:
-        comp = open_component(path.parent, ".", path.name)
+        comp = under_own_names(open_component(path.parent, ".", path.name))
     except InputError as e:
         if unreadable is None:
             raise

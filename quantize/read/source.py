@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InputError
-from ..models import Family, component_family
+from ..models import Family, component_family, own_names
 from .files import (
     CARD_NAME,
     CONFIG_NAME,
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from ..recipes import Recipe
     from .checkpoint import Component
 
-__all__ = ["SourceFolder", "open_source", "local_source", "fitted_components"]
+__all__ = ["SourceFolder", "open_source", "local_source", "fitted_components", "under_own_names"]
 
 #: folders of a source tree that are never its files (a clone's, a cache's)
 SKIP_DIRS = frozenset({".git", ".cache", ".huggingface"})
@@ -101,7 +101,7 @@ class SourceFolder:
                 raise InputError(
                     f"{self.folder}: component folder {rel!r} named by the recipe is missing{hint}"
                 )
-            self._opened[rel] = open_component(self.folder, rel, self.file)
+            self._opened[rel] = under_own_names(open_component(self.folder, rel, self.file))
         return self._opened[rel]
 
     def family(self, rel: str) -> Family | None:
@@ -172,6 +172,13 @@ class SourceFolder:
         except (yaml.YAMLError, RecursionError):
             return {}
         return data if isinstance(data, dict) else {}
+
+
+def under_own_names(comp: Component) -> Component:
+    """`comp`, its tensors under their family's own names where the release stores them in another naming (Wan's
+    T5 names in its umT5 ``.pth``: `models.own_names`), else as it is."""
+    names = own_names(comp.tensors, str(comp.dir))
+    return comp if names is None else comp.renamed(names)
 
 
 def fitted_components(folder: Path, components: list[str]) -> list[str]:
