@@ -206,9 +206,8 @@ def open_component(root: Path, rel: str = ".", file: str | None = None) -> Compo
     """Find and validate one component's shards, index and config, reading headers only; with `file`, the one
     checkpoint file `root / file` (a ``.pth`` read as `read.pth` does)."""
     root = Path(root)
-    comp_dir, index_path, stem, shards, owner = component_files(
-        root, rel, file
-    )  # then every header is checked
+    # then every header is checked
+    comp_dir, index_path, stem, shards, owner = component_files(root, rel, file)
     tensors: dict[str, TensorInfo] = {}
     metadata: dict[Path, dict[str, str]] = {}
     for p in shards:

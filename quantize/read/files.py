@@ -222,9 +222,8 @@ def bare_model_class(folder: Path) -> str | None:
 def _shards_without_index(comp_dir: Path) -> tuple[list[Path], str]:
     """One ``*.safetensors`` file, or one complete ``STEM-0000i-of-0000n`` set; anything else is ambiguous."""
     files = sorted(comp_dir.glob("*.safetensors"))
-    if (
-        not files and len(pth := sorted(comp_dir.glob("*.pth"))) == 1
-    ):  # a PyTorch checkpoint alone (`read.pth`)
+    pth = [] if files else sorted(comp_dir.glob("*.pth"))
+    if len(pth) == 1:  # a PyTorch checkpoint alone (`read.pth`)
         return pth, pth[0].name[: -len(".pth")]
     if not files:
         raise InputError(f"{comp_dir}: no *.safetensors files and no {INDEX_SUFFIX} here")

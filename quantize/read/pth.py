@@ -29,9 +29,9 @@ _LOCAL_HEADER = struct.Struct("<IHHHHHIIIHH")
 _LOCAL_SIGNATURE = 0x04034B50
 
 
-def _record_offsets(path: Path) -> dict[str, int]:
-    """Each stored record of the zip -> the offset of its first byte in the file; `InputError` for a compressed
-    record (torch writes them stored, which a memory map needs) or a file that is no zip."""
+def _records(path: Path) -> dict[str, tuple[int, int]]:
+    """Each stored record of the zip -> (the offset of its first byte in the file, its size); `InputError` for a
+    compressed record (torch writes them stored, which a memory map needs) or a file that is no zip."""
     offsets = {}
     try:
         with zipfile.ZipFile(path) as z, open(path, "rb") as f:
@@ -46,20 +46,21 @@ def _record_offsets(path: Path) -> dict[str, int]:
                     raise InputError(
                         f"{path}: record {info.filename!r} has no zip header: truncated or damaged"
                     )
-                offsets[info.filename] = info.header_offset + _LOCAL_HEADER.size + fields[-2] + fields[-1]
+                start = info.header_offset + _LOCAL_HEADER.size + fields[-2] + fields[-1]
+                offsets[info.filename] = (start, info.file_size)
     except (zipfile.BadZipFile, OSError) as e:
         raise InputError(f"{path}: not a PyTorch checkpoint torch.save wrote (no zip archive: {e})") from None
     return offsets
 
 
-def _byteorder(path: Path, offsets: dict[str, int]) -> None:
+def _byteorder(path: Path, offsets: dict[str, tuple[int, int]]) -> None:
     """Refuse a checkpoint written on a big-endian machine (its ``byteorder`` record): its bytes are not what a
     little-endian tensor of its dtype holds."""
     record = next((name for name in offsets if name.endswith("/byteorder")), None)
     if record is None:
         return
     with open(path, "rb") as f:
-        f.seek(offsets[record])
+        f.seek(offsets[record][0])
         order = f.read(len("little"))
     if order != b"little":
         raise InputError(
@@ -96,21 +97,15 @@ def read_pth(path: Path) -> list[tuple[str, str, tuple[int, ...], int, int]]:
     order; `InputError` naming the file and the entry for anything but a flat state dict of contiguous
     little-endian tensors."""
     path = Path(path)
-    offsets = _record_offsets(path)
+    offsets = _records(path)
     _byteorder(path, offsets)
-    records = {
-        offsets[n]: size for n, size in _record_sizes(path).items() if "/data/" in n and "/.data/" not in n
-    }
+    # the storages, ``<archive>/data/<key>`` (``.data/`` holds torch's serialization id): offset -> size
+    records = dict(at for name, at in offsets.items() if "/data/" in name and "/.data/" not in name)
     state = _state_dict(path)
     try:
         return _places(path, state, records)
     finally:
         del state  # the map closes with its last tensor
-
-
-def _record_sizes(path: Path) -> dict[str, int]:
-    with zipfile.ZipFile(path) as z:
-        return {info.filename: info.file_size for info in z.infolist()}
 
 
 def _places(
