@@ -240,3 +240,78 @@ def test_a_converted_kandinsky5_pipeline_folder_runs_in_diffusers(tmp_path):
     )
     with pytest.raises(AssertionError):  # the comparison can fail
         assert_close_to(reference, run(pipe))
+
+
+# -- a whole pipeline: its transformer and its text encoder, one --format -------------------------------------
+
+
+def _with_text_encoder(pipeline: Path) -> Path:
+    """The tiny Wan pipeline with a tiny umT5 text encoder in text_encoder/ (its width the transformer's text
+    width, 64), listed in model_index.json as diffusers lists a Wan pipeline's."""
+    import json
+
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    torch.manual_seed(0)
+    config = UMT5Config(
+        vocab_size=128,
+        d_model=64,
+        d_kv=16,
+        d_ff=128,
+        num_layers=2,
+        num_heads=4,
+        feed_forward_proj="gated-gelu",
+    )
+    UMT5EncoderModel(config).to(torch.bfloat16).save_pretrained(pipeline / "text_encoder")
+    index = json.loads((pipeline / "model_index.json").read_text())
+    index["text_encoder"] = ["transformers", "UMT5EncoderModel"]
+    (pipeline / "model_index.json").write_text(json.dumps(index, indent=2))
+    return pipeline
+
+
+def _run_from_ids(pipe) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two steps on prompt embeddings the pipeline's own text encoder makes of fixed token ids (no tokenizer)."""
+    ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        embeds = pipe.text_encoder(input_ids=ids).last_hidden_state.to(torch.bfloat16)
+    kwargs = dict(
+        prompt_embeds=embeds, negative_prompt_embeds=torch.zeros_like(embeds), height=32, width=32, num_frames=5,
+        num_inference_steps=2, guidance_scale=1.0,
+    )  # fmt: skip
+    latents = pipe(**kwargs, output_type="latent", generator=torch.Generator().manual_seed(1)).frames
+    decoded = pipe(**kwargs, output_type="pt", generator=torch.Generator().manual_seed(1)).frames
+    return latents.float(), decoded.float()
+
+
+def test_format_converts_a_whole_pipeline_that_diffusers_loads_and_runs(tmp_path):
+    """`convert PIPELINE OUT --format torchao_fp8` (a format both diffusers and transformers load): the transformer
+    and the text encoder, each by its bundled
+    recipe; the text encoder a checkpoint of its own inside OUT (its manifest, recipe, card), listed in OUT's
+    manifest; `verify --source --forward` checks both; `WanPipeline.from_pretrained(OUT)` loads both quantized and
+    its frames are the bf16 pipeline's."""
+    from diffusers import WanPipeline
+    from torchao.quantization import Float8Tensor
+
+    from tests.conftest import read_json
+
+    source = _with_text_encoder(wan_pipeline(tmp_path / "Wan-tiny-Diffusers"))
+    out = tmp_path / "fp8"
+    said = run_cli("convert", source, out, "--format", "torchao_fp8", check=True).stdout
+    assert "recipe wan-diffusers-torchao-fp8" in said and "text_encoder/: recipe umt5-torchao-fp8" in said
+    manifest = read_json(out / "quantize_manifest.json")
+    assert (
+        manifest["nested"] == ["text_encoder"] and manifest["recipe"]["name"] == "wan-diffusers-torchao-fp8"
+    )
+    assert read_json(out / "text_encoder" / "quantize_manifest.json")["recipe"]["name"] == "umt5-torchao-fp8"
+    assert "text_encoder/model.safetensors" in {f["path"] for f in manifest["output_files"]}
+    checked = run_cli("verify", out, "--source", source, "--forward", check=True).stdout
+    assert "forward in text_encoder: UMT5EncoderModel" in checked
+    reference = _run_from_ids(WanPipeline.from_pretrained(source, torch_dtype=torch.bfloat16, tokenizer=None))
+    pipe = WanPipeline.from_pretrained(out, torch_dtype=torch.bfloat16, tokenizer=None)
+    assert isinstance(pipe.text_encoder.encoder.block[0].layer[0].SelfAttention.q.weight, Float8Tensor)
+    assert isinstance(pipe.transformer.blocks[0].attn1.to_q.weight, Float8Tensor)
+    assert_close_to(reference, _run_from_ids(pipe), min_db=25)
+    # a changed encoder file is found by the pipeline's verify
+    (out / "text_encoder" / "model.safetensors").write_bytes(b"0" * 8)
+    proc = run_cli("verify", out)
+    assert proc.returncode == 1 and "text_encoder/" in proc.stdout

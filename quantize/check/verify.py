@@ -150,7 +150,24 @@ def verify(
     >>> # report = verify("Wan2.1-T2V-1.3B-fp8", source="Wan2.1-T2V-1.3B"); report.ok
     """
     given = _checked_inputs(Path(checkpoint), source, forward, inputs, steps, step_files)
-    return _run_checks(given, workers, progress or NoProgress())
+    report = _run_checks(given, workers, progress or NoProgress())
+    for rel in given.manifest.nested:  # a pipeline's text encoders, each a checkpoint of its own
+        nested_source = None if given.source is None else confined_path(given.source, rel, MANIFEST_NAME)
+        nested = verify(given.checkpoint / rel, nested_source, forward=forward, workers=workers)
+        _merge(report, rel, nested)
+    return report
+
+
+def _merge(report: Report, rel: str, nested: Report) -> None:
+    """`nested`'s checks (of the checkpoint in folder `rel`) into `report`, each named with its folder."""
+    for c in nested.checks.values():
+        name = f"{rel}/: {c.name}"
+        report.checks[(c.category, name)] = CheckResult(
+            c.category, name, c.passed, [f"{rel}/: {f}" for f in c.failures]
+        )
+    report.forward.update({rel if k == "." else f"{rel}/{k}": v for k, v in nested.forward.items()})
+    report.hashed_bytes += nested.hashed_bytes
+    report.hash_seconds += nested.hash_seconds
 
 
 @dataclass(frozen=True)

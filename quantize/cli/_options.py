@@ -11,7 +11,7 @@ from ..formats import FORMAT_INFO
 from ..read.files import CHECKPOINT_SUFFIXES
 from ._console import err, out
 
-__all__ = ["recipe_options", "chosen_recipe", "lora_options", "inputs_option"]
+__all__ = ["recipe_options", "chosen_recipe", "chosen_encoder_recipes", "lora_options", "inputs_option"]
 
 
 def recipe_options(f):
@@ -56,6 +56,23 @@ def chosen_recipe(source: str, recipe: str | None, fmt: str | None, *, to_stderr
     name, layout = recipe_for_format(folder, fmt)
     (err if to_stderr else out).print(f"recipe {name}: {layout.why}")
     return name
+
+
+def chosen_encoder_recipes(source: str, recipe: str | None, fmt: str | None) -> dict[str, str]:
+    """With --format on a local pipeline folder: each text encoder's folder -> the bundled recipe of that format
+    for it (said a line each; an encoder without one is said to be copied as it is)."""
+    if recipe is not None or fmt is None:
+        return {}
+    from ..read.detect import encoder_recipes
+
+    chosen = {}
+    for rel, (name, layout) in encoder_recipes(Path(source), fmt).items():
+        if name is None:
+            out.print(f"{rel}/: no bundled {fmt} recipe for {layout.why}: copied as it is")
+        else:
+            out.print(f"{rel}/: recipe {name}: {layout.why}")
+            chosen[rel] = name
+    return chosen
 
 
 def lora_options(f):

@@ -9,7 +9,7 @@ import click
 from rich.markup import escape
 
 from ._console import err, progress_display, quiet_model_imports
-from ._options import chosen_recipe, lora_options, recipe_options
+from ._options import chosen_encoder_recipes, chosen_recipe, lora_options, recipe_options
 from ._render import print_converted
 
 __all__ = ["convert_cmd"]
@@ -73,6 +73,7 @@ def convert_cmd(
     max_bytes = parse_size(max_shard_size, "--max-shard-size")
     t0 = time.monotonic()
     loaded = load_recipe(chosen_recipe(source, recipe, fmt))
+    nested = chosen_encoder_recipes(source, recipe, fmt)  # a pipeline's text encoders, beside its transformer
     # every LoRA file read and checked (headers) before OUT is claimed: a bad one is refused before any work
     steps = []
     if loras:
@@ -97,6 +98,7 @@ def convert_cmd(
             on_recovery=_report_recovery,
             calibrate=calibrate,
             on_pass=None if calibrate is None else (lambda text: err.print(f"pass: {escape(text)}")),
+            nested=nested,
         )
     finally:
         progress.stop()

@@ -131,6 +131,12 @@ def render_card(manifest: Manifest, facts: CardFacts) -> str:
             f"| `{c.path}` | {cls} | {c.quantized} | {c.kept} | {_gb(c.source_bytes)} | {_gb(c.output_bytes)} |"
         )
     lines += step_card_lines(manifest.steps)
+    for rel in manifest.nested:
+        lines += [
+            "",
+            f"`{rel}/` is quantized too: a checkpoint of its own beside these (its `README.md`, recipe and "
+            "manifest), which `quantize verify .` checks with the rest.",
+        ]
     lines += _calibration_section(manifest)
     lines += [
         "",

@@ -18,8 +18,9 @@ This module imports no torch: step 1 answers in a fraction of a second.
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -50,6 +51,7 @@ def convert(
     on_recovery: Callable[[str], None] | None = None,
     calibrate: str | Path | None = None,
     on_pass: Callable[[str], None] | None = None,
+    nested: Mapping[str, LoadedRecipe | str | Path] | None = None,
 ) -> Manifest:
     """Convert `source` (a folder, or a Hub repo id) into the checkpoint directory `out`; `recipe` is a loaded
     recipe, a file or a bundled name.
@@ -62,12 +64,17 @@ def convert(
         source's streamed forward on it, for each layer whose format stores one (`run.calibrate`), with the forward
         SQNRs they give against dynamic scales, recorded in the manifest's `calibration`; each forward pass is told
         to `on_pass` (default: `progress.note`).
+    nested: folder of a local SOURCE -> the recipe converting it into OUT's folder of that name, a checkpoint of
+        its own (its manifest, recipe.yaml and card), listed in OUT's manifest (`Manifest.nested`) and not copied:
+        a pipeline's text encoders beside its transformer (`read.detect.encoder_recipes`), so that OUT is the whole
+        pipeline diffusers loads.
 
     >>> # manifest = convert("Wan2.1-T2V-1.3B", "Wan2.1-T2V-1.3B-fp8", "wan-fp8.yaml", workers=2)
     >>> # manifest = convert("Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "out", "wan-diffusers-fp8.yaml")
     >>> # manifest = convert("Wan2.1-T2V-1.3B", "out", "wan-fp8", steps=[open_loras(["style.safetensors:0.8"])])
     """
     loaded = recipe if isinstance(recipe, LoadedRecipe) else load_recipe(recipe)
+    beside = {rel: r if isinstance(r, LoadedRecipe) else load_recipe(r) for rel, r in (nested or {}).items()}
     max_bytes = parse_size(max_shard_size, "max_shard_size")
     workers = (os.cpu_count() or 1) if workers is None else workers
     if workers < 1:
@@ -80,6 +87,7 @@ def convert(
 
         src = open_source(source, loaded.recipe, absolute=True)  # the one time SOURCE is opened
         check_output_location(src.path, out, overwrite)  # a Hub source resolves to its cached folder
+        nested_sources = _nested_sources(src, beside)
         # what the conversion reads of the folder besides the components' headers, read now
         card_metadata, files = src.card_metadata(), src.files()
         files += [f for step in steps for f in step.inputs]
@@ -94,32 +102,62 @@ def convert(
                 hasher.submit(inputs, background=True)
             return _convert(
                 src, out, loaded, overwrite, max_bytes, workers, progress or NoProgress(),
-                base_model or src.repo_id, card_metadata, steps, hasher, inputs, on_pass,
+                base_model or src.repo_id, card_metadata, steps, hasher, inputs, on_pass, nested_sources,
             )  # fmt: skip
+
+
+def _nested_sources(src, beside: Mapping[str, LoadedRecipe]) -> list:
+    """(folder, its source resolved under its recipe, the recipe) of each nested conversion: a folder of the
+    local SOURCE, converted as a bare model folder."""
+    from ..read.files import confined_path
+    from ..read.source import local_source
+
+    if beside and (src.repo_id is not None or src.file is not None):
+        raise InputError(
+            f"{src.name}: nested conversions take a local pipeline folder", parameters=("nested",)
+        )
+    nested = []
+    for rel, loaded in beside.items():
+        folder = confined_path(src.folder, rel, "nested")
+        if rel in (".", *src.components) or not folder.is_dir():
+            raise InputError(f"{folder}: not a model folder of the pipeline beside what the recipe converts")
+        nested.append((rel, local_source(folder, loaded.recipe, f"{src.name}/{rel}"), loaded))
+    return nested
 
 
 def _convert(
     src, out, loaded, overwrite, max_bytes, workers, progress, base_model, card_metadata, steps, hasher, inputs,
-    on_pass,
+    on_pass, nested_sources,
 ):  # fmt: skip
     """Plan `src` once, fill the plan's input scales from `inputs` (the calibration step), and write the checkpoint
-    into a staging directory published as `out`."""
+    into a staging directory published as `out`, the nested ones first, each into its folder."""
     from ..plan import make_plan
     from .card import CardFacts
     from .pipeline import Provenance, io_problem, write_checkpoint
 
     plan = make_plan(src, loaded.recipe, steps=steps)
+    nested = [(rel, nsrc, make_plan(nsrc, nloaded.recipe), nloaded) for rel, nsrc, nloaded in nested_sources]
+    if nested:  # their folders are checkpoints of their own, not copies
+        inside = tuple(nsrc.folder for _, nsrc, _, _ in nested)
+        kept = tuple(f for f in plan.copied if not any(f.is_relative_to(d) for d in inside))
+        plan = dataclasses.replace(plan, copied=kept)
     calibration = None
     if inputs is not None:
         from ..run.calibrate import calibrate
 
         plan, found = calibrate(plan, inputs, on_pass=on_pass or progress.note, workers=workers)
         calibration = _calibration_entry(found, inputs, hasher.submit(inputs).result())
-    progress.start(plan.source_bytes, plan.tensor_count)
+    plans = [plan, *(p for _, _, p, _ in nested)]
+    progress.start(sum(p.source_bytes for p in plans), sum(p.tensor_count for p in plans))
     facts = CardFacts.of(plan, base_model, card_metadata)
     with staging_dir(out) as tmp:
         try:
-            provenance = Provenance(loaded, src.name, facts, steps, calibration)
+            for rel, nsrc, nplan, nloaded in nested:
+                (tmp / rel).mkdir(parents=True)
+                nfacts = CardFacts.of(nplan, base_model, card_metadata)
+                provenance = Provenance(nloaded, nsrc.name, nfacts)
+                write_checkpoint(nplan, tmp / rel, max_bytes, workers, progress, hasher, provenance)
+            provenance = Provenance(loaded, src.name, facts, steps, calibration, [rel for rel, *_ in nested])
             manifest = write_checkpoint(plan, tmp, max_bytes, workers, progress, hasher, provenance)
             publish(tmp, out, overwrite)
         except OSError as e:

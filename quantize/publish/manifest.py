@@ -133,6 +133,12 @@ class Manifest(_Strict):
     steps: list[dict[str, Any]] = Field(default_factory=list)
     #: the static input scales of `convert --calibrate`; None: every input scale is dynamic
     calibration: CalibrationEntry | None = None
+    #: folders of this checkpoint that are checkpoints of their own, each with its manifest, recipe and card (a
+    #: pipeline's text encoders converted beside its transformer: `convert(..., nested=...)`); their files are
+    #: listed here too, and `verify` checks each against the source's folder of the same name
+    nested: list[str] = Field(default_factory=list)
+
+    _nested_inside = field_validator("nested")(lambda paths: [inside_checkpoint(p) for p in paths])
 
     @model_validator(mode="before")
     @classmethod
@@ -210,6 +216,8 @@ class Manifest(_Strict):
             del data["steps"]
         if data["calibration"] is None:  # every input scale dynamic: the manifest as it always was
             del data["calibration"]
+        if not data["nested"]:  # one model's checkpoint: the manifest as it always was
+            del data["nested"]
         return json.dumps(data, indent=2, sort_keys=False) + "\n"
 
 

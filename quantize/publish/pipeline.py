@@ -102,6 +102,8 @@ class Provenance:
     steps: Sequence[TensorStep] = ()
     #: the record of the static input scales the plan holds (`convert --calibrate`)
     calibration: CalibrationEntry | None = None
+    #: folders already written into the staging directory as checkpoints of their own (`Manifest.nested`)
+    nested: Sequence[str] = ()
 
 
 @dataclass(frozen=True)
@@ -202,6 +204,7 @@ def _manifest(
             if (r := step.record(lambda p: work.hash_later(p).result())) is not None
         ],
         calibration=provenance.calibration,
+        nested=list(provenance.nested),
     )
 
 

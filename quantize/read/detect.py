@@ -22,7 +22,7 @@ from .checkpoint import Component, open_component
 from .files import component_class
 from .source import under_own_names
 
-__all__ = ["SourceLayout", "DEFAULT_RECIPES", "detect_layouts", "recipe_for_format"]
+__all__ = ["SourceLayout", "DEFAULT_RECIPES", "detect_layouts", "recipe_for_format", "encoder_recipes"]
 
 #: layout -> format -> the bundled recipe `--format` takes (every family's `default_recipes`)
 DEFAULT_RECIPES: dict[str, dict[str, str]] = default_recipes()
@@ -136,3 +136,21 @@ def recipe_for_format(folder: Path, fmt: str) -> tuple[str, SourceLayout]:
         f"{''.join(f' ({why})' for why in sorted(reasons))}; for this layout there are: "
         f"{', '.join(there)} (or write a recipe: quantize recipes NAME prints one to start from)"
     )
+
+
+def encoder_recipes(folder: Path, fmt: str) -> dict[str, tuple[str | None, SourceLayout]]:
+    """A pipeline's text encoders beside the transformer `--format fmt` converts (`recipe_for_format` chose a
+    layout that is not an encoder's): each encoder's folder -> the bundled recipe of `fmt` for it and its layout,
+    the recipe None where there is none (its folder is then copied as it is). Empty for anything but a local
+    pipeline folder."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return {}
+    layouts = detect_layouts(folder)
+    if not any(not lay.encoder for lay in layouts):
+        return {}
+    return {
+        get_family(lay.family).folders.encoder: (DEFAULT_RECIPES[lay.name].get(fmt), lay)
+        for lay in layouts
+        if lay.encoder
+    }
