@@ -155,7 +155,8 @@ def checkpoint_dir(data_dir: Path, preset: str) -> Path:
 
 
 def source_shards(src: Path) -> list[Path]:
-    return sorted(src.rglob("*.safetensors"))
+    """The checkpoint files of a source folder, or the one file a source given as a file is."""
+    return [src] if src.is_file() else sorted(src.rglob("*.safetensors"))
 
 
 def source_bytes(src: Path) -> int:

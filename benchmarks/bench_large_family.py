@@ -122,6 +122,37 @@ def generate(data_dir: Path, family: str, preset: str, layout: str) -> None:
     tmp.rename(path)
 
 
+def as_release_pth(data_dir: Path, src: Path, family: str) -> Path:
+    """The single-file example re-saved as the family's release stores it (`Family.aliases`: Wan's umT5 ``.pth`` in
+    Wan's T5 names, the tokenizer in ``google/umt5-xxl/`` beside it), written once with ``torch.save`` as Wan's
+    was (the tool writes no pickle; it reads this one with torch's weights-only loader)."""
+    import torch
+    from safetensors import safe_open
+
+    from quantize.models import get_family
+
+    folder = data_dir / f"{src.name}-release"
+    pth = folder / "models_t5_umt5-xxl-enc-bf16.pth"
+    if pth.is_file():
+        log(f"reusing {pth}")
+        return pth
+    aliases = get_family(family).aliases
+    tokenizer = get_family(family).plan.tokenizer
+    (folder / "google" / "umt5-xxl").mkdir(parents=True, exist_ok=True)
+    state = {}
+    (single,) = src.glob("*.safetensors")
+    with safe_open(single, "pt") as f:
+        for k in f.keys():
+            if k == tokenizer.tensor:
+                (folder / "google" / "umt5-xxl" / "spiece.model").write_bytes(bytes(f.get_tensor(k).numpy()))
+            else:
+                state[aliases.names.native(k)] = f.get_tensor(k)
+    tmp = pth.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.rename(pth)
+    return pth
+
+
 def convert(src: Path, scratch: Path, fmt: str, family: str) -> list[str]:
     """One measured conversion: its table row (a plan-time refusal is a row saying so, in the family's words when
     it has them, `Family.why_no`)."""
@@ -162,6 +193,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--data-dir", type=Path, default=REPO / "bench-data")
     p.add_argument("--write", type=Path, help="update this markdown file's section for the family")
     p.add_argument("--generate", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--release-pth",
+        action="store_true",
+        help="convert the single-file example re-saved as the family's release .pth (umt5: Wan's)",
+    )
     args = p.parse_args(argv)
     data_dir = args.data_dir.absolute()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -171,11 +207,17 @@ def main(argv: list[str] | None = None) -> None:
         args.layout = examples_of(args.family).layouts[0]
     if args.generate:
         generate(data_dir, args.family, args.preset, args.layout)
+        if args.release_pth:
+            as_release_pth(data_dir, data_dir / f"{args.family}-{args.preset}-{args.layout}-bf16", args.family)
         return
     gen = [sys.executable, __file__, "--generate", "--data-dir", str(data_dir), "--family", args.family]
+    gen += ["--release-pth"] if args.release_pth else []
     run_process([*gen, "--preset", args.preset, "--layout", args.layout], data_dir / "generate-family.log")
-    src = data_dir / f"{args.family}-{args.preset}-{args.layout}-bf16"
-    made = json.loads((src / "example.json").read_text())
+    example = data_dir / f"{args.family}-{args.preset}-{args.layout}-bf16"
+    made = json.loads((example / "example.json").read_text())
+    src = example
+    if args.release_pth:
+        src = data_dir / f"{example.name}-release" / "models_t5_umt5-xxl-enc-bf16.pth"
     warm_page_cache(src)
     scratch = data_dir / "scratch-large-family"
     shutil.rmtree(scratch, ignore_errors=True)
@@ -192,13 +234,19 @@ def main(argv: list[str] | None = None) -> None:
     verdict = "met" if peaks and max(peaks) <= RSS_TARGET else "NOT met"
     body = "\n".join(
         [
-            f"## Convert at full width: {args.family} {args.preset} (memory flat in model size)",
+            f"## Convert at full width: {args.family} {args.preset}{' (its release .pth)' if args.release_pth else ''}"
+            " (memory flat in model size)",
             "",
             f"Run {datetime.date.today().isoformat()} with `{display_command([sys.executable, *sys.argv])}`.",
             "",
             *(f"- {line}" for line in machine_lines(data_dir)),
             f"- Source: `quantize example --family {args.family} --preset {args.preset} --layout {args.layout}`, "
-            f"{shape} (the disk's room decides), random bf16, 1 GB shards, {gb(source_bytes(src))} GB.",
+            f"{shape} (the disk's room decides), random bf16, 1 GB shards, {gb(source_bytes(src))} GB"
+            + (
+                f"; re-saved with torch.save as the release's `{src.name}` in its own names, given as SOURCE."
+                if args.release_pth
+                else "."
+            ),
             "",
             markdown_table(rows, COLUMNS),
             "",
@@ -208,7 +256,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(body)
     if args.write:
-        update_section(args.write, body, markers(args.family))
+        update_section(args.write, body, markers(args.family + ("-pth" if args.release_pth else "")))
 
 
 if __name__ == "__main__":
