@@ -208,7 +208,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.generate:
         generate(data_dir, args.family, args.preset, args.layout)
         if args.release_pth:
-            as_release_pth(data_dir, data_dir / f"{args.family}-{args.preset}-{args.layout}-bf16", args.family)
+            as_release_pth(
+                data_dir, data_dir / f"{args.family}-{args.preset}-{args.layout}-bf16", args.family
+            )
         return
     gen = [sys.executable, __file__, "--generate", "--data-dir", str(data_dir), "--family", args.family]
     gen += ["--release-pth"] if args.release_pth else []

@@ -25,12 +25,12 @@ from ..errors import InputError
 from .files import (
     CONFIG_NAME,
     INDEX_SUFFIX,
+    PTH_SUFFIX,
     component_files,
     confined_path,
     no_duplicate_keys,
     read_json_object,
 )
-from .pth import PTH_SUFFIX, read_pth
 
 __all__ = [
     "TensorInfo",
@@ -130,7 +130,10 @@ def read_header(path: Path) -> SafetensorsHeader:
 
 
 def read_pth_header(path: Path) -> SafetensorsHeader:
-    """A ``.pth`` file's tensors as a header (`read.pth.read_pth`: their byte ranges in the file), no metadata."""
+    """A ``.pth`` file's tensors as a header (`read.pth.read_pth`: their byte ranges in the file), no metadata.
+    Imported here, for a ``.pth`` only: a safetensors reader (the loaders') never loads the weights-only unpickler."""
+    from .pth import read_pth
+
     tensors = {
         name: TensorInfo(name, dtype, shape, path, a, b) for name, dtype, shape, a, b in read_pth(path)
     }

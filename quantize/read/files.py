@@ -28,6 +28,7 @@ __all__ = [
     "index_json",
     "ComponentFiles",
     "CHECKPOINT_SUFFIXES",
+    "PTH_SUFFIX",
     "component_files",
     "files_of_components",
     "config_class",
@@ -128,7 +129,8 @@ class ComponentFiles(NamedTuple):
 
 #: the files one checkpoint file may be: safetensors, or a PyTorch zip checkpoint (read with torch's weights-only
 #: loader, `read.pth`)
-CHECKPOINT_SUFFIXES = (".safetensors", ".pth")
+PTH_SUFFIX = ".pth"
+CHECKPOINT_SUFFIXES = (".safetensors", PTH_SUFFIX)
 
 
 def component_files(root: Path, rel: str = ".", file: str | None = None) -> ComponentFiles:
@@ -222,9 +224,9 @@ def bare_model_class(folder: Path) -> str | None:
 def _shards_without_index(comp_dir: Path) -> tuple[list[Path], str]:
     """One ``*.safetensors`` file, or one complete ``STEM-0000i-of-0000n`` set; anything else is ambiguous."""
     files = sorted(comp_dir.glob("*.safetensors"))
-    pth = [] if files else sorted(comp_dir.glob("*.pth"))
+    pth = [] if files else sorted(comp_dir.glob(f"*{PTH_SUFFIX}"))
     if len(pth) == 1:  # a PyTorch checkpoint alone (`read.pth`)
-        return pth, pth[0].name[: -len(".pth")]
+        return pth, pth[0].name[: -len(PTH_SUFFIX)]
     if not files:
         raise InputError(f"{comp_dir}: no *.safetensors files and no {INDEX_SUFFIX} here")
     if len(files) == 1:

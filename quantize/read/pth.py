@@ -21,9 +21,8 @@ import torch
 from .. import dtypes
 from ..errors import InputError
 
-__all__ = ["read_pth", "PTH_SUFFIX"]
+__all__ = ["read_pth"]
 
-PTH_SUFFIX = ".pth"
 #: a zip local file header: signature, version, flags, method, time, date, crc, sizes, name and extra lengths
 _LOCAL_HEADER = struct.Struct("<IHHHHHIIIHH")
 _LOCAL_SIGNATURE = 0x04034B50

@@ -272,7 +272,9 @@ def test_an_unknown_repo_or_path_is_one_clean_line(hub, hub_env, tmp_path):
     proc = run_process("convert", "Nobody/no-such-model", tmp_path / "x", "-r", "wan-fp8", env=hub_env)
     assert proc.returncode == 2 and "Nobody/no-such-model: no such model repo" in proc.stderr
     proc = run_process("convert", tmp_path / "missing-folder", tmp_path / "x", "-r", "wan-fp8", env=hub_env)
-    assert proc.returncode == 2 and "source not found: neither a folder, a file nor a Hub repo id" in proc.stderr
+    assert (
+        proc.returncode == 2 and "source not found: neither a folder, a file nor a Hub repo id" in proc.stderr
+    )
     assert not (tmp_path / "x").exists()
 
 
