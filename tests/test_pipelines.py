@@ -315,3 +315,34 @@ def test_format_converts_a_whole_pipeline_that_diffusers_loads_and_runs(tmp_path
     (out / "text_encoder" / "model.safetensors").write_bytes(b"0" * 8)
     proc = run_cli("verify", out)
     assert proc.returncode == 1 and "text_encoder/" in proc.stdout
+
+
+def test_a_hunyuanvideo15_pipeline_converts_with_both_its_text_encoders(tmp_path):
+    """HunyuanVideo 1.5's pipeline: Qwen2.5-VL's text model in text_encoder/, byT5 in text_encoder_2/. With
+    --format gguf all three are converted and verified; with comfy_fp8 byT5 is said to have no such file (ComfyUI
+    reads none) and left out, as ComfyUI's recipes leave out what they do not convert."""
+    from tests.conftest import read_json
+
+    source = tmp_path / "HunyuanVideo-1.5-Diffusers"
+    run_cli("example", source, "--family", "hunyuanvideo15", "--layout", "diffusers", check=True)
+    for family, folder in (("qwen25vl-text", "text_encoder"), ("t5", "text_encoder_2")):
+        run_cli("example", tmp_path / family, "--family", family, check=True)
+        (tmp_path / family / folder).rename(source / folder)
+    said = run_cli("convert", source, tmp_path / "gguf", "--format", "gguf", check=True).stdout
+    assert (
+        "text_encoder/: recipe qwen25vl-text-gguf-q8_0" in said
+        and "text_encoder_2/: recipe t5-gguf-q8_0" in said
+    )
+    assert read_json(tmp_path / "gguf" / "quantize_manifest.json")["nested"] == [
+        "text_encoder",
+        "text_encoder_2",
+    ]
+    checked = run_cli("verify", tmp_path / "gguf", "--source", source, "--forward", check=True).stdout
+    assert (
+        "forward in text_encoder: Qwen2_5_VLTextModel" in checked
+        and "forward in text_encoder_2: T5EncoderModel" in checked
+    )
+    said = run_cli("convert", source, tmp_path / "comfy", "--format", "comfy_fp8", check=True).stdout
+    assert "text_encoder_2/: no bundled comfy_fp8 recipe" in said and "left out" in said
+    assert not (tmp_path / "comfy" / "text_encoder_2").exists()
+    assert read_json(tmp_path / "comfy" / "quantize_manifest.json")["nested"] == ["text_encoder"]

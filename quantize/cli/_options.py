@@ -58,17 +58,21 @@ def chosen_recipe(source: str, recipe: str | None, fmt: str | None, *, to_stderr
     return name
 
 
-def chosen_encoder_recipes(source: str, recipe: str | None, fmt: str | None) -> dict[str, str]:
+def chosen_encoder_recipes(source: str, recipe: str | None, fmt: str | None, copies: bool) -> dict[str, str]:
     """With --format on a local pipeline folder: each text encoder's folder -> the bundled recipe of that format
-    for it (said a line each; an encoder without one is said to be copied as it is)."""
+    for it (said a line each; an encoder without one is said to be copied as it is where the transformer's recipe
+    copies the pipeline's other files, `copies`, else left out)."""
     if recipe is not None or fmt is None:
         return {}
+    from ..models import get_family
     from ..read.detect import encoder_recipes
 
     chosen = {}
     for rel, (name, layout) in encoder_recipes(Path(source), fmt).items():
         if name is None:
-            out.print(f"{rel}/: no bundled {fmt} recipe for {layout.why}: copied as it is")
+            why = get_family(layout.family).why_no(fmt)
+            fate = "copied as it is" if copies else "left out"
+            out.print(f"{rel}/: no bundled {fmt} recipe for {layout.why}{f' ({why})' if why else ''}: {fate}")
         else:
             out.print(f"{rel}/: recipe {name}: {layout.why}")
             chosen[rel] = name

@@ -73,7 +73,8 @@ def convert_cmd(
     max_bytes = parse_size(max_shard_size, "--max-shard-size")
     t0 = time.monotonic()
     loaded = load_recipe(chosen_recipe(source, recipe, fmt))
-    nested = chosen_encoder_recipes(source, recipe, fmt)  # a pipeline's text encoders, beside its transformer
+    # a pipeline's text encoders, beside its transformer
+    nested = chosen_encoder_recipes(source, recipe, fmt, loaded.recipe.copy_other_files)
     # every LoRA file read and checked (headers) before OUT is claimed: a bad one is refused before any work
     steps = []
     if loras:

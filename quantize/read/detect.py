@@ -149,8 +149,9 @@ def encoder_recipes(folder: Path, fmt: str) -> dict[str, tuple[str | None, Sourc
     layouts = detect_layouts(folder)
     if not any(not lay.encoder for lay in layouts):
         return {}
-    return {
+    found = {
         get_family(lay.family).folders.encoder: (DEFAULT_RECIPES[lay.name].get(fmt), lay)
         for lay in layouts
         if lay.encoder
     }
+    return dict(sorted(found.items()))
