@@ -328,6 +328,8 @@ def test_a_hunyuanvideo15_pipeline_converts_with_both_its_text_encoders(tmp_path
     for family, folder in (("qwen25vl-text", "text_encoder"), ("t5", "text_encoder_2")):
         run_cli("example", tmp_path / family, "--family", family, check=True)
         (tmp_path / family / folder).rename(source / folder)
+    planned = run_cli("plan", source, "--format", "gguf", check=True).stdout
+    assert "bundled:qwen25vl-text-gguf-q8_0.yaml" in planned and "bundled:t5-gguf-q8_0.yaml" in planned
     said = run_cli("convert", source, tmp_path / "gguf", "--format", "gguf", check=True).stdout
     assert (
         "text_encoder/: recipe qwen25vl-text-gguf-q8_0" in said

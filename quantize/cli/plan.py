@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ._options import chosen_recipe, lora_options, recipe_options
+from ._options import chosen_encoder_recipes, chosen_recipe, lora_options, recipe_options
 from ._render import print_plan
 
 __all__ = ["plan_cmd"]
@@ -17,13 +17,19 @@ __all__ = ["plan_cmd"]
 def plan_cmd(
     source: str, recipe: str | None, fmt: str | None, loras: tuple[str, ...], lora_unmatched: str
 ) -> None:
-    """Dry run: what each tensor of SOURCE (a folder or a Hub repo id) becomes under RECIPE, and the sizes."""
+    """Dry run: what each tensor of SOURCE (a folder or a Hub repo id) becomes under RECIPE, and the sizes (with
+    --format on a pipeline folder, its text encoders' too, as convert writes them beside the transformer)."""
     from ..plan import make_plan
     from ..read.source import open_source
     from ..recipes import load_recipe
     from ..steps.lora import open_loras
 
     loaded = load_recipe(chosen_recipe(source, recipe, fmt))
+    nested = chosen_encoder_recipes(source, recipe, fmt, loaded.recipe.copy_other_files)
     merge = open_loras(loras, lora_unmatched, loaded.recipe.components) if loras else None
     plan = make_plan(open_source(source, loaded.recipe), loaded.recipe, steps=[merge] if merge else ())
     print_plan(source, loaded.origin, plan, merge)
+    for rel, name in nested.items():
+        encoder = load_recipe(name)
+        where = f"{source.rstrip('/')}/{rel}"
+        print_plan(where, encoder.origin, make_plan(open_source(where, encoder.recipe), encoder.recipe), None)
