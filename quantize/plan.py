@@ -346,7 +346,7 @@ def plan_component(
     typed = [(re.compile(p), t) for p, t in recipe.types.items()]
     matches = dict.fromkeys([*recipe.targets, *recipe.ignore, *recipe.types], 0)
     compiled = [re.compile(p) for p in matches]
-    where = f"{component.dir}"
+    where = f"{component.where}"
     # a tokenizer the format holds as key-values is no tensor of its file
     infos = [i for i in component.tensors.values() if held_as != "key_values" or i is not tokenizer]
     names_in = [i.name for i in infos]
@@ -535,7 +535,7 @@ def _check_every_pattern_matches(component: Component, recipe: Recipe, matches: 
             if matches[p] == 0:
                 close = difflib.get_close_matches(p.replace("\\", ""), keys, n=1, cutoff=0.0)
                 raise InputError(
-                    f"recipe {field} pattern '{p}' matches no module in component {component.rel!r} ({component.dir}; "
+                    f"recipe {field} pattern '{p}' matches no module in component {component.rel!r} ({component.where}; "
                     f"closest module name: {close[0]!r}): fix the pattern or pick the recipe for these key names"
                 )
 
@@ -546,7 +546,7 @@ def _check_no_key_collision(component: Component, plans: list[TensorPlan]) -> No
         for spec in t.outputs:
             if spec.name in seen and seen[spec.name] != t.name:
                 raise InputError(
-                    f"{component.dir}: output key {spec.name!r} of {t.name!r} collides with tensor {seen[spec.name]!r}"
+                    f"{component.where}: output key {spec.name!r} of {t.name!r} collides with tensor {seen[spec.name]!r}"
                 )
             seen[spec.name] = t.name
 
@@ -567,7 +567,7 @@ def make_plan(source: Path | SourceFolder, recipe: Recipe, *, steps: Sequence[Te
     for rel in recipe.components:
         comp = src.component(rel)
         family = src.family(rel)
-        names = names_for(role, family, recipe.format, str(comp.dir))
+        names = names_for(role, family, recipe.format, str(comp.where))
         components.append(plan_component(comp, recipe, names, steps, family))
     for step in steps:
         step.finish()

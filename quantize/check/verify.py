@@ -323,11 +323,10 @@ def _manifest_recipe(manifest: Manifest) -> Recipe | None:
 
 def _require_source(source: Path, manifest: Manifest) -> None:
     """A source directory that holds none of the files the checkpoint was made from is the wrong input."""
-    if source.is_file():  # one checkpoint file given as the source: the manifest lists it in its folder
-        source = source.parent
-    if not source.is_dir():
+    folder = source.parent if source.is_file() else source  # a file given as the source: listed in its folder
+    if not folder.is_dir():
         raise InputError(f"{source}: source directory not found")
-    paths = [confined_path(source, f.path, MANIFEST_NAME) for f in manifest.source_files]
+    paths = [confined_path(folder, f.path, MANIFEST_NAME) for f in manifest.source_files]
     if paths and not any(p.is_file() for p in paths):
         raise InputError(
             f"{source}: holds none of the {len(paths)} source files the manifest lists: is this the right source?"

@@ -50,7 +50,7 @@ def chosen_recipe(source: str, recipe: str | None, fmt: str | None, *, to_stderr
         )
     if not folder.exists():
         raise InputError(
-            f"{source}: no such folder; --format looks inside a local folder (for a Hub repo id, give --recipe: "
+            f"{source}: no such folder or file; --format looks at a local one (for a Hub repo id, give --recipe: "
             "quantize recipes lists them)"
         )
     name, layout = recipe_for_format(folder, fmt)

@@ -180,10 +180,16 @@ class Component:
     stem: str  # shard name stem, e.g. "diffusion_pytorch_model"
     config: dict | None
     metadata: dict[Path, dict[str, str]]  # each shard's __metadata__
+    file: Path | None = None  # the one checkpoint file given as the source, or None: a folder's
 
     @property
     def dir(self) -> Path:
         return self.root if self.rel == "." else self.root / self.rel
+
+    @property
+    def where(self) -> Path:
+        """The component as a message names it: the one file given as the source, else its folder."""
+        return self.dir if self.file is None else self.file
 
     @property
     def config_path(self) -> Path:
@@ -234,7 +240,8 @@ def open_component(root: Path, rel: str = ".", file: str | None = None) -> Compo
         raise InputError(f"{comp_dir}: the checkpoint holds no tensors")
     # a file given alone has no config.json: one beside it is its folder's model's (Wan's beside its umT5 .pth)
     config = None if file is not None else _read_config(comp_dir / CONFIG_NAME)
-    return Component(root, rel, shards, tensors, index_path, stem, config, metadata)
+    given = None if file is None else root / file
+    return Component(root, rel, shards, tensors, index_path, stem, config, metadata, given)
 
 
 def _read_config(path: Path) -> dict | None:

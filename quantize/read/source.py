@@ -177,7 +177,7 @@ class SourceFolder:
 def under_own_names(comp: Component) -> Component:
     """`comp`, its tensors under their family's own names where the release stores them in another naming (Wan's
     T5 names in its umT5 ``.pth``: `models.own_names`), else as it is."""
-    names = own_names(comp.tensors, str(comp.dir))
+    names = own_names(comp.tensors, str(comp.where))
     return comp if names is None else comp.renamed(names)
 
 

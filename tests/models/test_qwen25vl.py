@@ -23,6 +23,7 @@ from quantize.models.examples.qwen25vl import QWEN25VL_EXAMPLES, qwen25vl_config
 from quantize.read.detect import detect_layouts
 from quantize.run.forward import forward_sqnr_db as sqnr
 from tests.conftest import read_json, run_cli
+from tests.helpers.encoders import convert_each
 from tests.helpers.recipes import listed_recipes
 from tests.helpers.verify import forward_sqnr
 
@@ -160,10 +161,7 @@ def test_gguf_is_refused_at_plan_time_naming_why(sources, tmp_path):
 
 @pytest.fixture(scope="module")
 def converted(sources, tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("qwen25vl-out")
-    for fmt in FORMATS:
-        run_cli("convert", sources["pipeline"], root / fmt, "--format", fmt, check=True)
-    return {fmt: root / fmt for fmt in FORMATS}
+    return convert_each(sources["pipeline"], tmp_path_factory.mktemp("qwen25vl-out"), FORMATS)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

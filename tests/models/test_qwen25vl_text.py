@@ -25,6 +25,7 @@ from quantize.models.examples.qwen25vl_text import QWEN25VL_TEXT_EXAMPLES
 from quantize.read.detect import detect_layouts
 from quantize.run.forward import forward_sqnr_db as sqnr
 from tests.conftest import read_json, run_cli
+from tests.helpers.encoders import convert_each, last_hidden_state
 from tests.helpers.recipes import listed_recipes
 from tests.helpers.verify import forward_sqnr
 
@@ -33,11 +34,6 @@ TRANSFORMERS_SIDE = ["fp8_channel", "torchao_fp8", "torchao_int8", "nf4"]
 COMFY = ["comfy_fp8", "comfy_int8", "comfy_nvfp4", "comfy_mxfp8"]
 FORMATS = [*TRANSFORMERS_SIDE, *COMFY, "gguf"]
 FOUR_BIT = ("nf4", "comfy_nvfp4")
-
-
-def last_hidden_state(model, ids: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        return model(input_ids=ids).last_hidden_state.float()
 
 
 @pytest.fixture(scope="module")
@@ -97,10 +93,7 @@ def test_the_layout_is_detected_bare_or_in_a_pipeline_and_finds_its_recipes(sour
 
 @pytest.fixture(scope="module")
 def converted(source, tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("qwen25vl-text-out")
-    for fmt in FORMATS:
-        run_cli("convert", source, root / fmt, "--format", fmt, check=True)
-    return {fmt: root / fmt for fmt in FORMATS}
+    return convert_each(source, tmp_path_factory.mktemp("qwen25vl-text-out"), FORMATS)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -21,16 +21,12 @@ from quantize.models.examples.umt5 import UMT5_EXAMPLES
 from quantize.read.detect import detect_layouts
 from quantize.run.forward import forward_sqnr_db as sqnr
 from tests.conftest import read_json, run_cli
+from tests.helpers.encoders import convert_each, last_hidden_state
 from tests.helpers.verify import forward_sqnr
 
 T5 = get_family("t5")
 TRANSFORMERS_SIDE = ["fp8_channel", "torchao_fp8", "torchao_int8", "nf4"]
 FORMATS = [*TRANSFORMERS_SIDE, "gguf"]
-
-
-def last_hidden_state(model, ids: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        return model(input_ids=ids).last_hidden_state.float()
 
 
 @pytest.fixture(scope="module")
@@ -90,10 +86,7 @@ def test_comfyuis_formats_are_refused_at_plan_time_saying_why(sources, tmp_path,
 
 @pytest.fixture(scope="module")
 def converted(sources, tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("t5-out")
-    for fmt in FORMATS:
-        run_cli("convert", sources["pipeline"], root / fmt, "--format", fmt, check=True)
-    return {fmt: root / fmt for fmt in FORMATS}
+    return convert_each(sources["pipeline"], tmp_path_factory.mktemp("t5-out"), FORMATS)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -27,6 +27,7 @@ from quantize.read.detect import detect_layouts
 from quantize.run.forward import forward_sqnr_db as sqnr
 from tests.conftest import read_json, run_cli
 from tests.diffusers_models import wan_of_width
+from tests.helpers.encoders import convert_each
 from tests.helpers.recipes import listed_recipes
 from tests.helpers.verify import forward_sqnr
 
@@ -188,10 +189,7 @@ def test_every_layout_is_detected_and_finds_its_recipes(sources, tmp_path):
 
 @pytest.fixture(scope="module")
 def converted(sources, tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("umt5-out")
-    for fmt in FORMATS:
-        run_cli("convert", sources["pipeline"], root / fmt, "--format", fmt, check=True)
-    return {fmt: root / fmt for fmt in FORMATS}
+    return convert_each(sources["pipeline"], tmp_path_factory.mktemp("umt5-out"), FORMATS)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -119,3 +119,12 @@ def test_a_tensor_wan_does_not_have_is_named(release, tmp_path):
     torch.save({**weights, "blocks.0.ffn.extra.weight": torch.zeros(4, 4)}, odd)
     line = one_line_exit_2(run_cli("convert", odd, tmp_path / "o", "--format", "comfy_fp8"))
     assert "'blocks.0.ffn.extra.weight' is in Wan's T5 names" in line
+
+
+def test_a_file_of_no_family_is_named_itself_not_its_folder(tmp_path):
+    other = tmp_path / "other.pth"
+    torch.save({"a.weight": torch.zeros(4, 4)}, other)
+    line = one_line_exit_2(run_cli("convert", other, tmp_path / "o", "--recipe", "umt5-single-comfy-fp8"))
+    assert line.startswith(f"error: {other}: the tensor names are of no model family")
+    line = one_line_exit_2(run_cli("convert", tmp_path / "nope.pth", tmp_path / "o", "--format", "gguf"))
+    assert "no such folder or file" in line
