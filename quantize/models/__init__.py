@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 from ..errors import InputError
 from ..read.files import config_class
+from .clip_text import CLIP_TEXT
+from .clip_vision import CLIP_VISION
 from .family import Family, ModelInputs, SourceLayout
 from .gemma3 import GEMMA3
 from .hunyuanvideo15 import HUNYUANVIDEO15
@@ -89,6 +91,8 @@ FAMILIES: tuple[Family, ...] = (
     GEMMA3,
     QWEN25VL,
     QWEN25VL_TEXT,
+    CLIP_TEXT,
+    CLIP_VISION,
 )
 #: the family `quantize example` (and `examples.write_example`) makes when none is named
 DEFAULT_FAMILY: str = WAN.name

@@ -350,8 +350,9 @@ class Family(abc.ABC):
     def class_name(self, name: str) -> str:
         """The name the class's module holds tensor `name` under (`class_prefixes`: a stored name's prefix
         renamed), or `name` itself; a name already in the class's form (a transformers-side output's) is left as
-        it is, though a stored prefix may begin it (Qwen2.5-VL's ``model.`` of ``model.language_model.``)."""
-        if name.startswith(tuple(own for _, own in self.class_prefixes)):
+        it is, though a stored prefix may begin it (Qwen2.5-VL's ``model.`` of ``model.language_model.``). The
+        class's prefix may be empty (transformers 5's `CLIPTextModel` holds the stored ``text_model.`` at its root)."""
+        if any(own and name.startswith(own) for _, own in self.class_prefixes):
             return name
         for stored, own in self.class_prefixes:
             if name.startswith(stored):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from ...errors import InputError
 from ..family import Family
+from .clip_text import CLIP_TEXT_EXAMPLES
+from .clip_vision import CLIP_VISION_EXAMPLES
 from .base import ExampleModel, Examples, LoraTensor, diffusers_example, linear
 from .gemma3 import GEMMA3_EXAMPLES
 from .hunyuanvideo15 import HUNYUANVIDEO15_EXAMPLES
@@ -42,6 +44,8 @@ EXAMPLES: dict[str, Examples] = {
         GEMMA3_EXAMPLES,
         QWEN25VL_EXAMPLES,
         QWEN25VL_TEXT_EXAMPLES,
+        CLIP_TEXT_EXAMPLES,
+        CLIP_VISION_EXAMPLES,
     )
 }
 

@@ -1,0 +1,203 @@
+"""CLIP's text tower (transformers' `CLIPTextModel`: CLIP ViT-L/14's, the ``text_encoder_2/`` of diffusers' Kandinsky
+5 and HunyuanVideo pipelines, whose pooled output they read): everything the tool knows of it.
+
+Layouts (`CLIP_TEXT.layouts`): ``clip-text``: a pipeline's ``text_encoder_2/`` or such a folder itself (config.json
+``architectures: ["CLIPTextModel"]``); ``clip-text-single``: one safetensors file in the same names, no config.json
+(Comfy-Org's ``clip_l.safetensors``, which holds the ``text_projection`` of CLIP's joint space beside the tower:
+carried as stored, no part of the class).
+
+Names: transformers' own, which ComfyUI's CLIP (``comfy/clip_model.py``) holds too; `NAMES` maps each to itself, a
+table all the same, so a tensor it does not list is refused.
+
+Formats: transformers' (`from_pretrained`, our loader) alone. ComfyUI's are refused at plan time
+(`PlanPolicy.unread_formats`): its CLIP-L loaders (Load CLIP; DualCLIPLoader's ``kandinsky5`` and ``hunyuan_video``
+types) build the tower with plain cast ops and take no quantization from the file, so a quantized weight would be
+read without its scale. GGUF too: ComfyUI-GGUF's CLIP loader reads only the text architectures of its
+``TXT_ARCH_LIST``, and CLIP is not one.
+
+What stays high-precision, and why (the bundled recipes say it too): the token and position embeddings (lookup
+tables), the layer norms and the final norm (its output is what a pipeline reads), the projection; every Linear of
+the encoder layers is quantized, their biases kept.
+
+>>> CLIP_TEXT.native_name("text_model.encoder.layers.3.mlp.fc1.bias")
+'text_model.encoder.layers.3.mlp.fc1.bias'
+>>> CLIP_TEXT.carried("text_projection.weight"), CLIP_TEXT.carried("text_model.final_layer_norm.weight")
+(True, False)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import InputError
+from .encoder import TextEncoder, token_inputs
+from .family import (
+    COMFY,
+    SOURCE_NAMED,
+    CardWords,
+    Carried,
+    Detection,
+    Folders,
+    ModelInputs,
+    PlanPolicy,
+    bundled_recipes,
+    count_blocks,
+)
+from .names import BlockNames, Blocks
+
+if TYPE_CHECKING:
+    from ..read.checkpoint import TensorInfo
+
+__all__ = [
+    "CLIP_TEXT",
+    "CLIPTextFamily",
+    "NAMES",
+    "CLASS",
+    "LAYER_MODULES",
+    "NO_COMFY_QUANT",
+    "NO_GGUF_CLIP",
+    "quick_gelu",
+    "tensor_shape",
+]
+
+CLASS = "CLIPTextModel"
+
+#: an encoder layer's modules, CLIP's text and vision towers alike (transformers' `CLIPEncoderLayer`)
+LAYER_MODULES = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.out_proj",
+    "layer_norm1",
+    "mlp.fc1",
+    "mlp.fc2",
+    "layer_norm2",
+)
+#: why ComfyUI's formats are refused for a CLIP tower (`PlanPolicy.unread_why`), after the loader's name
+NO_COMFY_QUANT = (
+    "builds the tower with plain cast ops (comfy.ops.manual_cast) and takes no quantization from the file, so a "
+    "quantized weight would be read without its scale"
+)
+#: why a CLIP tower has no GGUF (`PlanPolicy.no_gguf_why`)
+NO_GGUF_CLIP = (
+    "ComfyUI-GGUF's CLIP loaders read the text architectures of its TXT_ARCH_LIST (t5, t5encoder, llama, qwen2vl, "
+    "qwen3, qwen3vl) and a vision tower only as a Qwen2-VL's mmproj file, no CLIP"
+)
+
+_TOWER = "text_model"
+#: transformers' names -> ComfyUI's: the same
+NAMES = BlockNames(
+    root_modules={
+        m: m
+        for m in (
+            f"{_TOWER}.embeddings.token_embedding",
+            f"{_TOWER}.embeddings.position_embedding",
+            f"{_TOWER}.final_layer_norm",
+        )
+    },
+    root_tensors={},
+    blocks=(
+        Blocks(f"{_TOWER}.encoder.layers", f"{_TOWER}.encoder.layers", modules={m: m for m in LAYER_MODULES}),
+    ),
+)
+
+INPUTS = token_inputs(lambda config: config["vocab_size"])
+
+
+def quick_gelu(width: int, widest: int) -> str:
+    """The activation of a CLIP tower `width` wide, for a file with no config: OpenAI's towers (up to `widest`:
+    text 768, vision 1024) use quick GELU, OpenCLIP's wider ones (H, g, bigG) GELU, as ComfyUI's configs
+    (``sd1_clip_config.json``, ``clip_vision_config_*.json``) say."""
+    return "quick_gelu" if width <= widest else "gelu"
+
+
+def tensor_shape(tensors: Mapping[str, TensorInfo], name: str, where: Path, title: str) -> tuple[int, ...]:
+    """The shape of tensor `name`, or `InputError` naming the file and the tensor it lacks."""
+    if name not in tensors:
+        raise InputError(f"{where}: no tensor {name!r}: not a {title}")
+    return tuple(tensors[name].shape)
+
+
+class CLIPTextFamily(TextEncoder):
+    name = "clip-text"
+    title = "CLIP text model"
+    names = NAMES
+    detection = Detection(
+        CLASS,
+        # as its checkpoints store it (ComfyUI's too), or as transformers 5's class holds it (an output)
+        diffusers_marks=(f"{_TOWER}.embeddings.token_embedding.", "embeddings.token_embedding."),
+        # CLIP's whole model (its vision tower beside), and SigLIP's text tower (its head)
+        foreign_marks=("vision_model.", f"{_TOWER}.head."),
+        library="transformers",
+    )
+    #: transformers 5's class holds the tower at its root (its loader strips the stored prefix): the names an
+    #: output for it is written in
+    class_prefixes = ((f"{_TOWER}.", ""),)
+    folders = Folders(
+        "clip-text",
+        release="clip-text-single",
+        release_why="CLIP text model, one file in ComfyUI's names (Comfy-Org's clip_l.safetensors)",
+        encoder="text_encoder_2",
+    )
+    plan = PlanPolicy(
+        root_stem="clip_text",
+        no_gguf_why=NO_GGUF_CLIP,
+        carried=Carried(tensors=(r"text_projection\.weight", rf"{_TOWER}\.embeddings\.position_ids")),
+        unread_formats=COMFY,
+        unread_why=f"ComfyUI's CLIP-L loaders (Load CLIP, DualCLIPLoader's kandinsky5 and hunyuan_video types) "
+        f"{NO_COMFY_QUANT}",
+    )
+    card = CardWords(
+        pipeline_tag=None,
+        weights="text encoder",
+        kept="The token and position embeddings, the norms, the projection and the layers the recipe keeps stay "
+        "in their original precision.",
+        kept_tensors="every norm and bias, the embeddings and the projection",
+    )
+    default_recipes = {
+        "clip-text": bundled_recipes("clip-text", SOURCE_NAMED),
+        "clip-text-single": bundled_recipes("clip-text-single", SOURCE_NAMED),
+    }
+
+    @property
+    def inputs(self) -> ModelInputs:
+        return INPUTS
+
+    def diffusers_config(self, config: dict, tensors: Mapping[str, TensorInfo], where: Path) -> dict:
+        """`CLIPTextModel`'s config (transformers' `CLIPTextConfig`) for a file that has none, read off the tensor
+        shapes; what they do not say is CLIP's: 64-wide heads, the activation by width (`quick_gelu`), an epsilon
+        of 1e-5, OpenAI's token ids (its config's legacy eos of 2: the pooled token is the highest id, the end
+        token)."""
+        if config:
+            return dict(config)
+        vocab, hidden = tensor_shape(
+            tensors, f"{_TOWER}.embeddings.token_embedding.weight", where, self.title
+        )
+        positions, _ = tensor_shape(
+            tensors, f"{_TOWER}.embeddings.position_embedding.weight", where, self.title
+        )
+        inner, _ = tensor_shape(tensors, f"{_TOWER}.encoder.layers.0.mlp.fc1.weight", where, self.title)
+        projection = (
+            tensors["text_projection.weight"].shape[0] if "text_projection.weight" in tensors else hidden
+        )
+        return {
+            "architectures": [CLASS],
+            "model_type": "clip_text_model",
+            "vocab_size": vocab,
+            "hidden_size": hidden,
+            "intermediate_size": inner,
+            "projection_dim": projection,
+            "num_hidden_layers": count_blocks(tensors, f"{_TOWER}.encoder.layers."),
+            "num_attention_heads": hidden // 64,
+            "max_position_embeddings": positions,
+            "hidden_act": quick_gelu(hidden, 768),
+            "layer_norm_eps": 1e-5,
+            "pad_token_id": 1,
+            "bos_token_id": 0,
+            "eos_token_id": 2,
+        }
+
+
+CLIP_TEXT = CLIPTextFamily()
