@@ -348,3 +348,54 @@ def test_a_hunyuanvideo15_pipeline_converts_with_both_its_text_encoders(tmp_path
     assert "text_encoder_2/: no bundled comfy_fp8 recipe" in said and "left out" in said
     assert not (tmp_path / "comfy" / "text_encoder_2").exists()
     assert read_json(tmp_path / "comfy" / "quantize_manifest.json")["nested"] == ["text_encoder"]
+
+
+def test_a_kandinsky5_pipeline_with_its_clip_text_encoder_converts_and_runs_in_diffusers(tmp_path):
+    """Kandinsky 5's pipeline with CLIP's text tower in text_encoder_2/ (as transformers 5 saves it: no
+    ``text_model.`` prefix), `--format torchao_fp8`: both converted and verified, and
+    `Kandinsky5T2VPipeline.from_pretrained(OUT)` loads both quantized; the pooled output of its own CLIP on fixed
+    token ids conditions two steps, close to the bf16 pipeline's."""
+    import json
+
+    from diffusers import Kandinsky5T2VPipeline
+    from torchao.quantization import Float8Tensor
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    source = _save_kandinsky5_pipeline(tmp_path / "Kandinsky5-tiny")
+    torch.manual_seed(0)
+    config = CLIPTextConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+        projection_dim=64, bos_token_id=0, eos_token_id=2, pad_token_id=1,
+    )  # fmt: skip
+    CLIPTextModel(config).to(torch.bfloat16).save_pretrained(source / "text_encoder_2")
+    index = json.loads((source / "model_index.json").read_text())
+    index["text_encoder_2"] = ["transformers", "CLIPTextModel"]
+    (source / "model_index.json").write_text(json.dumps(index, indent=2))
+    out = tmp_path / "fp8"
+    said = run_cli("convert", source, out, "--format", "torchao_fp8", check=True).stdout
+    assert "text_encoder_2/: recipe clip-text-torchao-fp8" in said
+    checked = run_cli("verify", out, "--source", source, "--forward", check=True).stdout
+    assert "forward in text_encoder_2: CLIPTextModel" in checked
+
+    def run(pipe):
+        ids = torch.randint(3, 128, (1, 8), generator=torch.Generator().manual_seed(2))
+        with torch.no_grad():
+            clip = pipe.text_encoder_2(input_ids=ids).pooler_output.to(torch.bfloat16)
+        g = torch.Generator().manual_seed(0)
+        qwen, seqlens = torch.randn(1, 6, 64, generator=g).bfloat16(), torch.tensor([0, 6], dtype=torch.int32)
+        kwargs = dict(
+            prompt_embeds_qwen=qwen, prompt_embeds_clip=clip, prompt_cu_seqlens=seqlens,
+            negative_prompt_embeds_qwen=torch.zeros_like(qwen), negative_prompt_embeds_clip=torch.zeros_like(clip),
+            negative_prompt_cu_seqlens=seqlens, height=32, width=32, num_frames=5, num_inference_steps=2,
+            guidance_scale=1.0,
+        )  # fmt: skip
+        latents = pipe(**kwargs, output_type="latent", generator=torch.Generator().manual_seed(1)).frames
+        decoded = pipe(**kwargs, output_type="pt", generator=torch.Generator().manual_seed(1)).frames
+        return latents.float(), decoded.float()
+
+    no_qwen = dict(text_encoder=None, tokenizer=None, tokenizer_2=None)
+    reference = run(Kandinsky5T2VPipeline.from_pretrained(source, torch_dtype=torch.bfloat16, **no_qwen))
+    pipe = Kandinsky5T2VPipeline.from_pretrained(out, torch_dtype=torch.bfloat16, **no_qwen)
+    assert isinstance(pipe.text_encoder_2.encoder.layers[0].self_attn.q_proj.weight, Float8Tensor)
+    assert any(isinstance(p, Float8Tensor) for p in pipe.transformer.parameters())
+    assert_close_to(reference, run(pipe), min_db=25)

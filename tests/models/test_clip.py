@@ -102,14 +102,24 @@ def test_each_tower_is_told_by_class_and_by_names_and_a_whole_clip_model_by_neit
     names = [n for n, _ in single.tensors]
     assert family_of(cls, []).name == family and family_of(None, names).name == family
     # as transformers 5's class holds them (an output's names)
-    assert family_of(None, [n.split(".", 1)[1] for n in names if n.startswith(("text_", "vision_"))]).name == family
+    assert (
+        family_of(None, [n.split(".", 1)[1] for n in names if n.startswith(("text_", "vision_"))]).name
+        == family
+    )
     (text,) = examples_of("clip-text").models("tiny", "single")
     (vision,) = examples_of("clip-vision").models("tiny", "single")
-    assert family_of(None, [n for n, _ in (*text.tensors, *vision.tensors)]) is None  # CLIPModel: neither tower
+    assert (
+        family_of(None, [n for n, _ in (*text.tensors, *vision.tensors)]) is None
+    )  # CLIPModel: neither tower
     (pipeline,) = detect_layouts(sources["pipeline"])
     (bare,) = detect_layouts(sources["pipeline"] / folder)
     (one,) = detect_layouts(sources["single"])
-    assert (pipeline.name, pipeline.encoder, bare.name, one.name) == (family, True, family, f"{family}-single")
+    assert (pipeline.name, pipeline.encoder, bare.name, one.name) == (
+        family,
+        True,
+        family,
+        f"{family}-single",
+    )
 
 
 @pytest.mark.parametrize("fmt", ["comfy_fp8", "comfy_int8", "gguf"])
@@ -155,7 +165,7 @@ def test_block_offload_runs_the_towers_layers_and_changes_nothing(family, conver
     offloader = enable_block_offload(offloaded, device="cpu", host="pageable")
     want, got = _outputs(plain, inputs), _outputs(offloaded, inputs)
     assert offloader.stats.block_copies == len(offloaded.encoder.layers)
-    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 
 def test_the_single_file_converts_with_a_config_read_off_its_shapes(family, sources, reference, tmp_path):

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from ...errors import InputError
 from ..family import Family
+from .base import ExampleModel, Examples, LoraTensor, diffusers_example, linear
 from .clip_text import CLIP_TEXT_EXAMPLES
 from .clip_vision import CLIP_VISION_EXAMPLES
-from .base import ExampleModel, Examples, LoraTensor, diffusers_example, linear
 from .gemma3 import GEMMA3_EXAMPLES
 from .hunyuanvideo15 import HUNYUANVIDEO15_EXAMPLES
 from .kandinsky5 import KANDINSKY5_EXAMPLES
