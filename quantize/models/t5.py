@@ -81,7 +81,7 @@ class T5Family(UMT5Family):
     )
     default_recipes = {
         "t5": bundled_recipes("t5", (*SOURCE_NAMED, "gguf")),
-        "t5-single": bundled_recipes("t5-single", ("gguf",)),
+        "t5-single": bundled_recipes("t5-single", (*SOURCE_NAMED, "gguf")),
     }
 
 

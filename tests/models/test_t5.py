@@ -129,11 +129,21 @@ def test_the_gguf_file_is_llama_cpps_t5encoder_without_a_tokenizer(converted, so
     assert names["enc.blk.0.attn_rel_b.weight"] == "F32" and names["enc.blk.1.ffn_down.weight"] == "Q8_0"
 
 
-def test_the_single_file_converts_with_a_config_read_off_its_shapes(sources, tmp_path):
-    run_cli("convert", sources["single"], tmp_path / "q", "--format", "gguf", check=True)
+@pytest.mark.parametrize("fmt", ["gguf", "fp8_channel"])
+def test_the_single_file_converts_with_a_config_read_off_its_shapes(sources, reference, tmp_path, fmt):
+    """Comfy-Org's file to GGUF and to a transformers format, which `T5EncoderModel.from_pretrained` loads: the
+    examples draw each tensor from its name, so the file holds the pipeline's weights and the derived config
+    must give the pipeline's output."""
+    from transformers import T5EncoderModel
+
+    run_cli("convert", sources["single"], tmp_path / "q", "--format", fmt, check=True)
     run_cli("verify", tmp_path / "q", "--source", sources["single"], "--forward", check=True)
     derived = read_json(tmp_path / "q" / "config.json")
     given = t5_config(T5_EXAMPLES.presets["tiny"])
     assert {k: v for k, v in derived.items() if k != "quantization_config"} == {
         k: v for k, v in given.items() if k != "dtype"
     }
+    if fmt != "gguf":
+        model = T5EncoderModel.from_pretrained(tmp_path / "q", dtype=torch.bfloat16).eval()
+        ids, ref = reference
+        assert sqnr(ref, last_hidden_state(model, ids)) > 20
