@@ -568,6 +568,10 @@ def make_plan(source: Path | SourceFolder, recipe: Recipe, *, steps: Sequence[Te
         comp = src.component(rel)
         family = src.family(rel)
         names = names_for(role, family, recipe.format, str(comp.where))
+        if comp.config is None and family is not None:
+            # the config.json every container writes for a release that ships none, read off its shapes now: a
+            # file it cannot be read off is refused before any work (`containers.write_config`)
+            family.release_config(comp.tensors, comp.where)
         components.append(plan_component(comp, recipe, names, steps, family))
     for step in steps:
         step.finish()

@@ -146,6 +146,6 @@ def write_config(out_dir: Path, cp: ComponentPlan, fmt: Format) -> Path:
     path = out_dir / CONFIG_NAME
     config = cp.component.config
     if config is None and cp.family is not None:  # a release without config.json: its family's for it
-        config = cp.family.release_config(cp.component.tensors, cp.component.dir)
+        config = cp.family.release_config(cp.component.tensors, cp.component.where)
     write_file(path, config_text(config_with_quantization(fmt, config, cp.kept_linears())))
     return path

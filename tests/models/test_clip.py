@@ -209,3 +209,25 @@ def test_a_pipelines_image_encoder_is_converted_beside_its_transformer(tmp_path)
     assert read_json(tmp_path / "out" / "quantize_manifest.json")["nested"] == ["image_encoder"]
     checked = run_cli("verify", tmp_path / "out", "--source", source, "--forward", check=True).stdout
     assert "forward in image_encoder: CLIPVisionModel" in checked
+
+
+def test_a_file_whose_config_cannot_be_read_off_is_refused_before_any_work(tmp_path):
+    """One line naming the file and what it lacks, exit 2, no output: a vision tower without its class embedding,
+    and one whose positions are no square grid of patches."""
+    from safetensors.torch import save_file
+
+    (single,) = examples_of("clip-vision").models("tiny", "single")
+    tensors = {n: torch.zeros(shape, dtype=torch.bfloat16) for n, shape in single.tensors}
+    no_class = {n: t for n, t in tensors.items() if n != "vision_model.embeddings.class_embedding"}
+    positions = "vision_model.embeddings.position_embedding.weight"
+    not_square = {**tensors, positions: tensors[positions][:4].clone()}
+    for stem, file_tensors, said in (
+        ("no_class", no_class, "no tensor 'vision_model.embeddings.class_embedding'"),
+        ("not_square", not_square, "4 position embeddings are not a square grid"),
+    ):
+        path = tmp_path / f"{stem}.safetensors"
+        save_file(file_tensors, path)
+        proc = run_cli("convert", path, tmp_path / "out", "--format", "fp8_channel")
+        (line,) = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and line.startswith(f"error: {path}: ") and said in line, proc.stderr
+        assert not (tmp_path / "out").exists()
