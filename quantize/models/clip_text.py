@@ -28,6 +28,7 @@ the encoder layers is quantized, their biases kept.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -52,6 +53,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLIP_TEXT",
+    "CLIPTower",
+    "TOWER",
     "CLIPTextFamily",
     "NAMES",
     "CLASS",
@@ -86,22 +89,86 @@ NO_GGUF_CLIP = (
     "qwen3, qwen3vl) and a vision tower only as a Qwen2-VL's mmproj file, no CLIP"
 )
 
-_TOWER = "text_model"
-#: transformers' names -> ComfyUI's: the same
-NAMES = BlockNames(
-    root_modules={
-        m: m
-        for m in (
-            f"{_TOWER}.embeddings.token_embedding",
-            f"{_TOWER}.embeddings.position_embedding",
-            f"{_TOWER}.final_layer_norm",
+
+@dataclass(frozen=True)
+class CLIPTower:
+    """One of CLIP's towers, as the parts both its families share are made of it: its stored prefix, its layout
+    names, its pipeline folder and Comfy-Org's file, the projection beside it there, ComfyUI's loader of it."""
+
+    prefix: str  # ``text_model``: the tower's stored prefix, which transformers 5's class holds at its root
+    layout: str  # ``clip-text``; the single file's is ``clip-text-single``
+    title: str
+    encoder: str  # its folder in a pipeline
+    file: str  # Comfy-Org's file of it
+    projection: str  # the projection of CLIP's joint space in that file, no part of the class
+    loaders: str  # ComfyUI's loaders of it, in words
+    root_modules: tuple[str, ...]  # its modules outside the layers, under `prefix`
+    root_tensors: tuple[str, ...] = ()
+
+    @property
+    def names(self) -> BlockNames:
+        """transformers' names -> ComfyUI's: the same (a table all the same: a tensor it does not list is
+        refused)."""
+        layers = f"{self.prefix}.encoder.layers"
+        return BlockNames(
+            root_modules={f"{self.prefix}.{m}": f"{self.prefix}.{m}" for m in self.root_modules},
+            root_tensors={f"{self.prefix}.{t}": f"{self.prefix}.{t}" for t in self.root_tensors},
+            blocks=(Blocks(layers, layers, modules={m: m for m in LAYER_MODULES}),),
         )
-    },
-    root_tensors={},
-    blocks=(
-        Blocks(f"{_TOWER}.encoder.layers", f"{_TOWER}.encoder.layers", modules={m: m for m in LAYER_MODULES}),
-    ),
+
+    @property
+    def class_prefixes(self) -> tuple[tuple[str, str], ...]:
+        """transformers 5's class holds the tower at its root (its loader strips the stored prefix): the names an
+        output for it is written in."""
+        return ((f"{self.prefix}.", ""),)
+
+    @property
+    def folders(self) -> Folders:
+        return Folders(
+            self.layout,
+            release=f"{self.layout}-single",
+            release_why=f"{self.title}, one file in ComfyUI's names (Comfy-Org's {self.file})",
+            encoder=self.encoder,
+        )
+
+    @property
+    def plan(self) -> PlanPolicy:
+        """Transformers' formats alone (ComfyUI's read no quantization of it, ComfyUI-GGUF no CLIP); Comfy-Org's
+        projection and a stored ``position_ids`` carried as stored."""
+        return PlanPolicy(
+            root_stem=self.layout.replace("-", "_"),
+            no_gguf_why=NO_GGUF_CLIP,
+            carried=Carried(
+                tensors=(rf"{self.projection}\.weight", rf"{self.prefix}\.embeddings\.position_ids")
+            ),
+            unread_formats=COMFY,
+            unread_why=f"{self.loaders} {NO_COMFY_QUANT}",
+        )
+
+    @property
+    def default_recipes(self) -> dict[str, dict[str, str]]:
+        return {
+            layout: bundled_recipes(layout, SOURCE_NAMED) for layout in (self.layout, f"{self.layout}-single")
+        }
+
+    def projection_dim(self, tensors: Mapping[str, TensorInfo], hidden: int) -> int:
+        """The projection's width where a file holds it (Comfy-Org's), else the tower's."""
+        name = f"{self.projection}.weight"
+        return tensors[name].shape[0] if name in tensors else hidden
+
+
+TOWER = CLIPTower(
+    prefix="text_model",
+    layout="clip-text",
+    title="CLIP text model",
+    encoder="text_encoder_2",
+    file="clip_l.safetensors",
+    projection="text_projection",
+    loaders="ComfyUI's CLIP-L loaders (Load CLIP, DualCLIPLoader's kandinsky5 and hunyuan_video types)",
+    root_modules=("embeddings.token_embedding", "embeddings.position_embedding", "final_layer_norm"),
 )
+_TOWER = TOWER.prefix
+NAMES = TOWER.names
 
 INPUTS = token_inputs(lambda config: config["vocab_size"])
 
@@ -121,8 +188,8 @@ def tensor_shape(tensors: Mapping[str, TensorInfo], name: str, where: Path, titl
 
 
 class CLIPTextFamily(TextEncoder):
-    name = "clip-text"
-    title = "CLIP text model"
+    name = TOWER.layout
+    title = TOWER.title
     names = NAMES
     detection = Detection(
         CLASS,
@@ -132,23 +199,9 @@ class CLIPTextFamily(TextEncoder):
         foreign_marks=("vision_model.", f"{_TOWER}.head."),
         library="transformers",
     )
-    #: transformers 5's class holds the tower at its root (its loader strips the stored prefix): the names an
-    #: output for it is written in
-    class_prefixes = ((f"{_TOWER}.", ""),)
-    folders = Folders(
-        "clip-text",
-        release="clip-text-single",
-        release_why="CLIP text model, one file in ComfyUI's names (Comfy-Org's clip_l.safetensors)",
-        encoder="text_encoder_2",
-    )
-    plan = PlanPolicy(
-        root_stem="clip_text",
-        no_gguf_why=NO_GGUF_CLIP,
-        carried=Carried(tensors=(r"text_projection\.weight", rf"{_TOWER}\.embeddings\.position_ids")),
-        unread_formats=COMFY,
-        unread_why=f"ComfyUI's CLIP-L loaders (Load CLIP, DualCLIPLoader's kandinsky5 and hunyuan_video types) "
-        f"{NO_COMFY_QUANT}",
-    )
+    class_prefixes = TOWER.class_prefixes
+    folders = TOWER.folders
+    plan = TOWER.plan
     card = CardWords(
         pipeline_tag=None,
         weights="text encoder",
@@ -156,10 +209,7 @@ class CLIPTextFamily(TextEncoder):
         "in their original precision.",
         kept_tensors="every norm and bias, the embeddings and the projection",
     )
-    default_recipes = {
-        "clip-text": bundled_recipes("clip-text", SOURCE_NAMED),
-        "clip-text-single": bundled_recipes("clip-text-single", SOURCE_NAMED),
-    }
+    default_recipes = TOWER.default_recipes
 
     @property
     def inputs(self) -> ModelInputs:
@@ -179,16 +229,13 @@ class CLIPTextFamily(TextEncoder):
             tensors, f"{_TOWER}.embeddings.position_embedding.weight", where, self.title
         )
         inner, _ = tensor_shape(tensors, f"{_TOWER}.encoder.layers.0.mlp.fc1.weight", where, self.title)
-        projection = (
-            tensors["text_projection.weight"].shape[0] if "text_projection.weight" in tensors else hidden
-        )
         return {
             "architectures": [CLASS],
             "model_type": "clip_text_model",
             "vocab_size": vocab,
             "hidden_size": hidden,
             "intermediate_size": inner,
-            "projection_dim": projection,
+            "projection_dim": TOWER.projection_dim(tensors, hidden),
             "num_hidden_layers": count_blocks(tensors, f"{_TOWER}.encoder.layers."),
             "num_attention_heads": hidden // 64,
             "max_position_embeddings": positions,

@@ -32,21 +32,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InputError
-from .clip_text import LAYER_MODULES, NO_COMFY_QUANT, NO_GGUF_CLIP, quick_gelu, tensor_shape
+from .clip_text import CLIPTower, quick_gelu, tensor_shape
 from .encoder import TextEncoder
 from .family import (
-    COMFY,
-    SOURCE_NAMED,
     CardWords,
-    Carried,
     Detection,
-    Folders,
     ModelInputs,
-    PlanPolicy,
-    bundled_recipes,
     count_blocks,
 )
-from .names import BlockNames, Blocks
 
 if TYPE_CHECKING:
     import torch
@@ -57,23 +50,25 @@ __all__ = ["CLIP_VISION", "CLIPVisionFamily", "NAMES", "CLASS"]
 
 CLASS = "CLIPVisionModel"
 
-_TOWER = "vision_model"
-#: transformers' names -> ComfyUI's: the same
-NAMES = BlockNames(
-    root_modules={
-        m: m
-        for m in (
-            f"{_TOWER}.embeddings.patch_embedding",
-            f"{_TOWER}.embeddings.position_embedding",
-            f"{_TOWER}.pre_layrnorm",  # sic: transformers' name
-            f"{_TOWER}.post_layernorm",
-        )
-    },
-    root_tensors={f"{_TOWER}.embeddings.class_embedding": f"{_TOWER}.embeddings.class_embedding"},
-    blocks=(
-        Blocks(f"{_TOWER}.encoder.layers", f"{_TOWER}.encoder.layers", modules={m: m for m in LAYER_MODULES}),
+TOWER = CLIPTower(
+    prefix="vision_model",
+    layout="clip-vision",
+    title="CLIP vision model",
+    encoder="image_encoder",
+    file="clip_vision_h.safetensors",
+    projection="visual_projection",
+    loaders="ComfyUI's Load CLIP Vision node",
+    # sic: transformers' pre_layrnorm
+    root_modules=(
+        "embeddings.patch_embedding",
+        "embeddings.position_embedding",
+        "pre_layrnorm",
+        "post_layernorm",
     ),
+    root_tensors=("embeddings.class_embedding",),
 )
+_TOWER = TOWER.prefix
+NAMES = TOWER.names
 
 _KEYS = ("pixel_values",)
 
@@ -104,8 +99,8 @@ class CLIPVisionFamily(TextEncoder):
     """An image encoder, found and built as a text encoder is (`TextEncoder`): a transformers class in a
     pipeline's folder, a bare folder or one release file; only its pass takes pixels."""
 
-    name = "clip-vision"
-    title = "CLIP vision model"
+    name = TOWER.layout
+    title = TOWER.title
     names = NAMES
     detection = Detection(
         CLASS,
@@ -114,22 +109,9 @@ class CLIPVisionFamily(TextEncoder):
         foreign_marks=("text_model.",),
         library="transformers",
     )
-    #: transformers 5's class holds the tower at its root (its loader strips the stored prefix): the names an
-    #: output for it is written in
-    class_prefixes = ((f"{_TOWER}.", ""),)
-    folders = Folders(
-        "clip-vision",
-        release="clip-vision-single",
-        release_why="CLIP vision model, one file in ComfyUI's names (Comfy-Org's clip_vision_h.safetensors)",
-        encoder="image_encoder",
-    )
-    plan = PlanPolicy(
-        root_stem="clip_vision",
-        no_gguf_why=NO_GGUF_CLIP,
-        carried=Carried(tensors=(r"visual_projection\.weight", rf"{_TOWER}\.embeddings\.position_ids")),
-        unread_formats=COMFY,
-        unread_why=f"ComfyUI's Load CLIP Vision node {NO_COMFY_QUANT}",
-    )
+    class_prefixes = TOWER.class_prefixes
+    folders = TOWER.folders
+    plan = TOWER.plan
     card = CardWords(
         pipeline_tag=None,
         weights="image encoder",
@@ -137,10 +119,7 @@ class CLIPVisionFamily(TextEncoder):
         "stay in their original precision.",
         kept_tensors="every norm and bias, the embeddings and the projection",
     )
-    default_recipes = {
-        "clip-vision": bundled_recipes("clip-vision", SOURCE_NAMED),
-        "clip-vision-single": bundled_recipes("clip-vision-single", SOURCE_NAMED),
-    }
+    default_recipes = TOWER.default_recipes
 
     @property
     def inputs(self) -> ModelInputs:
@@ -167,15 +146,12 @@ class CLIPVisionFamily(TextEncoder):
                 f"{where}: {positions} position embeddings are not a square grid of patches and the class token: "
                 f"not a {self.title}"
             )
-        projection = (
-            tensors["visual_projection.weight"].shape[0] if "visual_projection.weight" in tensors else hidden
-        )
         return {
             "architectures": [CLASS],
             "model_type": "clip_vision_model",
             "hidden_size": hidden,
             "intermediate_size": inner,
-            "projection_dim": projection,
+            "projection_dim": TOWER.projection_dim(tensors, hidden),
             "num_hidden_layers": count_blocks(tensors, f"{_TOWER}.encoder.layers."),
             "num_attention_heads": 16 if hidden > 1024 else hidden // 64,
             "num_channels": channels,

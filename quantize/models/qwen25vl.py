@@ -56,18 +56,25 @@ from .names import BlockNames, Blocks
 if TYPE_CHECKING:
     from ..read.checkpoint import TensorInfo
 
-__all__ = ["QWEN25VL", "Qwen25VLFamily", "NAMES", "CLASS", "CLASS_PREFIXES"]
+__all__ = ["QWEN25VL", "Qwen25VLFamily", "NAMES", "CLASS", "CLASS_PREFIXES", "LAYER_GGUF"]
 
 CLASS = "Qwen2_5_VLForConditionalGeneration"
 
 # --- names -------------------------------------------------------------------------------------------------
 
-_LAYER = (
-    *(f"self_attn.{p}_proj" for p in "qkvo"),
-    *(f"mlp.{p}_proj" for p in ("gate", "up", "down")),
-    "input_layernorm",
-    "post_attention_layernorm",
-)
+#: a language-model layer's modules -> llama.cpp's names of them (gguf-py's MODEL_TENSORS[QWEN2VL],
+#: tensor_mapping.py): what its text model alone writes to GGUF (`qwen25vl_text`)
+LAYER_GGUF = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+}
 _VISION_BLOCK = (
     "norm1",
     "norm2",
@@ -91,7 +98,7 @@ NAMES = BlockNames(
     root_modules={m: m for m in _ROOT},
     root_tensors={},
     blocks=(
-        Blocks("model.layers", "model.layers", modules={m: m for m in _LAYER}),
+        Blocks("model.layers", "model.layers", modules={m: m for m in LAYER_GGUF}),
         Blocks("visual.blocks", "visual.blocks", modules={m: m for m in _VISION_BLOCK}),
     ),
 )

@@ -42,6 +42,7 @@ from .family import (
     bundled_recipes,
 )
 from .names import BlockNames, Blocks
+from .qwen25vl import LAYER_GGUF
 
 if TYPE_CHECKING:
     from ..read.checkpoint import TensorInfo
@@ -52,29 +53,17 @@ CLASS = "Qwen2_5_VLTextModel"
 
 # --- names -------------------------------------------------------------------------------------------------
 
-#: the class's module in a layer -> llama.cpp's (gguf-py's MODEL_TENSORS[QWEN2VL], tensor_mapping.py)
-_LAYER = {
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-    "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "ffn_norm",
-}
 _ROOT = {"embed_tokens": "token_embd", "norm": "output_norm"}
 
 #: the class's names -> ComfyUI's (its language model is ``model.``, as in Qwen2.5-VL's own checkpoints)
 NAMES = BlockNames(
     root_modules={m: f"model.{m}" for m in _ROOT},
     root_tensors={},
-    blocks=(Blocks("layers", "model.layers", modules={m: m for m in _LAYER}),),
+    blocks=(Blocks("layers", "model.layers", modules={m: m for m in LAYER_GGUF}),),
 )
 #: the class's names -> llama.cpp's ``qwen2vl`` names, what a GGUF file holds
 GGUF_NAMES = BlockNames(
-    root_modules=_ROOT, root_tensors={}, blocks=(Blocks("layers", "blk", modules=_LAYER),)
+    root_modules=_ROOT, root_tensors={}, blocks=(Blocks("layers", "blk", modules=LAYER_GGUF),)
 )
 
 # --- a forward pass's inputs ---------------------------------------------------------------------------------

@@ -20,3 +20,22 @@ def last_hidden_state(model, ids: torch.Tensor) -> torch.Tensor:
     """An encoder model's (``last_hidden_state``) output on token ids, in float32, without gradients."""
     with torch.no_grad():
         return model(input_ids=ids).last_hidden_state.float()
+
+
+def resident_and_offloaded(cls, path: Path, run) -> tuple[object, object, object]:
+    """`loaders.load_quantized(cls, path)` twice (float32), the second with its blocks streamed by
+    `enable_block_offload` (to the CPU, from pageable memory): (`run` of the resident model, `run` of the offloaded
+    one, the offloader), for a test to hold the two equal and count the blocks copied."""
+    from loaders import enable_block_offload, load_quantized
+
+    plain = load_quantized(cls, path, dtype=torch.float32)
+    offloaded = load_quantized(cls, path, dtype=torch.float32)
+    offloader = enable_block_offload(offloaded, device="cpu", host="pageable")
+    return run(plain), run(offloaded), offloader
+
+
+def language_model_hidden_state(model, ids: torch.Tensor) -> torch.Tensor:
+    """A multimodal encoder's language model's last hidden state (Gemma 3's, Qwen2.5-VL's), through the model's own
+    forward (compressed-tensors decompresses its weights on the first call of the whole model), in float32."""
+    with torch.no_grad():
+        return model(input_ids=ids, output_hidden_states=True).hidden_states[-1].float()

@@ -20,7 +20,7 @@ from quantize.models.examples import examples_of
 from quantize.read.detect import detect_layouts
 from quantize.run.forward import forward_sqnr_db as sqnr
 from tests.conftest import read_json, run_cli
-from tests.helpers.encoders import convert_each
+from tests.helpers.encoders import convert_each, resident_and_offloaded
 from tests.helpers.verify import forward_sqnr
 
 FORMATS = ["fp8_channel", "torchao_fp8", "torchao_int8", "nf4"]
@@ -156,15 +156,11 @@ def test_every_format_verifies_with_a_streamed_forward_and_both_loaders_run_it(
 
 
 def test_block_offload_runs_the_towers_layers_and_changes_nothing(family, converted, reference):
-    from loaders import enable_block_offload, load_quantized
-
     folder = TOWERS[family][0]
     inputs, _ = reference
-    plain = load_quantized(_class(family), converted["fp8_channel"] / folder, dtype=torch.float32)
-    offloaded = load_quantized(_class(family), converted["fp8_channel"] / folder, dtype=torch.float32)
-    offloader = enable_block_offload(offloaded, device="cpu", host="pageable")
-    want, got = _outputs(plain, inputs), _outputs(offloaded, inputs)
-    assert offloader.stats.block_copies == len(offloaded.encoder.layers)
+    path = converted["fp8_channel"] / folder
+    want, got, offloader = resident_and_offloaded(_class(family), path, lambda m: _outputs(m, inputs))
+    assert offloader.stats.block_copies == len(offloader.model.encoder.layers)
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 

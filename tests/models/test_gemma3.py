@@ -26,7 +26,8 @@ from quantize.models.examples.gemma3 import GEMMA3_EXAMPLES, example_tokenizer, 
 from quantize.read.detect import detect_layouts
 from quantize.run.forward import forward_sqnr_db as sqnr
 from tests.conftest import read_json, run_cli
-from tests.helpers.encoders import convert_each
+from tests.helpers.encoders import convert_each, resident_and_offloaded
+from tests.helpers.encoders import language_model_hidden_state as last_hidden_state
 from tests.helpers.recipes import listed_recipes
 from tests.helpers.verify import forward_sqnr
 
@@ -86,13 +87,6 @@ def tokenize(spiece: bytes) -> list[list[int]]:
 
     sp = sentencepiece.SentencePieceProcessor(model_proto=spiece, add_bos=True, add_eos=False)
     return [sp.encode(p) for p in PROMPTS]
-
-
-def last_hidden_state(model, ids: torch.Tensor) -> torch.Tensor:
-    """The language model's last hidden state, through the model's own forward (compressed-tensors decompresses
-    its weights on the first call of the whole model)."""
-    with torch.no_grad():
-        return model(input_ids=ids, output_hidden_states=True).hidden_states[-1].float()
 
 
 @pytest.fixture(scope="module")
@@ -292,15 +286,13 @@ def test_a_missing_tokenizer_is_one_line_naming_where_it_was_looked_for(sources,
 def test_block_offload_streams_the_language_models_layers_and_changes_nothing(converted, reference):
     from transformers import Gemma3ForConditionalGeneration
 
-    from loaders import enable_block_offload, load_quantized
-
     path = converted["comfy_int8"] / "text_encoder"
     ids, _ = reference
-    plain = load_quantized(Gemma3ForConditionalGeneration, path, dtype=torch.float32)
-    offloaded = load_quantized(Gemma3ForConditionalGeneration, path, dtype=torch.float32)
-    offloader = enable_block_offload(offloaded, device="cpu", host="pageable")
-    want, got = last_hidden_state(plain, ids), last_hidden_state(offloaded, ids)
-    assert offloader.stats.block_copies == len(offloaded.model.language_model.layers)  # no image, no SigLIP
+    want, got, offloader = resident_and_offloaded(
+        Gemma3ForConditionalGeneration, path, lambda m: last_hidden_state(m, ids)
+    )
+    # no image, no SigLIP
+    assert offloader.stats.block_copies == len(offloader.model.model.language_model.layers)
     assert torch.equal(got, want)
 
 

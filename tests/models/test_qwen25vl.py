@@ -23,7 +23,8 @@ from quantize.models.examples.qwen25vl import QWEN25VL_EXAMPLES, qwen25vl_config
 from quantize.read.detect import detect_layouts
 from quantize.run.forward import forward_sqnr_db as sqnr
 from tests.conftest import read_json, run_cli
-from tests.helpers.encoders import convert_each
+from tests.helpers.encoders import convert_each, resident_and_offloaded
+from tests.helpers.encoders import language_model_hidden_state as last_hidden_state
 from tests.helpers.recipes import listed_recipes
 from tests.helpers.verify import forward_sqnr
 
@@ -69,11 +70,6 @@ def comfyui_state(s) -> dict[str, tuple[int, ...]]:
     state |= {"visual.merger.mlp.0.bias": (merged,), "visual.merger.mlp.2.weight": (h, merged)}
     state["visual.merger.mlp.2.bias"] = (h,)
     return state
-
-
-def last_hidden_state(model, ids: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        return model(input_ids=ids, output_hidden_states=True).hidden_states[-1].float()
 
 
 @pytest.fixture(scope="module")
@@ -219,15 +215,12 @@ def test_the_single_file_converts_with_a_config_read_off_its_shapes(converted, s
 def test_block_offload_streams_the_language_models_layers_and_changes_nothing(converted, reference):
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    from loaders import enable_block_offload, load_quantized
-
     path = converted["comfy_fp8"] / "text_encoder"
     ids, _ = reference
-    plain = load_quantized(Qwen2_5_VLForConditionalGeneration, path, dtype=torch.float32)
-    offloaded = load_quantized(Qwen2_5_VLForConditionalGeneration, path, dtype=torch.float32)
-    offloader = enable_block_offload(offloaded, device="cpu", host="pageable")
-    want, got = last_hidden_state(plain, ids), last_hidden_state(offloaded, ids)
+    want, got, offloader = resident_and_offloaded(
+        Qwen2_5_VLForConditionalGeneration, path, lambda m: last_hidden_state(m, ids)
+    )
     # the language model's layers, and at most the prefetch of the next list's first block (the tower's)
-    layers = len(offloaded.model.language_model.layers)
+    layers = len(offloader.model.model.language_model.layers)
     assert layers <= offloader.stats.block_copies <= layers + 1
     assert torch.equal(got, want)

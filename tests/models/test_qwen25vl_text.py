@@ -25,7 +25,7 @@ from quantize.models.examples.qwen25vl_text import QWEN25VL_TEXT_EXAMPLES
 from quantize.read.detect import detect_layouts
 from quantize.run.forward import forward_sqnr_db as sqnr
 from tests.conftest import read_json, run_cli
-from tests.helpers.encoders import convert_each, last_hidden_state
+from tests.helpers.encoders import convert_each, last_hidden_state, resident_and_offloaded
 from tests.helpers.recipes import listed_recipes
 from tests.helpers.verify import forward_sqnr
 
@@ -166,13 +166,10 @@ def test_the_gguf_file_is_llama_cpps_qwen2vl_with_its_hyperparameters(converted,
 def test_block_offload_streams_the_layers_and_changes_nothing(converted, reference):
     from transformers import Qwen2_5_VLTextModel
 
-    from loaders import enable_block_offload, load_quantized
-
     path = converted["gguf"] / "text_encoder"
     ids, _ = reference
-    plain = load_quantized(Qwen2_5_VLTextModel, path, dtype=torch.float32)
-    offloaded = load_quantized(Qwen2_5_VLTextModel, path, dtype=torch.float32)
-    offloader = enable_block_offload(offloaded, device="cpu", host="pageable")
-    want, got = last_hidden_state(plain, ids), last_hidden_state(offloaded, ids)
-    assert offloader.stats.block_copies == len(offloaded.layers)
+    want, got, offloader = resident_and_offloaded(
+        Qwen2_5_VLTextModel, path, lambda m: last_hidden_state(m, ids)
+    )
+    assert offloader.stats.block_copies == len(offloader.model.layers)
     assert torch.equal(got, want)

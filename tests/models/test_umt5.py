@@ -27,7 +27,7 @@ from quantize.read.detect import detect_layouts
 from quantize.run.forward import forward_sqnr_db as sqnr
 from tests.conftest import read_json, run_cli
 from tests.diffusers_models import wan_of_width
-from tests.helpers.encoders import convert_each
+from tests.helpers.encoders import convert_each, last_hidden_state, resident_and_offloaded
 from tests.helpers.recipes import listed_recipes
 from tests.helpers.verify import forward_sqnr
 
@@ -331,14 +331,8 @@ def test_block_offload_runs_the_encoders_blocks_and_changes_nothing(converted, r
     resident model's, bit for bit."""
     from transformers import UMT5EncoderModel
 
-    from loaders import enable_block_offload, load_quantized
-
     ids, _ = reference
-    plain = load_quantized(UMT5EncoderModel, converted[fmt] / "text_encoder", dtype=torch.float32)
-    offloaded = load_quantized(UMT5EncoderModel, converted[fmt] / "text_encoder", dtype=torch.float32)
-    offloader = enable_block_offload(offloaded, device="cpu", host="pageable")
-    with torch.no_grad():
-        want = plain(input_ids=ids).last_hidden_state
-        got = offloaded(input_ids=ids).last_hidden_state
-    assert offloader.stats.block_copies == len(offloaded.encoder.block)
+    path = converted[fmt] / "text_encoder"
+    want, got, offloader = resident_and_offloaded(UMT5EncoderModel, path, lambda m: last_hidden_state(m, ids))
+    assert offloader.stats.block_copies == len(offloader.model.encoder.block)
     assert torch.equal(got, want)

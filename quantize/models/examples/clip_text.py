@@ -6,6 +6,7 @@ names, the projection of CLIP's joint space beside, no config.json). The tokeniz
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..clip_text import CLASS, CLIP_TEXT, LAYER_MODULES
@@ -18,6 +19,7 @@ __all__ = [
     "clip_text_tensors",
     "clip_text_config",
     "clip_init",
+    "clip_models",
 ]
 
 #: Comfy-Org's file name for CLIP ViT-L/14's text tower (split_files/text_encoders/clip_l.safetensors)
@@ -114,6 +116,22 @@ def clip_text_config(s: CLIPShape) -> dict:
     }
 
 
+def clip_models(
+    s: CLIPShape,
+    layout: str,
+    component: str,
+    tensors: Callable[..., list[tuple[str, tuple[int, ...]]]],
+    config: dict,
+    stem: str,
+) -> list[ExampleModel]:
+    """A tower's example: ``pipeline``, transformers' folder in `component` with its `config`; ``single``,
+    Comfy-Org's one file at the root named `stem`, its projection beside (`tensors(s, projection=True)`), no
+    config.json."""
+    if layout == "pipeline":
+        return [ExampleModel(component, tensors(s), config, "model", init=clip_init(s))]
+    return [ExampleModel(".", tensors(s, projection=True), None, stem, init=clip_init(s), one_file=True)]
+
+
 class CLIPTextExamples(Examples):
     family = CLIP_TEXT
     presets = {
@@ -125,25 +143,10 @@ class CLIPTextExamples(Examples):
     layouts = ("pipeline", "single")
 
     def models(self, preset: str, layout: str) -> list[ExampleModel]:
-        """``pipeline``: transformers' folder in ``text_encoder_2/``; ``single``: Comfy-Org's one file at the root,
-        its projection beside, no config.json."""
         s = self.shape(preset, layout)
-        if layout == "pipeline":
-            return [
-                ExampleModel(
-                    "text_encoder_2", clip_text_tensors(s), clip_text_config(s), "model", init=clip_init(s)
-                )
-            ]
-        return [
-            ExampleModel(
-                ".",
-                clip_text_tensors(s, projection=True),
-                None,
-                SINGLE_FILE_STEM,
-                init=clip_init(s),
-                one_file=True,
-            )
-        ]
+        return clip_models(
+            s, layout, "text_encoder_2", clip_text_tensors, clip_text_config(s), SINGLE_FILE_STEM
+        )
 
 
 CLIP_TEXT_EXAMPLES = CLIPTextExamples()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..clip_vision import CLASS, CLIP_VISION
 from .base import ExampleModel, Examples
-from .clip_text import CLIPShape, clip_init, clip_layers
+from .clip_text import CLIPShape, clip_layers, clip_models
 
 __all__ = ["CLIP_VISION_EXAMPLES", "clip_vision_tensors", "clip_vision_config"]
 
@@ -62,25 +62,10 @@ class CLIPVisionExamples(Examples):
     layouts = ("pipeline", "single")
 
     def models(self, preset: str, layout: str) -> list[ExampleModel]:
-        """``pipeline``: transformers' folder in ``image_encoder/``; ``single``: Comfy-Org's one file at the root, its
-        projection beside, no config.json."""
         s = self.shape(preset, layout)
-        if layout == "pipeline":
-            return [
-                ExampleModel(
-                    "image_encoder", clip_vision_tensors(s), clip_vision_config(s), "model", init=clip_init(s)
-                )
-            ]
-        return [
-            ExampleModel(
-                ".",
-                clip_vision_tensors(s, projection=True),
-                None,
-                SINGLE_FILE_STEM,
-                init=clip_init(s),
-                one_file=True,
-            )
-        ]
+        return clip_models(
+            s, layout, "image_encoder", clip_vision_tensors, clip_vision_config(s), SINGLE_FILE_STEM
+        )
 
 
 CLIP_VISION_EXAMPLES = CLIPVisionExamples()
