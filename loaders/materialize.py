@@ -47,7 +47,9 @@ from quantize.formats import (
 from quantize.formats.base import RowCut
 from quantize.models import (
     FAMILIES,
+    BlockNames,
     Family,
+    Split,
     Stack,
     component_family,
     family_of,
@@ -308,6 +310,8 @@ class _Names:
     #: model tensor name -> the checkpoint tensor stacking it (None: not stacked), and that one's `Stack`
     stacked_into: Callable[[str], str | None] = lambda key: None
     stack_of: Callable[[str], Stack | None] = lambda key: None
+    #: model tensor name -> the checkpoint tensors it was cut into, each with its `Split` (None: not cut)
+    cut_into: Callable[[str], dict[str, Split] | None] = lambda key: None
 
     def key(self, model_key: str, comp: Component) -> str:
         key = self.rename(model_key)
@@ -340,6 +344,7 @@ def _checkpoint_names(model: nn.Module, comp: Component, family: Family | None) 
         names.why or f"the names {family.title}'s checkpoints store",
         lambda key: names.stacked_into(to_family.get(key, key)),
         names.stack_of,
+        lambda key: names.cut_into(to_family.get(key, key)),
     )
 
 
@@ -350,9 +355,15 @@ def _family_names(model: nn.Module, comp: Component, family: Family) -> dict[str
     tables = [t for t in (family.plan.gguf_names, family.names) if t is not None]
     stored = list(comp.tensors)
     candidates = {*stored, *(f"{n.rpartition('.')[0]}.weight" for n in stored if "." in n)}
-    candidates |= {d for t in tables for n in list(candidates) if (d := t.diffusers(n)) is not None}
+    candidates |= {d for t in tables for n in list(candidates) if (d := _family_name(t, n)) is not None}
     own = set(model.state_dict())
     return {param: name for name, param in family.parameter_names(sorted(candidates)).items() if param in own}
+
+
+def _family_name(table: BlockNames, stored: str) -> str | None:
+    """The family's name of a stored tensor: through `table`, or the one it was cut from (`BlockNames.cut_from`)."""
+    cut = table.cut_from(stored)
+    return table.diffusers(stored) if cut is None else cut[0]
 
 
 def _stored_names(own_names: Iterable[str], comp: Component, family: Family | None) -> _Names:
@@ -360,9 +371,10 @@ def _stored_names(own_names: Iterable[str], comp: Component, family: Family | No
     when both follow one naming, else through the family's name table (a diffusers model from a native
     checkpoint: ComfyUI's, GGUF's; or the reverse)."""
     gguf = None if family is None else family.plan.gguf_names
-    if gguf is not None and all(gguf.diffusers(n) is not None for n in comp.tensors):
+    if gguf is not None and all(_family_name(gguf, n) is not None for n in comp.tensors):
         arch = family.plan.gguf_architecture
-        return _Names(gguf.native, f"llama.cpp's {arch} names, which the checkpoint (a GGUF file) has")
+        why = f"llama.cpp's {arch} names, which the checkpoint (a GGUF file) has"
+        return _Names(gguf.native, why, cut_into=gguf.splits)
     if family is None or family.names is None:
         return _SAME
     stored = family.naming(comp.tensors)
@@ -436,6 +448,15 @@ def _match(
         if own and all(p in (tied or {}) for p in own) and not _persistent_buffers(module):
             continue  # its parameters are another module's (`_tied`), loaded there
         entry = _Entry(name, module, modules[name.rpartition(".")[0]] if name else None)
+        params = {local: t for local, t in module._parameters.items() if t is not None}
+        cut = {local: c for local in params if (c := names.cut_into(f"{name}.{local}" if name else local))}
+        if cut:  # written as several tensors (a fused qkv's thirds): joined again
+            for local, t in params.items():
+                entry.tensors[local] = (
+                    _joined(cut[local], keys, t, comp) if local in cut else _take(keys, names, name, local, t, comp)
+                )
+            plan[name] = entry
+            continue
         already = isinstance(module, QuantizedLinear)
         options = None
         stacked = names.stacked_into(f"{name}.weight") if isinstance(module, nn.Linear) else None
@@ -484,6 +505,39 @@ def _match(
             f"e.g. {extra[0]!r}: is this the model the checkpoint was converted from?"
         )
     return plan
+
+
+def _joined(
+    pieces: Mapping[str, Split], keys: dict[str, TensorInfo], like: torch.Tensor, comp: Component
+) -> tuple[TensorInfo, ...] | torch.Tensor:
+    """A model tensor the conversion cut into `pieces` (`models.Split`: a fused qkv's thirds, a Conv3d's temporal
+    taps), from the checkpoint's: their rows in order, read as one; cut along a later dim, the tensor they make,
+    read now (a patch embedding: small). Only stored floats are joined: a cut tensor is kept by the recipes."""
+    order = sorted(pieces, key=lambda n: pieces[n][2])
+    infos = []
+    for key in order:
+        info = keys.pop(key, None)
+        if info is None:
+            raise CheckpointMismatchError(f"{comp.dir}: {key!r} is not in the checkpoint ({', '.join(order)} make one)")
+        if info.dtype not in dtypes.FLOAT_DTYPES:
+            raise CheckpointMismatchError(
+                f"{comp.dir}: {key!r} is {info.dtype}: a tensor cut into several ({', '.join(order)}) loads only "
+                "as stored floats; convert with a recipe that keeps it"
+            )
+        infos.append(info)
+    dim = pieces[order[0]][1]
+    if dim == 0:
+        shape = (sum(i.shape[0] for i in infos), *infos[0].shape[1:])
+        joined: tuple[TensorInfo, ...] | torch.Tensor = tuple(infos)
+    else:
+        values = [read_tensor(i) for i in infos]
+        joined = torch.stack(values, dim) if values[0].dim() < like.dim() else torch.cat(values, dim)
+        shape = tuple(joined.shape)
+    if shape != tuple(like.shape):
+        raise CheckpointMismatchError(
+            f"{comp.dir}: {', '.join(order)} make {list(shape)}; the model needs {list(like.shape)}"
+        )
+    return joined
 
 
 def _persistent_buffers(module: nn.Module):

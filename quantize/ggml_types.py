@@ -50,9 +50,9 @@ class GGMLType:
 
 #: Every GGML type this tool reads or writes. The quantized ones in the order recipes and errors list them.
 GGML_TYPES: tuple[GGMLType, ...] = (
-    GGMLType("F32", 0, 1, 4),
-    GGMLType("F16", 1, 1, 2),
-    GGMLType("BF16", 30, 1, 2),
+    GGMLType("F32", 0, 1, 4, file_type=0),  # llama.cpp's ALL_F32, MOSTLY_F16, MOSTLY_BF16
+    GGMLType("F16", 1, 1, 2, file_type=1),
+    GGMLType("BF16", 30, 1, 2, file_type=32),
     GGMLType("Q8_0", 8, 32, 34, file_type=7),
     GGMLType("Q6_K", 14, 256, 210, k_quant=True, raised="Q8_0", file_type=18),
     GGMLType("Q5_K", 13, 256, 176, k_quant=True, raised="Q6_K", file_type=16, file_type_mix=17),

@@ -37,11 +37,11 @@ from .formats import (
     get_format,
     quantized_parts,
 )
-from .models import IDENTITY, Family, NameTable, names_for
+from .models import IDENTITY, Family, NameTable, Split, names_for
 from .names import WEIGHT_SUFFIX, manifest_key, module_name
 from .read.checkpoint import Component, TensorInfo
 from .read.source import SourceFolder, local_source
-from .read.tensor_source import StackedSource, TensorSource
+from .read.tensor_source import SlicedSource, StackedSource, TensorSource
 from .recipes import Recipe
 from .steps import TensorStep, check_order
 
@@ -340,7 +340,6 @@ def plan_component(
     fmt = get_format(recipe.format)
     held_as = format_info(recipe.format).tokenizer
     tokenizer = _tokenizer(component, family, held_as)
-    options_type = fmt.options_type
     targets = [re.compile(p) for p in recipe.targets]
     ignores = [re.compile(p) for p in recipe.ignore]
     typed = [(re.compile(p), t) for p, t in recipe.types.items()]
@@ -352,7 +351,11 @@ def plan_component(
     names_in = [i.name for i in infos]
     stacks = names.stacker(names_in, where)
     stack_of = {n: out for out, stack in stacks.items() for n, _, _ in stack}
-    rename = names.renamer(names_in, where)
+    splits = names.splitter(names_in, where)
+    split_of: dict[str, list[str]] = {}
+    for out, (n, _, _, _) in splits.items():
+        split_of.setdefault(n, []).append(out)
+    rename = names.renamer([n for n in names_in if n not in split_of], where)
     changes = [step.transforms_for(component.rel, component.tensors) for step in steps]
 
     def source_of(info: TensorInfo) -> TensorSource:
@@ -372,6 +375,12 @@ def plan_component(
 
     plans = []
     for info in infos:
+        if info.name in split_of:  # planned once for each tensor cut from it, in the cut's order
+            target, ignored, type_ = fate(info)
+            for out_name in split_of[info.name]:
+                source = _split_source(source_of(info), splits[out_name], out_name, where)
+                plans.append(_planned(source, out_name, target, ignored, type_, recipe, fmt, family, where))
+            continue
         if info.name in stack_of:  # planned once, where its stack's first tensor is
             out_name = stack_of.pop(info.name)
             if out_name not in stacks:
@@ -389,14 +398,7 @@ def plan_component(
         else:
             target, ignored, type_ = fate(info)
             source, out_name = source_of(info), rename(info.name)
-        linear = _is_linear_weight(info) and not (family is not None and family.plain_weight(info.name))
-        if target is not None and ignored is None:
-            _check_quantizable(info, target, where, linear)
-            # checked when the recipe was validated
-            options = options_type.from_type(recipe.type if type_ is None else type_)
-            plans.append(_quantized_plan(source, target, out_name, fmt, options, where))
-        else:
-            plans.append(_kept_plan(source, ignored, out_name, fmt, recipe.keep_dtype, linear))
+        plans.append(_planned(source, out_name, target, ignored, type_, recipe, fmt, family, where))
     if held_as == "tensor" and tokenizer is not None and tokenizer.name not in component.tensors:
         plans.append(_kept_plan(TensorSource(tokenizer), None, tokenizer.name, fmt, "source", False))
     for options in dict.fromkeys(t.options for t in plans if t.quantize):
@@ -410,6 +412,42 @@ def plan_component(
     return ComponentPlan(
         component, tuple(plans), matches, family, tokenizer if held_as == "key_values" else None
     )
+
+
+def _planned(
+    source: TensorSource,
+    out_name: str,
+    target: str | None,
+    ignored: str | None,
+    type_: str | None,
+    recipe: Recipe,
+    fmt: Format,
+    family: Family | None,
+    where: str,
+) -> TensorPlan:
+    """One output tensor's plan: quantized where a target hits it and no ignore pattern keeps it (its type the
+    recipe's, or the one `types` gives it), else kept."""
+    info = source.info
+    linear = _is_linear_weight(info) and not (family is not None and family.plain_weight(info.name))
+    if target is not None and ignored is None:
+        _check_quantizable(info, target, where, linear)
+        # checked when the recipe was validated
+        options = fmt.options_type.from_type(recipe.type if type_ is None else type_)
+        return _quantized_plan(source, target, out_name, fmt, options, where)
+    return _kept_plan(source, ignored, out_name, fmt, recipe.keep_dtype, linear)
+
+
+def _split_source(source: TensorSource, split: Split, out_name: str, where: str) -> TensorSource:
+    """The range of `source` that `split` cuts out as output tensor `out_name` (`models.Split`)."""
+    _, dim, part, parts = split
+    info = source.info
+    if dim >= len(info.shape) or info.shape[dim] % parts:
+        raise InputError(
+            f"{where}: tensor {info.name!r} {info.dtype}{list(info.shape)} does not cut into {parts} equal parts "
+            f"along dim {dim}, as {out_name!r} takes"
+        )
+    n = info.shape[dim] // parts
+    return SlicedSource.of(out_name, source, dim, part * n, (part + 1) * n)
 
 
 def _tokenizer(component: Component, family: Family | None, held_as: str | None) -> TensorInfo | None:

@@ -9,6 +9,10 @@ hands every string key-value to ComfyUI as the file's metadata, from which Comfy
 non-default width). Tensors in the source's order, each at its aligned offset; written streaming
 (`gguf_file.GGUFWriter`), byte for byte what gguf-py's own `GGUFWriter` writes for the same tensors.
 `--max-shard-size` does not apply.
+
+A family with a companion file (`PlanPolicy.gguf_companion`: Qwen2.5-VL's vision tower as llama.cpp's ``mmproj``)
+writes the tensors it holds into a second file beside the first, ``mmproj-<the first's name>``, with its own
+architecture (``clip``), ``general.type`` and key-values; reading the folder back takes both as one component.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from pathlib import Path
 from ..errors import InputError
 from ..formats import Format
 from ..ggml_types import ggml_type
-from ..plan import ComponentPlan
+from ..models.family import GGUFCompanion
+from ..plan import ComponentPlan, TensorPlan
 from ..read.checkpoint import Component, TensorInfo, read_rows
 from ..read.gguf import open_gguf_component
 from ..read.spiece import PIECE_TYPES, Piece, SentencePieceModel, read_spiece_bytes
@@ -48,23 +53,54 @@ def file_name(cp: ComponentPlan) -> str:
     return f"{component_stem(cp)}.gguf"
 
 
+def _companion(cp: ComponentPlan) -> GGUFCompanion | None:
+    return None if cp.family is None else cp.family.plan.gguf_companion
+
+
 def planned_files(cp: ComponentPlan, fmt: Format, max_bytes: int) -> list[PlannedFile]:
-    """One file holding every tensor, in source order."""
-    return [PlannedFile(file_name(cp), tuple(cp.tensors))]
+    """One file holding every tensor, in source order; where the family has a companion file
+    (`PlanPolicy.gguf_companion`: a vision tower's ``mmproj``), the tensors it holds go there instead, under
+    ``<type>-<the model file's name>``."""
+    companion = _companion(cp)
+    if companion is None:
+        return [PlannedFile(file_name(cp), tuple(cp.tensors))]
+    theirs = tuple(tp for tp in cp.tensors if tp.output_name.startswith(companion.holds))
+    ours = tuple(tp for tp in cp.tensors if not tp.output_name.startswith(companion.holds))
+    return [PlannedFile(file_name(cp), ours), PlannedFile(f"{companion.type}-{file_name(cp)}", theirs)]
 
 
-def file_type(cp: ComponentPlan) -> int:
+def _is_companion(file: PlannedFile, cp: ComponentPlan) -> bool:
+    return _companion(cp) is not None and file.name != file_name(cp)
+
+
+def file_type(tensors: tuple[TensorPlan, ...]) -> int:
     """llama.cpp's file type (`general.file_type`, from the GGML table) of the type holding the most quantized
-    bytes; its `_M` file type if other types hold some."""
+    bytes; its `_M` file type if other types hold some. A file with nothing quantized (a kept vision tower's
+    ``mmproj``): that of the dtype holding the most bytes of its 2-D weights (llama.cpp's ``MOSTLY_BF16``, say)."""
     by_type = Counter()
-    for tp in cp.quantized():
-        by_type[tp.qtype] += tp.output_bytes
-    (main, _), *others = by_type.most_common()
+    for tp in tensors:
+        if tp.quantize:
+            by_type[tp.qtype] += tp.output_bytes
+    if not by_type:
+        for tp in tensors:
+            if tp.is_linear_weight:
+                by_type[tp.output().dtype] += tp.output_bytes
+    (main, _), *others = by_type.most_common() or [("F32", 0)]
     row = ggml_type(main)
     return (row.file_type_mix or row.file_type) if others else row.file_type
 
 
-def key_values(cp: ComponentPlan) -> dict[str, Value]:
+def key_values(cp: ComponentPlan, file: PlannedFile) -> dict[str, Value]:
+    """The key-values of `file`: the model's, or its companion's (`PlanPolicy.gguf_companion`)."""
+    if _is_companion(file, cp):
+        companion = _companion(cp)
+        return {
+            "general.architecture": companion.architecture,
+            "general.type": companion.type,
+            "general.quantization_version": QUANTIZATION_VERSION,
+            "general.file_type": file_type(file.tensors),
+            **_arrays(cp.family.gguf_companion_key_values(_config(cp), cp.component.tensors, cp.component.where)),
+        }
     arch = None if cp.family is None else cp.family.plan.gguf_architecture
     if arch is None:
         if cp.family is None:
@@ -78,17 +114,28 @@ def key_values(cp: ComponentPlan) -> dict[str, Value]:
     return {
         "general.architecture": arch,
         "general.quantization_version": QUANTIZATION_VERSION,
-        "general.file_type": file_type(cp),
-        **_arrays(cp.family.gguf_key_values(cp.component.config or {}, cp.component.tensors)),
+        "general.file_type": file_type(file.tensors),
+        **_arrays(cp.family.gguf_key_values(_config(cp), cp.component.tensors)),
         **tokenizer_key_values(cp),
         **cp.carried_metadata(),
     }
 
 
+def _config(cp: ComponentPlan) -> dict:
+    """The model's config, as its config.json is written (`containers.write_config`): the source's, else the one
+    its family reads off a release's shapes."""
+    comp = cp.component
+    return comp.config or cp.family.release_config(comp.tensors, comp.where) or {}
+
+
 def _arrays(values: dict) -> dict[str, Value]:
-    """A family's key-values with each tuple of ints an int32 array (as gguf-py's `add_array` writes a list of
-    ints: llama.cpp's ``rope.dimension_sections``)."""
-    return {k: GGUFArray("int32", v) if isinstance(v, tuple) else v for k, v in values.items()}
+    """A family's key-values with each tuple an array, as gguf-py's `add_array` writes a list: of ints, int32
+    (llama.cpp's ``rope.dimension_sections``); else float32 (``clip.vision.image_mean``)."""
+
+    def array(v: tuple) -> GGUFArray:
+        return GGUFArray("int32" if all(type(x) is int for x in v) else "float32", v)
+
+    return {k: array(v) if isinstance(v, tuple) else v for k, v in values.items()}
 
 
 @functools.lru_cache(maxsize=2)
@@ -141,11 +188,11 @@ def _tensors(file: PlannedFile) -> list[GGUFTensor]:
 
 def planned_size(file: PlannedFile, cp: ComponentPlan, fmt: Format) -> int:
     """The bytes `file` takes on disk: header, key-values, tensor infos, the data and its alignment padding."""
-    return written_size(key_values(cp), _tensors(file))
+    return written_size(key_values(cp, file), _tensors(file))
 
 
 def open_file(path: Path, file: PlannedFile, cp: ComponentPlan, fmt: Format) -> GGUFWriter:
-    return GGUFWriter(path, _tensors(file), key_values(cp))
+    return GGUFWriter(path, _tensors(file), key_values(cp, file))
 
 
 def component_config(fmt: Format, config: dict | None, kept_linears: list[str]) -> dict:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import InputError
 from ..read.files import config_class
-from .names import IDENTITY, BlockNames, NameTable, Renamer, Stack, renamed
+from .names import IDENTITY, BlockNames, NameTable, Renamer, Split, Stack, renamed
 
 if TYPE_CHECKING:
     import torch
@@ -45,6 +45,7 @@ __all__ = [
     "Aliases",
     "Carried",
     "PlanPolicy",
+    "GGUFCompanion",
     "LoraNames",
     "CardWords",
     "Family",
@@ -241,6 +242,20 @@ class Tokenizer:
 
 
 @dataclass(frozen=True)
+class GGUFCompanion:
+    """A second GGUF file beside the model's, holding some of its tensors under an architecture of their own: a
+    Qwen2-VL's vision tower as llama.cpp's ``mmproj`` file (``general.type`` ``mmproj``), which ComfyUI-GGUF's CLIP
+    loader finds beside the text file by its name (a ``.gguf`` naming ``mmproj`` and the text file's stem). Its
+    key-values beside the general ones are the family's (`Family.gguf_companion_key_values`)."""
+
+    architecture: str
+    #: the output names it holds, by prefix (llama.cpp's ``v.`` and ``mm.``)
+    holds: tuple[str, ...]
+    #: its ``general.type``, and its file's name: ``<type>-<the model file's name>`` (llama.cpp's ``mmproj-*.gguf``)
+    type: str = "mmproj"
+
+
+@dataclass(frozen=True)
 class PlanPolicy:
     """What a plan of the family's models must know beyond its names."""
 
@@ -259,6 +274,8 @@ class PlanPolicy:
     #: the names its GGUF files hold where a GGUF reader wants other names than the native ones (a text
     #: encoder's: llama.cpp's, which ComfyUI-GGUF's CLIP loader maps back): the table read native-wards
     gguf_names: BlockNames | None = None
+    #: the second GGUF file some of its tensors go to (a vision tower's ``mmproj``), None: one file
+    gguf_companion: GGUFCompanion | None = None
     #: the tokenizer its runtimes read from the model's own file (a text encoder's), None: none
     tokenizer: Tokenizer | None = None
     #: the stem of a one-file output of a model converted at the root (``diffusion_model_comfy_fp8.safetensors``)
@@ -519,7 +536,10 @@ class Family(abc.ABC):
         def renamer(names: Sequence[str], where: str) -> Renamer:
             return renamed(names, table.native, where, lacking).__getitem__
 
-        return NameTable(f"{self.name}_gguf", renamer, f"llama.cpp's {arch} names")
+        def splitter(names: Sequence[str], where: str) -> dict[str, Split]:
+            return {out: split for n in names for out, split in (table.splits(n) or {}).items()}
+
+        return NameTable(f"{self.name}_gguf", renamer, f"llama.cpp's {arch} names", splitter=splitter)
 
     def gguf_key_values(
         self, config: dict, tensors: Mapping[str, TensorInfo]
@@ -528,6 +548,13 @@ class Family(abc.ABC):
         (llama.cpp's ``<architecture>.*`` hyperparameters of a text encoder; a tuple of ints is an int32 array),
         from its config and tensors.
         Default: none (ComfyUI-GGUF reads a DiT's off its tensors)."""
+        return {}
+
+    def gguf_companion_key_values(
+        self, config: dict, tensors: Mapping[str, TensorInfo], where: Path
+    ) -> dict[str, str | int | float | bool | tuple[int | float, ...]]:
+        """Hook: the key-values of its GGUF companion file (`PlanPolicy.gguf_companion`) beside the general ones,
+        from the config and tensors of the model at `where` (which an `InputError` names). Default: none."""
         return {}
 
     def why_no(self, fmt: str, native_names: bool = False) -> str | None:

@@ -21,6 +21,9 @@ __all__ = [
     "Renamer",
     "Stack",
     "Stacker",
+    "Split",
+    "Splitter",
+    "Cut",
     "NameTable",
     "Rows",
     "stack_rows",
@@ -45,7 +48,19 @@ Stack = tuple[tuple[str, int, int], ...]
 Stacker = Callable[[Sequence[str], str], dict[str, Stack]]
 
 
+#: one tensor cut from another: (tensor name, dim, part, parts) = part `part` of `parts` equal ranges of that
+#: tensor's dim `dim`; a range of one along a dim other than the first loses that dim (a Conv3d's two temporal
+#: taps as two Conv2d kernels, as llama.cpp's converter writes Qwen2-VL's patch embedding)
+Split = tuple[str, int, int, int]
+#: (component's tensor names, where) -> each output tensor cut from a source tensor -> its `Split`
+Splitter = Callable[[Sequence[str], str], dict[str, Split]]
+
+
 def _no_stacks(names: Sequence[str], where: str) -> dict[str, Stack]:
+    return {}
+
+
+def _no_splits(names: Sequence[str], where: str) -> dict[str, Split]:
     return {}
 
 
@@ -56,13 +71,15 @@ class NameTable:
     `renamer(names, where)` looks at a component's tensor names (which naming they follow) and returns the
     renaming for that component, or raises `InputError` naming `where` when they have no form in this table.
     `stacker(names, where)` gives the output tensors that stack several source tensors' rows (a native fused
-    projection written from diffusers' separate ones); their sources are not renamed one by one.
+    projection written from diffusers' separate ones); `splitter(names, where)` the output tensors cut from one
+    source tensor (llama.cpp's separate q, k and v of a fused ``qkv``); neither's sources are renamed one by one.
     """
 
     name: str
     renamer: Callable[[Sequence[str], str], Renamer]
     description: str
     stacker: Stacker = _no_stacks
+    splitter: Splitter = _no_splits
 
 
 def _identity(names: Sequence[str], where: str) -> Renamer:
@@ -115,6 +132,18 @@ class Blocks:
     tensors: Mapping[str, str] = field(default_factory=dict)
     #: native module -> the diffusers rows it stacks, in order (a fused projection; `Rows`)
     stacked: Mapping[str, tuple[Rows, ...]] = field(default_factory=dict)
+    #: diffusers module -> the native modules its equal row ranges are, in order (a fused projection written as
+    #: its parts: Qwen2-VL's ``attn.qkv`` as llama.cpp's ``attn_q``, ``attn_k``, ``attn_v``)
+    split: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Cut:
+    """A tensor written as several: its `len(names)` equal ranges along `dim`, in order, each under its name
+    (`Split`)."""
+
+    names: tuple[str, ...]
+    dim: int = 0
 
 
 @dataclass(frozen=True)
@@ -136,6 +165,8 @@ class BlockNames:
     root_modules: Mapping[str, str]
     root_tensors: Mapping[str, str]
     blocks: tuple[Blocks, ...]
+    #: diffusers tensor outside the blocks -> the native tensors it is cut into (`Cut`)
+    root_cuts: Mapping[str, Cut] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         def inverse(table: Mapping[str, str]) -> dict[str, str]:
@@ -179,6 +210,50 @@ class BlockNames:
                 if rows:
                     prefix = f"{b.diffusers}.{block[1]}."
                     return tuple((f"{prefix}{r.module}{leaf}", r.part, r.parts) for r in rows)
+        return None
+
+    def splits(self, diffusers_name: str) -> dict[str, Split] | None:
+        """The native tensors a diffusers tensor is cut into, each with its `Split`, or None: not a cut one.
+
+        >>> t = BlockNames({}, {}, (Blocks("b", "blk", {}, split={"qkv": ("q", "k")}),), {"c.w": Cut(("x", "y"), 2)})
+        >>> t.splits("b.3.qkv.bias"), t.splits("c.w")["y"]
+        ({'blk.3.q.bias': ('b.3.qkv.bias', 0, 0, 2), 'blk.3.k.bias': ('b.3.qkv.bias', 0, 1, 2)}, ('c.w', 2, 1, 2))
+        """
+        cut = self.root_cuts.get(diffusers_name)
+        if cut is not None:
+            return {n: (diffusers_name, cut.dim, i, len(cut.names)) for i, n in enumerate(cut.names)}
+        for b in self.blocks:
+            block = _prefix(b.diffusers).fullmatch(diffusers_name)
+            if block is None:
+                continue
+            for leaf in _LEAVES:
+                parts = b.split.get(block[2].removesuffix(leaf)) if block[2].endswith(leaf) else None
+                if parts:
+                    prefix = f"{b.native}.{block[1]}."
+                    return {f"{prefix}{m}{leaf}": (diffusers_name, 0, i, len(parts)) for i, m in enumerate(parts)}
+        return None
+
+    def cut_from(self, native_name: str) -> Split | None:
+        """The `Split` a native tensor is of a diffusers one (`splits` read the other way), or None: not a cut one.
+
+        >>> t = BlockNames({}, {}, (Blocks("b", "blk", {}, split={"qkv": ("q", "k")}),), {"c.w": Cut(("x", "y"), 2)})
+        >>> t.cut_from("blk.3.k.weight"), t.cut_from("x"), t.cut_from("blk.3.o.weight")
+        (('b.3.qkv.weight', 0, 1, 2), ('c.w', 2, 0, 2), None)
+        """
+        for name, cut in self.root_cuts.items():
+            if native_name in cut.names:
+                return name, cut.dim, cut.names.index(native_name), len(cut.names)
+        for b in self.blocks:
+            block = _prefix(b.native).fullmatch(native_name)
+            if block is None:
+                continue
+            for leaf in _LEAVES:
+                if not block[2].endswith(leaf):
+                    continue
+                for module, parts in b.split.items():
+                    if block[2].removesuffix(leaf) in parts:
+                        part = parts.index(block[2].removesuffix(leaf))
+                        return f"{b.diffusers}.{block[1]}.{module}{leaf}", 0, part, len(parts)
         return None
 
     def stacked_into(self, diffusers_name: str) -> str | None:

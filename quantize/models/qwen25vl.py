@@ -16,8 +16,15 @@ and the formats transformers loads are written in them.
 
 The tokenizer: ComfyUI bundles Qwen2.5's (``comfy/text_encoders/qwen25_tokenizer``), so its files hold none.
 
-GGUF: refused at plan time: ComfyUI-GGUF reads Qwen2.5-VL as llama.cpp's ``qwen2vl`` text file plus the vision
-tower in a second, ``mmproj`` file beside it, which this tool does not write yet.
+GGUF: two files, as llama.cpp's converter writes a Qwen2.5-VL and ComfyUI-GGUF's CLIP loader reads it back: the
+language model as llama.cpp's ``qwen2vl`` (``qwen25vl.gguf``: `GGUF_NAMES`, ``blk.N.attn_q``, ``token_embd``,
+``output``; its hyperparameters `text_key_values`) and the vision tower beside it as its ``mmproj`` file
+(``mmproj-qwen25vl.gguf``, architecture ``clip``: ``v.blk.N.attn_q``, ``v.patch_embd``, ``mm.0``; its hyperparameters
+`vision_key_values`), which ComfyUI-GGUF finds by name (a ``.gguf`` naming ``mmproj`` and the text file's stem:
+rename both alike). llama.cpp's converter (``Qwen2VLVisionModel.modify_tensors``) writes the tower's fused ``qkv``
+as its three thirds and its Conv3d patch embedding as its two temporal taps, two Conv2d kernels
+(``v.patch_embd.weight``, ``v.patch_embd.weight.1``): so does `GGUF_NAMES` (`Blocks.split`, `Cut`), and ComfyUI-GGUF's
+``gguf_mmproj_loader`` joins them again.
 
 What stays high-precision, and why (the bundled recipes say it too): the token embedding and the output head
 (152064 rows each: 0.55B parameters apiece in the 7B, lookup tables; the head unused by an encoder, carried as
@@ -25,6 +32,8 @@ stored), the vision tower and its merger (0.67B, run for image prompts only; its
 convolution) and every norm; every Linear of the 28 language-model layers is quantized (their q, k and v biases
 kept).
 
+>>> GGUF_NAMES.native("visual.blocks.2.attn.proj.weight"), sorted(GGUF_NAMES.splits("visual.blocks.2.attn.qkv.bias"))
+('v.blk.2.attn_out.weight', ['v.blk.2.attn_k.bias', 'v.blk.2.attn_q.bias', 'v.blk.2.attn_v.bias'])
 >>> QWEN25VL.native_name("model.layers.3.self_attn.k_proj.bias")
 'model.layers.3.self_attn.k_proj.bias'
 >>> QWEN25VL.class_name("model.layers.3.self_attn.k_proj.bias"), QWEN25VL.class_name("visual.merger.ln_q.weight")
@@ -47,16 +56,27 @@ from .family import (
     Detection,
     Folders,
     ModelInputs,
+    GGUFCompanion,
     PlanPolicy,
     bundled_recipes,
     count_blocks,
 )
-from .names import BlockNames, Blocks
+from .names import BlockNames, Blocks, Cut
 
 if TYPE_CHECKING:
     from ..read.checkpoint import TensorInfo
 
-__all__ = ["QWEN25VL", "Qwen25VLFamily", "NAMES", "CLASS", "CLASS_PREFIXES", "LAYER_GGUF"]
+__all__ = [
+    "QWEN25VL",
+    "Qwen25VLFamily",
+    "NAMES",
+    "GGUF_NAMES",
+    "CLASS",
+    "CLASS_PREFIXES",
+    "LAYER_GGUF",
+    "text_key_values",
+    "vision_key_values",
+]
 
 CLASS = "Qwen2_5_VLForConditionalGeneration"
 
@@ -102,6 +122,35 @@ NAMES = BlockNames(
         Blocks("visual.blocks", "visual.blocks", modules={m: m for m in _VISION_BLOCK}),
     ),
 )
+#: a vision block's modules -> llama.cpp's (gguf-py's MODEL_TENSORS[MMPROJ]); its fused qkv is `Blocks.split`
+_VISION_GGUF = {
+    "norm1": "ln1",
+    "norm2": "ln2",
+    "attn.proj": "attn_out",
+    **{f"mlp.{p}_proj": f"ffn_{p}" for p in ("gate", "up", "down")},
+}
+#: the names its checkpoints store -> llama.cpp's: the language model's ``qwen2vl`` names and the tower's ``mmproj``
+#: ones (``v.``, ``mm.``), its qkv in thirds and its Conv3d's two temporal taps apart, as llama.cpp's converter
+#: writes them (gguf-py's tensor map, which a test holds this to)
+GGUF_NAMES = BlockNames(
+    root_modules={
+        "model.embed_tokens": "token_embd",
+        "model.norm": "output_norm",
+        "lm_head": "output",
+        "visual.merger.ln_q": "v.post_ln",
+        "visual.merger.mlp.0": "mm.0",
+        "visual.merger.mlp.2": "mm.2",
+    },
+    root_tensors={},
+    blocks=(
+        Blocks("model.layers", "blk", modules=LAYER_GGUF),
+        Blocks("visual.blocks", "v.blk", modules=_VISION_GGUF, split={"attn.qkv": ("attn_q", "attn_k", "attn_v")}),
+    ),
+    root_cuts={"visual.patch_embed.proj.weight": Cut(("v.patch_embd.weight", "v.patch_embd.weight.1"), dim=2)},
+)
+#: what its mmproj file holds (llama.cpp's vision tensors)
+MMPROJ = GGUFCompanion("clip", holds=("v.", "mm."))
+
 #: stored prefix -> the prefix transformers 5's class holds it under (its ``conversion_mapping`` for qwen2_5_vl)
 CLASS_PREFIXES = (("model.", "model.language_model."), ("visual.", "model.visual."))
 
@@ -135,6 +184,66 @@ _VISION_DEFAULTS = {
 }
 
 
+#: the image normalization Qwen2.5-VL's processor applies (transformers' OPENAI_CLIP_MEAN and _STD, its
+#: preprocessor_config.json's), which llama.cpp's converter writes from that file
+_IMAGE_MEAN = (0.48145466, 0.4578275, 0.40821073)
+_IMAGE_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+def text_key_values(arch: str, config: dict) -> dict[str, str | int | float | tuple[int, ...]]:
+    """llama.cpp's ``qwen2vl`` hyperparameters of a Qwen2.5-VL language model (``convert_hf_to_gguf.py``'s
+    Qwen2VLModel over its TextModel), from its config (a whole model's: its text fields, at the top level or under
+    ``text_config``): the widths, its rope base and epsilon, and the multimodal rope's sections padded to four."""
+    config = {**config, **config.get("text_config", {})}
+    # transformers 5 writes ``rope_parameters``, 4 wrote ``rope_scaling`` and ``rope_theta`` (diffusers' repos)
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    sections = list(rope.get("mrope_section") or ())
+    theta = rope.get("rope_theta", config.get("rope_theta", 1_000_000.0))
+    return {
+        f"{arch}.context_length": config["max_position_embeddings"],
+        f"{arch}.embedding_length": config["hidden_size"],
+        f"{arch}.block_count": config["num_hidden_layers"],
+        f"{arch}.feed_forward_length": config["intermediate_size"],
+        f"{arch}.attention.head_count": config["num_attention_heads"],
+        f"{arch}.attention.head_count_kv": config["num_key_value_heads"],
+        f"{arch}.rope.freq_base": float(theta),
+        f"{arch}.attention.layer_norm_rms_epsilon": float(config["rms_norm_eps"]),
+        f"{arch}.rope.dimension_sections": tuple((sections + [0, 0, 0, 0])[:4]),
+    }
+
+
+def vision_key_values(config: dict, where: Path) -> dict[str, str | int | float | bool | tuple[float, ...]]:
+    """The ``clip.*`` hyperparameters of Qwen2.5-VL's mmproj file, as llama.cpp's converter writes them
+    (``MmprojModel.set_gguf_parameters`` and ``Qwen2VLVisionModel``'s): the tower's widths, the text model's width it
+    projects to, the image normalization, the projector, SiLU, the window-attention pattern (full attention every
+    n-th block, n read off ``fullatt_block_indexes``, which must be evenly spaced) and the norms' epsilon."""
+    text = {**config, **config.get("text_config", {})}
+    vision = config["vision_config"]
+    full = list(vision["fullatt_block_indexes"])
+    every = full[0] + 1
+    if any(b - a != every for a, b in zip(full, full[1:], strict=False)):
+        raise InputError(
+            f"{where}: vision_config fullatt_block_indexes {full} are not evenly spaced: llama.cpp's mmproj "
+            "holds one window-attention pattern"
+        )
+    return {
+        "clip.has_vision_encoder": True,
+        "clip.vision.projection_dim": text["hidden_size"],
+        "clip.vision.image_size": vision.get("image_size", 560),
+        "clip.vision.patch_size": vision["patch_size"],
+        "clip.vision.embedding_length": vision["hidden_size"],
+        "clip.vision.feed_forward_length": vision["intermediate_size"],
+        "clip.vision.block_count": vision["depth"],
+        "clip.vision.attention.head_count": vision["num_heads"],
+        "clip.vision.image_mean": _IMAGE_MEAN,
+        "clip.vision.image_std": _IMAGE_STD,
+        "clip.projector_type": "qwen2.5vl_merger",
+        "clip.use_silu": True,
+        "clip.vision.n_wa_pattern": every,
+        "clip.vision.attention.layer_norm_epsilon": float(text.get("rms_norm_eps", 1e-6)),
+    }
+
+
 class Qwen25VLFamily(TextEncoder):
     name = "qwen25vl"
     title = "Qwen2.5-VL"
@@ -156,11 +265,7 @@ class Qwen25VLFamily(TextEncoder):
         release_why="Qwen2.5-VL, one file in ComfyUI's names (Comfy-Org's qwen_2.5_vl_7b*.safetensors)",
     )
     plan = PlanPolicy(
-        root_stem="qwen25vl",
-        no_gguf_why=(
-            "ComfyUI-GGUF reads Qwen2.5-VL as llama.cpp's qwen2vl text file with its vision tower in a second "
-            "mmproj file beside it, which this tool does not write yet"
-        ),
+        root_stem="qwen25vl", gguf_architecture="qwen2vl", gguf_names=GGUF_NAMES, gguf_companion=MMPROJ
     )
     card = CardWords(
         pipeline_tag=None,
@@ -171,10 +276,14 @@ class Qwen25VLFamily(TextEncoder):
         comfyui="put the file in `ComfyUI/models/text_encoders/` and load it with the stock **Load CLIP** node "
         "(type `qwen_image`), or as the first file of **DualCLIPLoader** (type `kandinsky5`, `hunyuan_video_15`); "
         "ComfyUI bundles its tokenizer",
+        comfyui_gguf="put both files (the text model and its `mmproj-` vision tower, named alike) in "
+        "`ComfyUI/models/text_encoders/` and load the first with **CLIPLoader (GGUF)** (type `qwen_image`) or as "
+        "the first file of **DualCLIPLoader (GGUF)** (`kandinsky5`, `hunyuan_video_15`): it finds the mmproj file "
+        "beside it by name; ComfyUI bundles its tokenizer",
     )
     default_recipes = {
-        "qwen25vl": bundled_recipes("qwen25vl", (*SOURCE_NAMED, *COMFY)),
-        "qwen25vl-single": bundled_recipes("qwen25vl-single", COMFY),
+        "qwen25vl": bundled_recipes("qwen25vl", (*SOURCE_NAMED, *COMFY, "gguf")),
+        "qwen25vl-single": bundled_recipes("qwen25vl-single", (*COMFY, "gguf")),
     }
 
     # --- recognizing it ------------------------------------------------------------------------------------
@@ -184,6 +293,16 @@ class Qwen25VLFamily(TextEncoder):
     @property
     def inputs(self) -> ModelInputs:
         return INPUTS
+
+    def gguf_key_values(
+        self, config: dict, tensors: Mapping[str, TensorInfo]
+    ) -> dict[str, str | int | float | tuple[int, ...]]:
+        return text_key_values(self.plan.gguf_architecture, config)
+
+    def gguf_companion_key_values(
+        self, config: dict, tensors: Mapping[str, TensorInfo], where: Path
+    ) -> dict[str, str | int | float | bool | tuple[int | float, ...]]:
+        return vision_key_values(config, where)
 
     def diffusers_config(self, config: dict, tensors: Mapping[str, TensorInfo], where: Path) -> dict:
         """`Qwen2_5_VLForConditionalGeneration`'s config for a file that has none, read off the tensor shapes;

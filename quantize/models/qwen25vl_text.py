@@ -11,7 +11,7 @@ and DualCLIPLoader type ``hunyuan_video_15``) holds the language model as ``mode
 model alone lacks the tower's ``visual.`` keys, which only image prompts run. A GGUF file holds llama.cpp's
 ``qwen2vl`` names (`GGUF_NAMES`: ``blk.N.attn_q``, ``token_embd``, ``output_norm``), which ComfyUI-GGUF's CLIP loader
 maps back (its ``LLAMA_SD_MAP``); its ``qwen2vl.*`` hyperparameters are llama.cpp's converter's
-(`gguf_key_values`). ComfyUI and ComfyUI-GGUF bundle Qwen2.5's tokenizer: neither file holds one.
+(`qwen25vl.text_key_values`). ComfyUI and ComfyUI-GGUF bundle Qwen2.5's tokenizer: neither file holds one.
 
 What stays high-precision, and why (the bundled recipes say it too): the token embedding (152064 x 3584 in the 7B:
 a lookup table, 0.55B parameters, where a quantization error reaches every token) and every norm; every Linear of the
@@ -42,7 +42,7 @@ from .family import (
     bundled_recipes,
 )
 from .names import BlockNames, Blocks
-from .qwen25vl import LAYER_GGUF
+from .qwen25vl import LAYER_GGUF, text_key_values
 
 if TYPE_CHECKING:
     from ..read.checkpoint import TensorInfo
@@ -114,24 +114,7 @@ class Qwen25VLTextFamily(TextEncoder):
     def gguf_key_values(
         self, config: dict, tensors: Mapping[str, TensorInfo]
     ) -> dict[str, str | int | float | tuple[int, ...]]:
-        """llama.cpp's ``qwen2vl`` hyperparameters (``convert_hf_to_gguf.py``'s Qwen2VLModel over its TextModel):
-        the config's widths, its rope base and epsilon, and the multimodal rope's sections padded to four."""
-        arch = self.plan.gguf_architecture
-        # transformers 5 writes ``rope_parameters``, 4 wrote ``rope_scaling`` and ``rope_theta`` (diffusers' repos)
-        rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-        sections = list(rope.get("mrope_section") or ())
-        theta = rope.get("rope_theta", config.get("rope_theta", 1_000_000.0))
-        return {
-            f"{arch}.context_length": config["max_position_embeddings"],
-            f"{arch}.embedding_length": config["hidden_size"],
-            f"{arch}.block_count": config["num_hidden_layers"],
-            f"{arch}.feed_forward_length": config["intermediate_size"],
-            f"{arch}.attention.head_count": config["num_attention_heads"],
-            f"{arch}.attention.head_count_kv": config["num_key_value_heads"],
-            f"{arch}.rope.freq_base": float(theta),
-            f"{arch}.attention.layer_norm_rms_epsilon": float(config["rms_norm_eps"]),
-            f"{arch}.rope.dimension_sections": tuple((sections + [0, 0, 0, 0])[:4]),
-        }
+        return text_key_values(self.plan.gguf_architecture, config)
 
 
 QWEN25VL_TEXT = Qwen25VLTextFamily()

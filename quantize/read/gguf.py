@@ -130,25 +130,37 @@ def read_gguf(path: Path) -> tuple[dict[str, object], dict[str, TensorInfo]]:
 
 
 def open_gguf_component(root: Path, rel: str = ".", name: str | None = None) -> Component:
-    """A component stored as one GGUF file: `name` in its folder, else the folder's one ``*.gguf``, and the
-    folder's config.json (None where there is none). Headers only."""
+    """A component stored as one GGUF file: `name` in its folder, else the folder's one ``*.gguf`` besides any
+    companion files (a ``general.type`` other than ``model``: a vision tower's ``mmproj``, whose tensors join the
+    model's), and the folder's config.json (None where there is none). Headers only."""
     folder = Path(root) if rel == "." else Path(root) / rel
-    if name is None:
-        found = sorted(folder.glob("*.gguf"))
-        if len(found) != 1:
-            what = (
-                "no *.gguf file"
-                if not found
-                else f"{len(found)} *.gguf files ({', '.join(f.name for f in found)})"
-            )
-            raise InputError(f"{folder}: {what}: a GGUF component is one file")
-        path = found[0]
-    else:
+    found = sorted(folder.glob("*.gguf"))
+    if name is not None:
         path = folder / name
         if not path.is_file():
             raise InputError(f"{folder}: {name} not found")
-    _, tensors = read_gguf(path)
+    headers = {p: read_gguf(p) for p in found}
+    companions = [p for p, (meta, _) in headers.items() if meta.get("general.type", "model") != "model"]
+    if name is None:
+        models = [p for p in found if p not in companions]
+        if len(models) != 1:
+            what = (
+                "no *.gguf model file"
+                if not models
+                else f"{len(models)} *.gguf model files ({', '.join(f.name for f in models)})"
+            )
+            raise InputError(f"{folder}: {what}: a GGUF component is one file (and its companions: mmproj)")
+        path = models[0]
+    _, tensors = headers[path] if path in headers else read_gguf(path)
     if not tensors:
         raise InputError(f"{path}: the GGUF file holds no tensors")
+    tensors = dict(tensors)
+    files = [path]
+    for companion in companions if path not in companions else ():
+        for key, info in headers[companion][1].items():
+            if key in tensors:
+                raise InputError(f"{companion}: tensor {key!r} is in {path.name} too: one tensor, one file")
+            tensors[key] = info
+        files.append(companion)
     config = read_json_object(folder / CONFIG_NAME) if (folder / CONFIG_NAME).is_file() else None
-    return Component(Path(root), rel, [path], tensors, None, path.stem, config, {path: {}})
+    return Component(Path(root), rel, files, tensors, None, path.stem, config, {f: {} for f in files})

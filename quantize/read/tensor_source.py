@@ -26,7 +26,7 @@ import torch
 from ..errors import InputError
 from .checkpoint import TensorInfo, copy_tensor_bytes, read_rows
 
-__all__ = ["Transform", "TensorSource", "StackedSource"]
+__all__ = ["Transform", "TensorSource", "StackedSource", "SlicedSource"]
 
 
 class Transform(Protocol):
@@ -144,3 +144,58 @@ class StackedSource(TensorSource):
             base = at
             copy_tensor_bytes(part, lambda chunk, offset, base=base: write(chunk, base + offset))
             at += part.nbytes
+
+
+@dataclass(frozen=True)
+class SlicedSource(TensorSource):
+    """One range of a source tensor along one dim, `dim` [`start`, `stop`), that dim dropped when the range is one
+    along a dim other than the first (`models.Split`: a fused qkv's q rows; a Conv3d's temporal tap as a Conv2d
+    kernel). Its `info` names the slice (`name`) with its shape; its rows are the source's rows (or a range of
+    them), so it streams as the source does; `join` puts the slices back together."""
+
+    base: TensorSource | None = None
+    dim: int = 0
+    start: int = 0
+    stop: int = 0
+
+    @classmethod
+    def of(cls, name: str, base: TensorSource, dim: int, start: int, stop: int) -> SlicedSource:
+        info = base.info
+        shape = list(info.shape)
+        shape[dim] = stop - start
+        if dim and stop - start == 1:
+            del shape[dim]
+        nbytes = info.nbytes // max(1, info.shape[dim]) * (stop - start)
+        return cls(TensorInfo(name, info.dtype, tuple(shape), info.file, 0, nbytes), (), base, dim, start, stop)
+
+    @property
+    def dropped(self) -> bool:
+        return bool(self.dim) and self.stop - self.start == 1
+
+    @property
+    def changed(self) -> bool:
+        """Where its bytes are not one range of the stored tensor's (a slice along a later dim), or a step changes
+        them: read it with `read_rows`."""
+        return bool(self.dim) or self.base.changed
+
+    def read_rows(self, r0: int, r1: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+        if not self.dim:
+            return self.base.read_rows(self.start + r0, self.start + r1, dtype)
+        rows = self.base.read_rows(r0, r1, dtype).narrow(self.dim, self.start, self.stop - self.start)
+        return (rows.squeeze(self.dim) if self.dropped else rows).contiguous()
+
+    def copy_bytes(self, write: Callable[[memoryview, int], None]) -> None:
+        """The stored bytes of its rows (one byte range: rows are contiguous)."""
+        if self.changed:
+            raise ValueError(f"{self.info.name}: a slice along dim {self.dim} or changed by a step; read it with read_rows")
+        info = self.base.info
+        row_bytes = info.nbytes // max(1, self.base.rows)
+        at = info.start + self.start * row_bytes
+        part = TensorInfo(info.name, info.dtype, self.info.shape, info.file, at, at + (self.stop - self.start) * row_bytes)
+        copy_tensor_bytes(part, write)
+
+    @staticmethod
+    def join(slices: list[SlicedSource], values: list[torch.Tensor]) -> torch.Tensor:
+        """The values of the sliced tensor from `values`, those of its `slices`, in their order."""
+        first = slices[0]
+        return torch.stack(values, first.dim) if first.dropped else torch.cat(values, first.dim)

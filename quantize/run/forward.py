@@ -55,7 +55,7 @@ from ..process import release_free_memory
 from ..read.checkpoint import CONFIG_NAME, Component, read_rows, read_tensor
 from ..read.files import config_class
 from ..read.source import SourceFolder
-from ..read.tensor_source import StackedSource
+from ..read.tensor_source import SlicedSource, StackedSource
 from ..recipes import Recipe
 from .names import class_names
 
@@ -155,6 +155,19 @@ class Runnable:
     #: model parameter name -> the row ranges of its planned tensor that are it, in order (a stacked tensor's
     #: share); a parameter not here is its whole tensor
     rows: dict[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    #: model parameter name -> the planned tensors the conversion cut it into (`read.SlicedSource`: a fused
+    #: qkv's thirds, a Conv3d's taps), in order: joined again for a pass, and no entry of `plans`
+    cuts: dict[str, tuple[TensorPlan, ...]] = field(default_factory=dict)
+
+    @property
+    def parameters(self) -> list[str]:
+        """Every model parameter it gives values of."""
+        return [*self.plans, *self.cuts]
+
+    def joined(self, name: str, value: Callable[[TensorPlan], torch.Tensor]) -> torch.Tensor:
+        """Cut parameter `name`'s values, from each of its planned tensors' (`value`)."""
+        pieces = self.cuts[name]
+        return SlicedSource.join([tp.source for tp in pieces], [value(tp) for tp in pieces])
 
     def cut(self, name: str, whole: torch.Tensor) -> torch.Tensor:
         """Parameter `name`'s values out of its whole planned tensor's (`whole`)."""
@@ -220,13 +233,16 @@ def runnable(cp: ComponentPlan) -> Runnable:
     plans: dict[str, TensorPlan] = {}
     rows: dict[str, tuple[tuple[int, int], ...]] = {}
     if config_class(config) == family.diffusers_class:
+        cuts: dict[str, list[TensorPlan]] = {}
         for tp in cp.tensors:
             if isinstance(tp.source, StackedSource):  # diffusers' tensors, stacked by the conversion
                 for name, ranges in _segment_rows(tp.source).items():
                     plans[name], rows[name] = tp, ranges
+            elif isinstance(tp.source, SlicedSource):  # a tensor the conversion cut into several
+                cuts.setdefault(tp.source.base.info.name, []).append(tp)
             elif not family.carried(tp.name):  # a text encoder's tokenizer is no part of the class
                 plans[tp.name] = tp
-        return Runnable(family, config, plans, rows)
+        return Runnable(family, config, plans, rows, {k: tuple(v) for k, v in cuts.items()})
     names = [tp.name for tp in cp.tensors]
     family.runnable_names(names, where)  # the family refuses what its class lacks, naming the tensor
     native = class_names(family, names)
@@ -270,7 +286,12 @@ def float32_in_rows(shape: tuple[int, ...], read: Callable[[int, int], torch.Ten
 def source_weights(run: Runnable) -> Weights:
     """The source as the plan reads it (every step applied): the reference."""
 
+    def whole(tp: TensorPlan) -> torch.Tensor:
+        return float32_in_rows(tp.info.shape, lambda r0, r1: tp.source.read_rows(r0, r1, torch.float32))
+
     def weight(name: str) -> torch.Tensor:
+        if name in run.cuts:
+            return run.joined(name, whole)
         source = run.plans[name].source
         shape = source.info.shape
         ranges = run.rows.get(name)
@@ -293,6 +314,8 @@ def whole_then_cut(run: Runnable, whole: Callable[[TensorPlan], torch.Tensor]) -
     last: list = [None, None]
 
     def weight(name: str) -> torch.Tensor:
+        if name in run.cuts:
+            return run.joined(name, whole)
         tp = run.plans[name]
         if last[0] is not tp:
             last[:] = [tp, None]  # the previous one freed first
@@ -373,7 +396,7 @@ class StreamedModel:
         except (TypeError, ValueError, KeyError) as e:
             raise InputError(f"cannot build {run.class_name} from the component's config: {e}") from None
         #: the plan's tensor -> the class's parameter it fills (`Family.parameter_names`), and back
-        self.param_of = run.family.parameter_names(run.plans)
+        self.param_of = run.family.parameter_names(run.parameters)
         self.plan_of = {param: name for name, param in self.param_of.items()}
         names = {n for n, _ in self.model.named_parameters()}
         missing = sorted(names - set(self.plan_of))
