@@ -16,9 +16,11 @@ Gemma 3 (`--family gemma3`, CLIPLoader type ltxv): ComfyUI tells Gemma 3 12B by 
 small text width, and the check passes those widths through that option, so that ComfyUI's own loader, tokenizer
 and model run the file.
 
-Qwen2.5-VL (`--family qwen25vl`, CLIPLoader type qwen_image): the same, for `Qwen25_7BVLI_Config` (ComfyUI tells the
-7B by ``k_proj``'s 512-row bias; heads of 128, the 1280-wide tower and its bundled tokenizer's 152064 ids are fixed,
-and the preset ``comfyui`` has them).
+Qwen2.5-VL (`--family qwen25vl`, CLIPLoader type qwen_image; CLIPLoader (GGUF) for the GGUF pair, which finds its
+mmproj file beside the text file): the same, for `Qwen25_7BVLI_Config` (ComfyUI tells the 7B by ``k_proj``'s 512-row
+bias; heads of 128, the 1280-wide tower and its bundled tokenizer's 152064 ids are fixed, and the preset ``comfyui``
+has them); the prompt is encoded twice, alone and with a 112 x 112 image (`WITH_IMAGE`: the vision tower runs), and
+the SQNR is of both embeddings together.
 
 Qwen2.5-VL's text model alone (`--family qwen25vl-text`, CLIPLoader type qwen_image, and CLIPLoader (GGUF)): a
 diffusers HunyuanVideo 1.5 pipeline's ``text_encoder/`` converted to ComfyUI's and GGUF files; its bf16 reference is
@@ -100,7 +102,7 @@ FAMILIES = {
         _text_widths("gemma3", "gemma3_12b"),
     ),
     "qwen25vl": (
-        "qwen25vl-single-comfy-fp8,qwen25vl-single-comfy-int8,qwen25vl-single-comfy-nvfp4",
+        "qwen25vl-single-comfy-fp8,qwen25vl-single-comfy-int8,qwen25vl-single-comfy-nvfp4,qwen25vl-single-gguf-q8_0",
         "comfyui",
         "qwen_image",
         "qwen25_7b",
@@ -131,6 +133,11 @@ GLYPH_PROMPT = 'a storefront at night, its neon sign reads "OPEN 24 HOURS" above
 #: families whose example is a pipeline's text_encoder/ in the class's names (no ComfyUI file of its own): the bf16
 #: reference is its tensors under ComfyUI's prefix for them (ComfyUI's `Llama2_` language model is ``model.``)
 PIPELINE_REFERENCE_PREFIX = {"qwen25vl-text": "model."}
+#: families whose prompt is also encoded with an image (ComfyUI IMAGE, 112 x 112 random pixels: `IMAGE`), whose
+#: embedding their vision tower makes (Qwen2.5-VL: TextEncodeQwenImageEdit's path; its GGUF tower the mmproj file);
+#: the compared conditioning is both outputs
+WITH_IMAGE = ("qwen25vl",)
+IMAGE = None
 #: the keys ComfyUI's model has that a family's files lack by design (a text model alone: Qwen2.5-VL's tower)
 ABSENT_BY_DESIGN = {"qwen25vl-text": "visual.", "t5": "visual."}
 
@@ -187,7 +194,10 @@ def prepare(args) -> tuple[Path, dict[str, Path]]:
         out = args.work / f"{recipe}-{args.preset}"
         if not out.exists():
             _quantize(args, "convert", src, out, "--recipe", recipe)
-        (files[recipe],) = [p for p in out.rglob("*") if p.suffix in (".safetensors", ".gguf")]
+        # the model's file (a GGUF Qwen2.5-VL's mmproj file beside it is found by ComfyUI-GGUF itself)
+        (files[recipe],) = [
+            p for p in out.rglob("*") if p.suffix in (".safetensors", ".gguf") and not p.name.startswith("mmproj-")
+        ]
     if args.family in DUAL:
         family, preset, _ = DUAL[args.family]
         first = args.work / f"{family}-{preset}"
@@ -317,10 +327,11 @@ def stored_quantized(path: Path) -> int:
         return sum(k.endswith(".comfy_quant") for k in f.keys())
 
 
-def encode(clip, prompt: str, key: str, output: str = "cond"):
+def encode(clip, prompt: str, key: str, output: str = "cond", images: list | None = None):
     """The tokens of the family's tokenizer (`key`) and the conditioning ComfyUI's model returns for the prompt
-    (`output`: ``cond``, or the extra key a DualCLIPLoader's second model's output comes under)."""
-    tokens = clip.tokenize(prompt)
+    (`output`: ``cond``, or the extra key a DualCLIPLoader's second model's output comes under), with `images`
+    (ComfyUI IMAGE tensors) where given: its vision tower's embedding among the tokens (Qwen-Image-Edit's)."""
+    tokens = clip.tokenize(prompt) if images is None else clip.tokenize(prompt, images=images)
     batch = tokens[key] if isinstance(tokens, dict) else tokens  # Gemma 3's tokenizer gives its batch bare
     ids = [t[0] for t in batch[0]]
     return ids, clip.encode_from_tokens(tokens, return_dict=True)[output].float()
@@ -341,6 +352,9 @@ def main() -> int:
         mm, _, nodes, gg = _check_module().import_comfy(args)
         import comfy.sd
         import torch
+
+        global IMAGE
+        IMAGE = torch.rand(1, 112, 112, 3, generator=torch.Generator().manual_seed(0))
     except Exception as e:  # noqa: BLE001
         print(f"SETUP FAILED: {type(e).__name__}: {e}")
         return 2
@@ -356,6 +370,8 @@ def main() -> int:
         t = time.time()
         output = DUAL[args.family][2] if args.family in DUAL else "cond"
         ids, cond = encode(clip, args.prompt, args.tokens_key, output)
+        if args.family in WITH_IMAGE:  # the prompt again with an image: the vision tower's path
+            cond = torch.cat([cond.flatten(), encode(clip, args.prompt, args.tokens_key, output, [IMAGE])[1].flatten()])
         model = type(clip.cond_stage_model).__name__
         kinds = quantized_layers(clip)
         keys = [line for line in capture.lines if "missing" in line.lower() or "unexpected" in line.lower()]

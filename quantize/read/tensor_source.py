@@ -10,7 +10,9 @@ The steps that give tensors their transforms are `steps.TensorStep`s, given to t
 
 A `StackedSource` is one output tensor made of row ranges of several source tensors, in order (a native fused
 projection written from diffusers' separate ones: `models.Stack`); each range is read through its own tensor's
-source, steps applied, so a LoRA on diffusers' ``to_q`` merges into the q rows of the stacked weight.
+source, steps applied, so a LoRA on diffusers' ``to_q`` merges into the q rows of the stacked weight. A
+`SlicedSource` is the other way round: one range of a source tensor along one dim, written as a tensor of its own
+(llama.cpp's thirds of a fused qkv, a Conv3d's temporal taps: `models.Split`).
 
 >>> # source = TensorSource(info); rows = source.read_rows(0, 16)
 """

@@ -6,7 +6,9 @@ The oracles:
   (`CLASS_PREFIXES`), its `from_pretrained` (the transformers-side formats) and its forward (the reference);
 - ComfyUI's Qwen2.5-VL 7B (``comfy/text_encoders/llama.py`` `Qwen25_7BVLI`, its tower ``qwen_vl.py``), whose state
   dict `comfyui_state` spells from its source (``benchmarks/comfyui_encoders.py --family qwen25vl`` loads our files
-  in the real one).
+  in the real one, and our GGUF pair in ComfyUI-GGUF);
+- llama.cpp's converter for the GGUF pair (`llama_cpp_gguf`: ``Qwen2VLModel`` and ``Qwen2VLVisionModel`` of
+  ``convert_hf_to_gguf.py``, the names from gguf-py's own tensor maps) and gguf-py's reader.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from quantize.formats import get_format
 from quantize.models import family_of, get_family
 from quantize.models.examples.qwen25vl import QWEN25VL_EXAMPLES, qwen25vl_config
 from quantize.read.detect import detect_layouts
@@ -31,7 +34,7 @@ from tests.helpers.verify import forward_sqnr
 QWEN = get_family("qwen25vl")
 TRANSFORMERS_SIDE = ["fp8_channel", "torchao_fp8", "torchao_int8", "nf4"]
 COMFY = ["comfy_fp8", "comfy_int8", "comfy_nvfp4", "comfy_mxfp8"]
-FORMATS = [*TRANSFORMERS_SIDE, *COMFY]
+FORMATS = [*TRANSFORMERS_SIDE, *COMFY, "gguf"]
 FOUR_BIT = ("nf4", "comfy_nvfp4")
 
 
@@ -147,17 +150,148 @@ def test_every_layout_is_detected_and_finds_its_recipes(sources):
         assert all(f"--format {fmt}" in listed for fmt in QWEN.default_recipes[layout])
 
 
-def test_gguf_is_refused_at_plan_time_naming_why(sources, tmp_path):
-    proc = run_cli("convert", sources["pipeline"], tmp_path / "out", "--format", "gguf")
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    (line,) = proc.stderr.strip().splitlines()
-    assert "Qwen2.5-VL has no GGUF architecture" in line and "mmproj" in line
-    assert not (tmp_path / "out").exists()
-
-
 @pytest.fixture(scope="module")
 def converted(sources, tmp_path_factory) -> dict[str, Path]:
     return convert_each(sources["pipeline"], tmp_path_factory.mktemp("qwen25vl-out"), FORMATS)
+
+
+def llama_cpp_gguf(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What llama.cpp's converter writes of a Qwen2.5-VL's stored tensors, by name: the language model as
+    ``Qwen2VLModel`` (every tensor renamed), the tower as ``Qwen2VLVisionModel.modify_tensors`` (its fused qkv as
+    its three thirds of rows, renamed as ``q``, ``k``, ``v``; its Conv3d patch embedding as ``[:, :, 0]`` and
+    ``[:, :, 1]``, ``v.patch_embd.weight`` and ``.weight.1``), each name from gguf-py's own tensor maps."""
+    import gguf
+
+    text = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN2VL, 64)
+    vision = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, 64)
+    out = {}
+    for name, t in state.items():
+        if not name.startswith("visual."):
+            out[text.get_name(name, try_suffixes=(".weight", ".bias"))] = t
+        elif ".qkv." in name:
+            c = t.shape[0] // 3
+            for i, x in enumerate("qkv"):
+                out[vision.get_name(name.replace("qkv", x), try_suffixes=(".weight", ".bias"))] = t[i * c : (i + 1) * c]
+        elif "patch_embed.proj.weight" in name:
+            out["v.patch_embd.weight"], out["v.patch_embd.weight.1"] = t[:, :, 0, ...], t[:, :, 1, ...]
+        else:
+            out[vision.get_name(name, try_suffixes=(".weight", ".bias"))] = t
+    return out
+
+
+def gguf_tensors(path: Path) -> tuple[dict[str, object], dict[str, tuple[str, torch.Tensor]]]:
+    """A GGUF file's key-values and each tensor's (type, float32 values in torch's order), as gguf-py reads them."""
+    import gguf
+    from gguf.quants import dequantize
+
+    reader = gguf.GGUFReader(path)
+    fields = {k: reader.fields[k].contents() for k in reader.fields if not k.startswith("GGUF.")}
+    tensors = {
+        t.name: (
+            t.tensor_type.name,
+            torch.from_numpy(dequantize(t.data, t.tensor_type).copy()).reshape(tuple(reversed(t.shape.tolist()))),
+        )
+        for t in reader.tensors
+    }
+    return fields, tensors
+
+
+def test_the_gguf_pair_is_what_llama_cpps_converter_writes(converted, sources):
+    """Two files: the language model as llama.cpp's qwen2vl with its hyperparameters, the tower as its mmproj
+    (architecture clip, general.type mmproj) with its clip.* ones, named so that ComfyUI-GGUF finds it beside the
+    first; between them every tensor llama.cpp's converter writes, under its names, each kept one bit for bit
+    (its qkv's thirds and the Conv3d's taps cut as llama.cpp cuts them), the Linears of the language model in
+    Q8_0."""
+    from safetensors.torch import load_file
+
+    folder = converted["gguf"] / "text_encoder"
+    assert sorted(p.name for p in folder.glob("*.gguf")) == ["mmproj-text_encoder.gguf", "text_encoder.gguf"]
+    text_kv, text = gguf_tensors(folder / "text_encoder.gguf")
+    vision_kv, vision = gguf_tensors(folder / "mmproj-text_encoder.gguf")
+    config = read_json(sources["pipeline"] / "text_encoder" / "config.json")
+    t, v = config["text_config"], config["vision_config"]
+    assert text_kv["general.architecture"] == "qwen2vl" and text_kv["qwen2vl.block_count"] == t["num_hidden_layers"]
+    assert text_kv["qwen2vl.rope.dimension_sections"] == [*t["rope_scaling"]["mrope_section"], 0]
+    assert {k: v for k, v in vision_kv.items() if k.startswith("clip.")} == {
+        "clip.has_vision_encoder": True,
+        "clip.vision.projection_dim": t["hidden_size"],
+        "clip.vision.image_size": 560,  # llama.cpp's default where the config has none
+        "clip.vision.patch_size": v["patch_size"],
+        "clip.vision.embedding_length": v["hidden_size"],
+        "clip.vision.feed_forward_length": v["intermediate_size"],
+        "clip.vision.block_count": v["depth"],
+        "clip.vision.attention.head_count": v["num_heads"],
+        "clip.vision.image_mean": pytest.approx([0.48145466, 0.4578275, 0.40821073]),
+        "clip.vision.image_std": pytest.approx([0.26862954, 0.26130258, 0.27577711]),
+        "clip.projector_type": "qwen2.5vl_merger",
+        "clip.use_silu": True,
+        "clip.vision.n_wa_pattern": v["fullatt_block_indexes"][0] + 1,
+        "clip.vision.attention.layer_norm_epsilon": pytest.approx(t["rms_norm_eps"]),
+    }
+    assert (vision_kv["general.architecture"], vision_kv["general.type"]) == ("clip", "mmproj")
+    # llama.cpp's file types: MOSTLY_Q8_0; MOSTLY_BF16 for the tower, kept as stored (bf16)
+    assert (text_kv["general.file_type"], vision_kv["general.file_type"]) == (7, 32)
+    expected = llama_cpp_gguf(load_file(sources["pipeline"] / "text_encoder" / "model.safetensors"))
+    assert set(text) | set(vision) == set(expected) and not set(text) & set(vision)
+    assert all(n.startswith(("v.", "mm.")) for n in vision)
+    for name, (kind, values) in {**text, **vision}.items():
+        if kind in ("F32", "BF16"):
+            assert torch.equal(values, expected[name].float()), name
+        else:
+            assert kind == "Q8_0" and name.startswith("blk.") and values.shape == expected[name].shape, name
+    assert vision["v.patch_embd.weight"][0] == "F32"  # as llama.cpp forces it
+
+
+def test_the_loader_joins_the_towers_cut_tensors_back_bit_for_bit(converted, sources):
+    from safetensors.torch import load_file
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    from loaders import load_quantized
+
+    model = load_quantized(Qwen2_5_VLForConditionalGeneration, converted["gguf"] / "text_encoder")
+    state = model.state_dict()
+    stored = load_file(sources["pipeline"] / "text_encoder" / "model.safetensors")
+    tower = {n: t for n, t in stored.items() if n.startswith("visual.")}
+    assert tower and all(torch.equal(state[f"model.{n}"], t) for n, t in tower.items())
+
+
+def test_a_forward_pass_joins_the_cut_tensors_of_the_plan_again(sources):
+    """The streamed forward's weights of a tensor the conversion cut: its pieces decoded from the output, joined,
+    are the source's values (a pass of the tower would run on them)."""
+    from quantize.containers import get_container
+    from quantize.plan import make_plan
+    from quantize.recipes import load_recipe
+    from quantize.run.forward import runnable, source_weights, stored_weights
+
+    out = sources["pipeline"].parent / "gguf-for-forward"
+    run_cli("convert", sources["pipeline"], out, "--format", "gguf", check=True)
+    (cp,) = make_plan(sources["pipeline"], load_recipe("qwen25vl-gguf-q8_0").recipe).components
+    run = runnable(cp)
+    stored = stored_weights(run, get_container("gguf_file").open_stored(out, cp.rel), get_format("gguf"))
+    for name in ("visual.patch_embed.proj.weight", "visual.blocks.1.attn.qkv.weight", "visual.blocks.0.attn.qkv.bias"):
+        assert name in run.cuts and torch.equal(stored(name), source_weights(run)(name)), name
+
+
+def test_an_mmproj_file_that_repeats_a_tensor_of_the_text_file_is_refused_naming_both(converted, tmp_path):
+    import shutil
+
+    import gguf
+    import numpy as np
+
+    folder = tmp_path / "text_encoder"
+    shutil.copytree(converted["gguf"] / "text_encoder", folder)
+    writer = gguf.GGUFWriter(folder / "mmproj-text_encoder.gguf", "clip")
+    writer.add_type(gguf.GGUFType.MMPROJ)
+    writer.add_tensor("output_norm.weight", np.ones(8, dtype=np.float32))
+    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file()
+    writer.close()
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    from loaders import load_quantized
+    from quantize.errors import InputError
+
+    with pytest.raises(InputError, match="mmproj-text_encoder.gguf: tensor 'output_norm.weight' is in text_encoder.gguf"):
+        load_quantized(Qwen2_5_VLForConditionalGeneration, folder)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -202,10 +336,11 @@ def test_a_comfy_file_holds_comfyuis_names_and_its_markers(converted, fmt):
     assert not any(k.startswith("visual.") and k.endswith("comfy_quant") for k in keys)
 
 
-def test_the_single_file_converts_with_a_config_read_off_its_shapes(converted, sources, tmp_path):
-    run_cli("convert", sources["single"], tmp_path / "fp8", "--format", "comfy_int8", check=True)
-    run_cli("verify", tmp_path / "fp8", "--source", sources["single"], "--forward", check=True)
-    derived = read_json(tmp_path / "fp8" / "config.json")
+@pytest.mark.parametrize("fmt", ["comfy_int8", "gguf"])
+def test_the_single_file_converts_with_a_config_read_off_its_shapes(converted, sources, tmp_path, fmt):
+    run_cli("convert", sources["single"], tmp_path / "out", "--format", fmt, check=True)
+    run_cli("verify", tmp_path / "out", "--source", sources["single"], "--forward", check=True)
+    derived = read_json(tmp_path / "out" / "config.json")
     given = qwen25vl_config(QWEN25VL_EXAMPLES.presets["tiny"])
     assert {k: v for k, v in derived.items() if k != "quantization_config"} == {
         k: v for k, v in given.items() if k != "dtype"
