@@ -232,27 +232,31 @@ def runnable(cp: ComponentPlan) -> Runnable:
     family = _runnable_family(config, where, cp.component.tensors)
     plans: dict[str, TensorPlan] = {}
     rows: dict[str, tuple[tuple[int, int], ...]] = {}
+    cuts: dict[str, list[TensorPlan]] = {}  # a source tensor the conversion cut into several -> its pieces
+    for tp in cp.tensors:
+        if isinstance(tp.source, SlicedSource):
+            cuts.setdefault(tp.source.base.info.name, []).append(tp)
+    whole = [tp for tp in cp.tensors if not isinstance(tp.source, SlicedSource)]
     if config_class(config) == family.diffusers_class:
-        cuts: dict[str, list[TensorPlan]] = {}
-        for tp in cp.tensors:
+        for tp in whole:
             if isinstance(tp.source, StackedSource):  # diffusers' tensors, stacked by the conversion
                 for name, ranges in _segment_rows(tp.source).items():
                     plans[name], rows[name] = tp, ranges
-            elif isinstance(tp.source, SlicedSource):  # a tensor the conversion cut into several
-                cuts.setdefault(tp.source.base.info.name, []).append(tp)
             elif not family.carried(tp.name):  # a text encoder's tokenizer is no part of the class
                 plans[tp.name] = tp
         return Runnable(family, config, plans, rows, {k: tuple(v) for k, v in cuts.items()})
-    names = [tp.name for tp in cp.tensors]
+    names = [*(tp.name for tp in whole), *cuts]
     family.runnable_names(names, where)  # the family refuses what its class lacks, naming the tensor
     native = class_names(family, names)
-    for tp in cp.tensors:
+    for tp in whole:
         if tp.name in native.stacks:  # a native fused tensor: the class's tensors are its row ranges
             for name, ranges in stack_rows(native.stacks[tp.name], tp.source.rows).items():
                 plans[name], rows[name] = tp, ranges
         elif tp.name in native.renamed:  # not carried (a release's VAE is no part of the class)
             plans[native.renamed[tp.name]] = tp
-    return Runnable(family, family.diffusers_config(config, cp.component.tensors, where), plans, rows)
+    joined = {native.renamed[name]: tuple(pieces) for name, pieces in cuts.items() if name in native.renamed}
+    config = family.diffusers_config(config, cp.component.tensors, where)
+    return Runnable(family, config, plans, rows, joined)
 
 
 def _segment_rows(source: StackedSource) -> dict[str, tuple[tuple[int, int], ...]]:

@@ -255,17 +255,20 @@ def test_the_loader_joins_the_towers_cut_tensors_back_bit_for_bit(converted, sou
     assert tower and all(torch.equal(state[f"model.{n}"], t) for n, t in tower.items())
 
 
-def test_a_forward_pass_joins_the_cut_tensors_of_the_plan_again(sources):
+@pytest.mark.parametrize("layout", ["pipeline", "single"])
+def test_a_forward_pass_joins_the_cut_tensors_of_the_plan_again(sources, tmp_path, layout):
     """The streamed forward's weights of a tensor the conversion cut: its pieces decoded from the output, joined,
-    are the source's values (a pass of the tower would run on them)."""
+    are the source's values (a pass of the tower would run on them), from the class's layout and from ComfyUI's
+    single file alike."""
     from quantize.containers import get_container
     from quantize.plan import make_plan
     from quantize.recipes import load_recipe
     from quantize.run.forward import runnable, source_weights, stored_weights
 
-    out = sources["pipeline"].parent / "gguf-for-forward"
-    run_cli("convert", sources["pipeline"], out, "--format", "gguf", check=True)
-    (cp,) = make_plan(sources["pipeline"], load_recipe("qwen25vl-gguf-q8_0").recipe).components
+    out = tmp_path / "gguf"
+    run_cli("convert", sources[layout], out, "--format", "gguf", check=True)
+    recipe = {"pipeline": "qwen25vl-gguf-q8_0", "single": "qwen25vl-single-gguf-q8_0"}[layout]
+    (cp,) = make_plan(sources[layout], load_recipe(recipe).recipe).components
     run = runnable(cp)
     stored = stored_weights(run, get_container("gguf_file").open_stored(out, cp.rel), get_format("gguf"))
     for name in ("visual.patch_embed.proj.weight", "visual.blocks.1.attn.qkv.weight", "visual.blocks.0.attn.qkv.bias"):
