@@ -196,7 +196,9 @@ def prepare(args) -> tuple[Path, dict[str, Path]]:
             _quantize(args, "convert", src, out, "--recipe", recipe)
         # the model's file (a GGUF Qwen2.5-VL's mmproj file beside it is found by ComfyUI-GGUF itself)
         (files[recipe],) = [
-            p for p in out.rglob("*") if p.suffix in (".safetensors", ".gguf") and not p.name.startswith("mmproj-")
+            p
+            for p in out.rglob("*")
+            if p.suffix in (".safetensors", ".gguf") and not p.name.startswith("mmproj-")
         ]
     if args.family in DUAL:
         family, preset, _ = DUAL[args.family]
@@ -371,7 +373,9 @@ def main() -> int:
         output = DUAL[args.family][2] if args.family in DUAL else "cond"
         ids, cond = encode(clip, args.prompt, args.tokens_key, output)
         if args.family in WITH_IMAGE:  # the prompt again with an image: the vision tower's path
-            cond = torch.cat([cond.flatten(), encode(clip, args.prompt, args.tokens_key, output, [IMAGE])[1].flatten()])
+            cond = torch.cat(
+                [cond.flatten(), encode(clip, args.prompt, args.tokens_key, output, [IMAGE])[1].flatten()]
+            )
         model = type(clip.cond_stage_model).__name__
         kinds = quantized_layers(clip)
         keys = [line for line in capture.lines if "missing" in line.lower() or "unexpected" in line.lower()]

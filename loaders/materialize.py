@@ -453,7 +453,9 @@ def _match(
         if cut:  # written as several tensors (a fused qkv's thirds): joined again
             for local, t in params.items():
                 entry.tensors[local] = (
-                    _joined(cut[local], keys, t, comp) if local in cut else _take(keys, names, name, local, t, comp)
+                    _joined(cut[local], keys, t, comp)
+                    if local in cut
+                    else _take(keys, names, name, local, t, comp)
                 )
             plan[name] = entry
             continue
@@ -518,7 +520,9 @@ def _joined(
     for key in order:
         info = keys.pop(key, None)
         if info is None:
-            raise CheckpointMismatchError(f"{comp.dir}: {key!r} is not in the checkpoint ({', '.join(order)} make one)")
+            raise CheckpointMismatchError(
+                f"{comp.dir}: {key!r} is not in the checkpoint ({', '.join(order)} make one)"
+            )
         if info.dtype not in dtypes.FLOAT_DTYPES:
             raise CheckpointMismatchError(
                 f"{comp.dir}: {key!r} is {info.dtype}: a tensor cut into several ({', '.join(order)}) loads only "

@@ -99,7 +99,9 @@ def key_values(cp: ComponentPlan, file: PlannedFile) -> dict[str, Value]:
             "general.type": companion.type,
             "general.quantization_version": QUANTIZATION_VERSION,
             "general.file_type": file_type(file.tensors),
-            **_arrays(cp.family.gguf_companion_key_values(_config(cp), cp.component.tensors, cp.component.where)),
+            **_arrays(
+                cp.family.gguf_companion_key_values(_config(cp), cp.component.tensors, cp.component.where)
+            ),
         }
     arch = None if cp.family is None else cp.family.plan.gguf_architecture
     if arch is None:

@@ -230,7 +230,9 @@ class BlockNames:
                 parts = b.split.get(block[2].removesuffix(leaf)) if block[2].endswith(leaf) else None
                 if parts:
                     prefix = f"{b.native}.{block[1]}."
-                    return {f"{prefix}{m}{leaf}": (diffusers_name, 0, i, len(parts)) for i, m in enumerate(parts)}
+                    return {
+                        f"{prefix}{m}{leaf}": (diffusers_name, 0, i, len(parts)) for i, m in enumerate(parts)
+                    }
         return None
 
     def cut_from(self, native_name: str) -> Split | None:

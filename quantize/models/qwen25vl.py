@@ -55,8 +55,8 @@ from .family import (
     CardWords,
     Detection,
     Folders,
-    ModelInputs,
     GGUFCompanion,
+    ModelInputs,
     PlanPolicy,
     bundled_recipes,
     count_blocks,
@@ -144,9 +144,13 @@ GGUF_NAMES = BlockNames(
     root_tensors={},
     blocks=(
         Blocks("model.layers", "blk", modules=LAYER_GGUF),
-        Blocks("visual.blocks", "v.blk", modules=_VISION_GGUF, split={"attn.qkv": ("attn_q", "attn_k", "attn_v")}),
+        Blocks(
+            "visual.blocks", "v.blk", modules=_VISION_GGUF, split={"attn.qkv": ("attn_q", "attn_k", "attn_v")}
+        ),
     ),
-    root_cuts={"visual.patch_embed.proj.weight": Cut(("v.patch_embd.weight", "v.patch_embd.weight.1"), dim=2)},
+    root_cuts={
+        "visual.patch_embed.proj.weight": Cut(("v.patch_embd.weight", "v.patch_embd.weight.1"), dim=2)
+    },
 )
 #: what its mmproj file holds (llama.cpp's vision tensors)
 MMPROJ = GGUFCompanion("clip", holds=("v.", "mm."))

@@ -168,7 +168,9 @@ class SlicedSource(TensorSource):
         if dim and stop - start == 1:
             del shape[dim]
         nbytes = info.nbytes // max(1, info.shape[dim]) * (stop - start)
-        return cls(TensorInfo(name, info.dtype, tuple(shape), info.file, 0, nbytes), (), base, dim, start, stop)
+        return cls(
+            TensorInfo(name, info.dtype, tuple(shape), info.file, 0, nbytes), (), base, dim, start, stop
+        )
 
     @property
     def dropped(self) -> bool:
@@ -189,11 +191,15 @@ class SlicedSource(TensorSource):
     def copy_bytes(self, write: Callable[[memoryview, int], None]) -> None:
         """The stored bytes of its rows (one byte range: rows are contiguous)."""
         if self.changed:
-            raise ValueError(f"{self.info.name}: a slice along dim {self.dim} or changed by a step; read it with read_rows")
+            raise ValueError(
+                f"{self.info.name}: a slice along dim {self.dim} or changed by a step; read it with read_rows"
+            )
         info = self.base.info
         row_bytes = info.nbytes // max(1, self.base.rows)
         at = info.start + self.start * row_bytes
-        part = TensorInfo(info.name, info.dtype, self.info.shape, info.file, at, at + (self.stop - self.start) * row_bytes)
+        part = TensorInfo(
+            info.name, info.dtype, self.info.shape, info.file, at, at + (self.stop - self.start) * row_bytes
+        )
         copy_tensor_bytes(part, write)
 
     @staticmethod

@@ -171,7 +171,9 @@ def llama_cpp_gguf(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         elif ".qkv." in name:
             c = t.shape[0] // 3
             for i, x in enumerate("qkv"):
-                out[vision.get_name(name.replace("qkv", x), try_suffixes=(".weight", ".bias"))] = t[i * c : (i + 1) * c]
+                out[vision.get_name(name.replace("qkv", x), try_suffixes=(".weight", ".bias"))] = t[
+                    i * c : (i + 1) * c
+                ]
         elif "patch_embed.proj.weight" in name:
             out["v.patch_embd.weight"], out["v.patch_embd.weight.1"] = t[:, :, 0, ...], t[:, :, 1, ...]
         else:
@@ -189,7 +191,9 @@ def gguf_tensors(path: Path) -> tuple[dict[str, object], dict[str, tuple[str, to
     tensors = {
         t.name: (
             t.tensor_type.name,
-            torch.from_numpy(dequantize(t.data, t.tensor_type).copy()).reshape(tuple(reversed(t.shape.tolist()))),
+            torch.from_numpy(dequantize(t.data, t.tensor_type).copy()).reshape(
+                tuple(reversed(t.shape.tolist()))
+            ),
         )
         for t in reader.tensors
     }
@@ -210,7 +214,10 @@ def test_the_gguf_pair_is_what_llama_cpps_converter_writes(converted, sources):
     vision_kv, vision = gguf_tensors(folder / "mmproj-text_encoder.gguf")
     config = read_json(sources["pipeline"] / "text_encoder" / "config.json")
     t, v = config["text_config"], config["vision_config"]
-    assert text_kv["general.architecture"] == "qwen2vl" and text_kv["qwen2vl.block_count"] == t["num_hidden_layers"]
+    assert (
+        text_kv["general.architecture"] == "qwen2vl"
+        and text_kv["qwen2vl.block_count"] == t["num_hidden_layers"]
+    )
     assert text_kv["qwen2vl.rope.dimension_sections"] == [*t["rope_scaling"]["mrope_section"], 0]
     assert {k: v for k, v in vision_kv.items() if k.startswith("clip.")} == {
         "clip.has_vision_encoder": True,
@@ -271,7 +278,11 @@ def test_a_forward_pass_joins_the_cut_tensors_of_the_plan_again(sources, tmp_pat
     (cp,) = make_plan(sources[layout], load_recipe(recipe).recipe).components
     run = runnable(cp)
     stored = stored_weights(run, get_container("gguf_file").open_stored(out, cp.rel), get_format("gguf"))
-    for name in ("visual.patch_embed.proj.weight", "visual.blocks.1.attn.qkv.weight", "visual.blocks.0.attn.qkv.bias"):
+    for name in (
+        "visual.patch_embed.proj.weight",
+        "visual.blocks.1.attn.qkv.weight",
+        "visual.blocks.0.attn.qkv.bias",
+    ):
         assert name in run.cuts and torch.equal(stored(name), source_weights(run)(name)), name
 
 
@@ -293,7 +304,9 @@ def test_an_mmproj_file_that_repeats_a_tensor_of_the_text_file_is_refused_naming
     from loaders import load_quantized
     from quantize.errors import InputError
 
-    with pytest.raises(InputError, match="mmproj-text_encoder.gguf: tensor 'output_norm.weight' is in text_encoder.gguf"):
+    with pytest.raises(
+        InputError, match="mmproj-text_encoder.gguf: tensor 'output_norm.weight' is in text_encoder.gguf"
+    ):
         load_quantized(Qwen2_5_VLForConditionalGeneration, folder)
 
 
