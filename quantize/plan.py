@@ -346,8 +346,13 @@ def plan_component(
     matches = dict.fromkeys([*recipe.targets, *recipe.ignore, *recipe.types], 0)
     compiled = [re.compile(p) for p in matches]
     where = f"{component.where}"
-    # a tokenizer the format holds as key-values is no tensor of its file
-    infos = [i for i in component.tensors.values() if held_as != "key_values" or i is not tokenizer]
+    # a tokenizer the format holds as key-values is no tensor of its file; nor is a release file's tokenizer tensor
+    # in a format that holds none (transformers' loaders read the model's tensors alone: torchao's fails on another)
+    policy = None if family is None else family.plan.tokenizer
+    dropped = tokenizer if held_as == "key_values" else None
+    if held_as is None and policy is not None:
+        dropped = component.tensors.get(policy.tensor)
+    infos = [i for i in component.tensors.values() if dropped is None or i is not dropped]
     names_in = [i.name for i in infos]
     stacks = names.stacker(names_in, where)
     stack_of = {n: out for out, stack in stacks.items() for n, _, _ in stack}

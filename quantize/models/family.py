@@ -513,15 +513,16 @@ class Family(abc.ABC):
 
     def _class_table(self) -> NameTable:
         """The source's names as the class holds them (`class_prefixes`): what its library's loader and its
-        quantization config (the modules it converts or leaves) read."""
+        quantization config (the modules it converts or leaves) read. A release in the native names (ComfyUI's
+        Gemma 3 file) is read as the stored names first (its table read the other way); what the family carries
+        beside the model (a file's tokenizer) keeps its name."""
 
         def renamer(names: Sequence[str], where: str) -> Renamer:
-            if self.detection.native_marks and self.naming(names) == "native":
-                raise InputError(
-                    f"{where}: a {self.title} file in ComfyUI's names converts to ComfyUI's formats; "
-                    f"{self.diffusers_class}'s formats are written from its transformers folder"
-                )
-            return self.class_name
+            if not (self.detection.native_marks and self.naming(names) == "native"):
+                return self.class_name
+            lacking = f"has no name in {self.diffusers_class}: it is no part of {self.title}"
+            stored = renamed([n for n in names if not self.carried(n)], self.diffusers_name, where, lacking)
+            return lambda name: self.class_name(stored[name]) if name in stored else name
 
         return NameTable(f"{self.name}_class", renamer, f"the names {self.diffusers_class} holds")
 

@@ -201,7 +201,7 @@ class Gemma3Family(TextEncoder):
     )
     default_recipes = {
         "gemma3": bundled_recipes("gemma3", (*SOURCE_NAMED, *COMFY)),
-        "gemma3-single": bundled_recipes("gemma3-single", COMFY),
+        "gemma3-single": bundled_recipes("gemma3-single", (*SOURCE_NAMED, *COMFY)),
     }
 
     # --- recognizing it ------------------------------------------------------------------------------------

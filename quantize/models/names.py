@@ -202,14 +202,11 @@ class BlockNames:
     def native_stack(self, native_name: str) -> Stack | None:
         """The diffusers tensors a stacked native tensor is made of (`Stack`), or None: not a stacked one."""
         for b in self.blocks:
-            block = _prefix(b.native).fullmatch(native_name)
-            if block is None:
-                continue
-            for leaf in _LEAVES:
-                rows = b.stacked.get(block[2].removesuffix(leaf)) if block[2].endswith(leaf) else None
-                if rows:
-                    prefix = f"{b.diffusers}.{block[1]}."
-                    return tuple((f"{prefix}{r.module}{leaf}", r.part, r.parts) for r in rows)
+            found = _block_module(b.native, native_name)
+            rows = None if found is None else b.stacked.get(found[1])
+            if rows:
+                n, _, leaf = found
+                return tuple((f"{b.diffusers}.{n}.{r.module}{leaf}", r.part, r.parts) for r in rows)
         return None
 
     def splits(self, diffusers_name: str) -> dict[str, Split] | None:
@@ -223,16 +220,14 @@ class BlockNames:
         if cut is not None:
             return {n: (diffusers_name, cut.dim, i, len(cut.names)) for i, n in enumerate(cut.names)}
         for b in self.blocks:
-            block = _prefix(b.diffusers).fullmatch(diffusers_name)
-            if block is None:
-                continue
-            for leaf in _LEAVES:
-                parts = b.split.get(block[2].removesuffix(leaf)) if block[2].endswith(leaf) else None
-                if parts:
-                    prefix = f"{b.native}.{block[1]}."
-                    return {
-                        f"{prefix}{m}{leaf}": (diffusers_name, 0, i, len(parts)) for i, m in enumerate(parts)
-                    }
+            found = _block_module(b.diffusers, diffusers_name)
+            parts = None if found is None else b.split.get(found[1])
+            if parts:
+                n, _, leaf = found
+                return {
+                    f"{b.native}.{n}.{m}{leaf}": (diffusers_name, 0, i, len(parts))
+                    for i, m in enumerate(parts)
+                }
         return None
 
     def cut_from(self, native_name: str) -> Split | None:
@@ -246,16 +241,13 @@ class BlockNames:
             if native_name in cut.names:
                 return name, cut.dim, cut.names.index(native_name), len(cut.names)
         for b in self.blocks:
-            block = _prefix(b.native).fullmatch(native_name)
-            if block is None:
+            found = _block_module(b.native, native_name)
+            if found is None:
                 continue
-            for leaf in _LEAVES:
-                if not block[2].endswith(leaf):
-                    continue
-                for module, parts in b.split.items():
-                    if block[2].removesuffix(leaf) in parts:
-                        part = parts.index(block[2].removesuffix(leaf))
-                        return f"{b.diffusers}.{block[1]}.{module}{leaf}", 0, part, len(parts)
+            n, piece, leaf = found
+            for module, parts in b.split.items():
+                if piece in parts:
+                    return f"{b.diffusers}.{n}.{module}{leaf}", 0, parts.index(piece), len(parts)
         return None
 
     def stacked_into(self, diffusers_name: str) -> str | None:
@@ -272,6 +264,16 @@ class BlockNames:
 
 def _prefix(block: str) -> re.Pattern:
     return re.compile(rf"{re.escape(block)}\.(\d+)\.(.+)")
+
+
+def _block_module(blocks: str, name: str) -> tuple[str, str, str] | None:
+    """(block number, module, leaf) of tensor `name` inside the blocks under `blocks` (``blocks.3.attn.qkv.bias``:
+    ``("3", "attn.qkv", ".bias")``), or None: not a module's weight or bias there."""
+    block = _prefix(blocks).fullmatch(name)
+    if block is None:
+        return None
+    leaf = next((leaf for leaf in _LEAVES if block[2].endswith(leaf)), None)
+    return None if leaf is None else (block[1], block[2].removesuffix(leaf), leaf)
 
 
 def _rename(

@@ -287,7 +287,7 @@ class Qwen25VLFamily(TextEncoder):
     )
     default_recipes = {
         "qwen25vl": bundled_recipes("qwen25vl", (*SOURCE_NAMED, *COMFY, "gguf")),
-        "qwen25vl-single": bundled_recipes("qwen25vl-single", (*COMFY, "gguf")),
+        "qwen25vl-single": bundled_recipes("qwen25vl-single", (*SOURCE_NAMED, *COMFY, "gguf")),
     }
 
     # --- recognizing it ------------------------------------------------------------------------------------

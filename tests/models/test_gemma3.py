@@ -310,20 +310,27 @@ def test_sensitivity_runs_the_language_model_and_its_proposal_verifies(sources, 
     assert reported >= 30
 
 
-def test_a_comfyui_named_file_is_refused_for_transformers_formats_in_one_line(sources, tmp_path):
-    """The single file holds ComfyUI's names and its tokenizer: a transformers-side format (written in the class's
-    names, for `from_pretrained`) is refused at plan time, naming the file; its ComfyUI formats are its own."""
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text(
-        (Path(__file__).parents[2] / "recipes" / "gemma3-single-comfy-int8.yaml")
-        .read_text()
-        .replace("format: comfy_int8", "format: torchao_int8")
-        .replace("name: gemma3-single-comfy-int8", "name: r")
-    )
-    proc = run_cli("convert", sources["single"], tmp_path / "out", "--recipe", recipe)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    (line,) = proc.stderr.strip().splitlines()
-    assert "in ComfyUI's names converts to ComfyUI's formats" in line and not (tmp_path / "out").exists()
+@pytest.mark.parametrize("fmt", ["torchao_int8", "nf4"])
+def test_the_single_file_converts_to_transformers_formats_in_the_class_names(sources, tmp_path, fmt):
+    """Comfy-Org's single file holds ComfyUI's names: a transformers-side format is written in the names the class
+    holds, with the config read off its shapes; `verify --forward` holds it to the source, and transformers'
+    `from_pretrained` loads it (without the file's tokenizer tensor) and computes what our
+    loader computes of it."""
+    from transformers import Gemma3ForConditionalGeneration
+
+    from loaders import load_quantized
+
+    out = tmp_path / "out"
+    run_cli("convert", sources["single"], out, "--format", fmt, check=True)
+    reported = forward_sqnr(out, sources["single"])
+    with safe_open(out / "model.safetensors", "pt") as f:
+        prefixes = ("model.language_model.", "model.vision_tower.", "model.multi_modal_projector.")
+        assert all(k.startswith(prefixes) for k in f.keys())
+    theirs = Gemma3ForConditionalGeneration.from_pretrained(out, dtype=torch.float32).eval()
+    ours = load_quantized(Gemma3ForConditionalGeneration, out, dtype=torch.float32)
+    ids = torch.randint(4, 500, (2, 12), generator=torch.Generator().manual_seed(0))
+    assert reported > (12 if fmt == "nf4" else 22)
+    assert sqnr(last_hidden_state(ours, ids), last_hidden_state(theirs, ids)) > 30
 
 
 def test_an_encoder_config_no_family_knows_is_one_line_naming_its_class(sources, tmp_path):

@@ -363,6 +363,25 @@ def test_the_single_file_converts_with_a_config_read_off_its_shapes(converted, s
     }
 
 
+@pytest.mark.parametrize("fmt", ["fp8_channel", "torchao_fp8"])
+def test_the_single_file_converts_to_transformers_formats_in_the_class_names(
+    sources, reference, tmp_path, fmt
+):
+    """Comfy-Org's single file (the stored names, the same model as the example pipeline's): a transformers-side
+    format is written in the names the class holds, with the config read off its shapes, and transformers'
+    `from_pretrained` loads and runs it."""
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    out = tmp_path / "out"
+    run_cli("convert", sources["single"], out, "--format", fmt, check=True)
+    reported = forward_sqnr(out, sources["single"])
+    with safe_open(out / "model.safetensors", "pt") as f:
+        assert all(k.startswith(("model.language_model.", "model.visual.", "lm_head.")) for k in f.keys())
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(out, dtype=torch.bfloat16).eval()
+    ids, ref = reference
+    assert reported > 22 and sqnr(ref, last_hidden_state(model, ids)) > 18
+
+
 def test_block_offload_streams_the_language_models_layers_and_changes_nothing(converted, reference):
     from transformers import Qwen2_5_VLForConditionalGeneration
 

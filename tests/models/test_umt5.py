@@ -274,7 +274,14 @@ def test_the_gguf_file_is_llama_cpps_t5encoder_and_comfyui_gguf_rebuilds_the_tok
 
 def test_the_single_file_converts_with_its_own_tokenizer_to_the_same_files(converted, sources, tmp_path):
     """Comfy-Org's single file carries its tokenizer (``spiece_model``): its ComfyUI file keeps it as it is, its
-    GGUF file holds it as key-values, and both equal the pipeline's, whose weights are the same."""
+    GGUF file holds it as key-values, and both equal the pipeline's, whose weights are the same; a transformers-side
+    output leaves it out, so that transformers' loaders (torchao's, which fails on a stray tensor) read it."""
+    from transformers import UMT5EncoderModel
+
+    run_cli("convert", sources["single"], tmp_path / "int8", "--format", "torchao_int8", check=True)
+    with safe_open(tmp_path / "int8" / "model.safetensors", "pt") as f:
+        assert "spiece_model" not in f.keys()
+    UMT5EncoderModel.from_pretrained(tmp_path / "int8")
     for fmt in ("comfy_fp8", "gguf"):
         run_cli("convert", sources["single"], tmp_path / fmt, "--format", fmt, check=True)
         run_cli("verify", tmp_path / fmt, "--source", sources["single"], "--forward", check=True)
