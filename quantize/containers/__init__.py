@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     import torch
 
     from ..formats import Format
-    from ..plan import ComponentPlan, TensorPlan
+    from ..plan import ComponentPlan, Plan, TensorPlan
 
 __all__ = [
     "PlannedFile",
@@ -52,6 +52,7 @@ __all__ = [
     "write_config",
     "component_stem",
     "planned_files_size",
+    "check_headers",
     "write_file",
 ]
 
@@ -110,6 +111,14 @@ def planned_files_size(cp: ComponentPlan, fmt: Format, container: str, max_bytes
     headers and padding included, from the plan alone (what a size budget is held to)."""
     c = get_container(container)
     return sum(c.planned_size(f, cp, fmt) for f in c.planned_files(cp, fmt, max_bytes))
+
+
+def check_headers(plan: Plan, max_bytes: int) -> None:
+    """Make the header of every file `plan` writes once, from the plan alone (key-values: a GGUF text encoder's
+    hyperparameters, a companion's): what one cannot be made of is refused now, in one line naming the model,
+    before any tensor is read or any file written."""
+    for cp in plan.components:
+        planned_files_size(cp, plan.format, plan.container, max_bytes)
 
 
 def config_with_quantization(fmt: Format, config: dict | None, kept_linears: list[str]) -> dict:

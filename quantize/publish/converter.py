@@ -131,12 +131,15 @@ def _convert(
 ):  # fmt: skip
     """Plan `src` once, fill the plan's input scales from `inputs` (the calibration step), and write the checkpoint
     into a staging directory published as `out`, the nested ones first, each into its folder."""
+    from ..containers import check_headers
     from ..plan import make_plan
     from .card import CardFacts
     from .pipeline import Provenance, io_problem, write_checkpoint
 
     plan = make_plan(src, loaded.recipe, steps=steps)
     nested = [(rel, nsrc, make_plan(nsrc, nloaded.recipe), nloaded) for rel, nsrc, nloaded in nested_sources]
+    for p in (plan, *(p for _, _, p, _ in nested)):
+        check_headers(p, max_bytes)
     if nested:  # their folders are checkpoints of their own, not copies
         inside = tuple(nsrc.folder for _, nsrc, _, _ in nested)
         kept = tuple(f for f in plan.copied if not any(f.is_relative_to(d) for d in inside))

@@ -286,6 +286,31 @@ def test_a_forward_pass_joins_the_cut_tensors_of_the_plan_again(sources, tmp_pat
         assert name in run.cuts and torch.equal(stored(name), source_weights(run)(name)), name
 
 
+def test_a_tower_llama_cpp_cannot_describe_is_refused_before_any_work(sources, tmp_path):
+    """llama.cpp's mmproj holds one window-attention pattern (full attention every n-th block): a config whose
+    full-attention blocks are not evenly spaced is refused in one line naming the model, at plan time."""
+    import shutil
+
+    bad = tmp_path / "pipeline"
+    shutil.copytree(sources["pipeline"], bad)
+    config = read_json(bad / "text_encoder" / "config.json")
+    config["vision_config"]["fullatt_block_indexes"] = [0, 3]
+    (bad / "text_encoder" / "config.json").write_text(json.dumps(config))
+    for command in ("plan", "convert"):
+        proc = run_cli(
+            command,
+            bad,
+            *(["--format", "gguf"] if command == "plan" else [tmp_path / "out", "--format", "gguf"]),
+        )
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        (line,) = proc.stderr.strip().splitlines()
+        assert (
+            f"{bad / 'text_encoder'}: vision_config fullatt_block_indexes [0, 3] are not evenly spaced"
+            in line
+        )
+    assert "convert:" not in proc.stderr + proc.stdout and not (tmp_path / "out").exists()
+
+
 def test_an_mmproj_file_that_repeats_a_tensor_of_the_text_file_is_refused_naming_both(converted, tmp_path):
     import shutil
 
