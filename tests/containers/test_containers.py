@@ -17,7 +17,7 @@ from quantize import containers, formats
 from quantize.check.verify import verify
 from quantize.containers import PlannedFile, config_text, get_container, write_file
 from quantize.containers import sharded_safetensors as sharded
-from quantize.containers.writer import ShardWriter
+from quantize.containers.writer import ShardWriter, header_bytes, shard_layout
 from quantize.errors import InputError
 from quantize.publish.converter import convert
 from quantize.read.checkpoint import CONFIG_NAME, open_component
@@ -31,6 +31,11 @@ FILE = "model.safetensors"
 
 def planned_files(cp, fmt, max_bytes):
     return [PlannedFile(FILE, tuple(cp.tensors))]
+
+
+def planned_size(file, cp, fmt):
+    specs = [spec for tp in file.tensors for spec in tp.outputs]
+    return len(header_bytes(shard_layout(specs), file_metadata(fmt, cp))) + sum(s.nbytes for s in specs)
 
 
 def file_metadata(fmt, cp):
