@@ -6,7 +6,8 @@ provides:
 - ``NAME``;
 - ``planned_files(cp, fmt, max_bytes) -> list[PlannedFile]``: the files of a component and the tensors each holds,
   from the plan alone (sizes are known before anything is encoded);
-- ``planned_size(file, cp, fmt) -> int``: the bytes that file will take on disk, from the plan alone;
+- ``planned_size(file, cp, fmt) -> int``: the bytes that file will take on disk, from the plan alone (`check_headers`
+  asks it of every file at plan time: a header that cannot be made is refused before any work);
 - ``open_file(path, file, cp, fmt) -> TensorWriter``: a writer for one of them (see `TensorWriter`);
 - ``finish(out_dir, cp, fmt, written) -> list[Path]``: the extras once every file is written (an index,
   config.json), returning the paths it wrote;
