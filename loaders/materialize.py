@@ -60,6 +60,7 @@ from quantize.models.meta import parameters_on_meta
 from quantize.read.checkpoint import CONFIG_NAME, Component, TensorInfo, open_component, read_tensor
 from quantize.read.files import config_class, read_json_object
 from quantize.read.gguf import open_gguf_component
+from quantize.read.tensor_source import join_pieces
 from quantize.run.names import class_names
 
 from .blocks import find_blocks
@@ -126,7 +127,8 @@ def find_component(checkpoint: Path) -> Path:
 
 
 def open_model_files(folder: Path) -> Component:
-    """One model's folder read (headers only): its GGUF file, or its safetensors shards; never both."""
+    """One model's folder read (headers only): its GGUF file (with its companion: a vision tower's mmproj), or its
+    safetensors shards; never both."""
     gguf, safetensors = sorted(folder.glob("*.gguf")), sorted(folder.glob("*.safetensors"))
     if gguf and safetensors:
         raise InputError(
@@ -514,7 +516,7 @@ def _joined(
 ) -> tuple[TensorInfo, ...] | torch.Tensor:
     """A model tensor the conversion cut into `pieces` (`models.Split`: a fused qkv's thirds, a Conv3d's temporal
     taps), from the checkpoint's: their rows in order, read as one; cut along a later dim, the tensor they make,
-    read now (a patch embedding: small). Only stored floats are joined: a cut tensor is kept by the recipes."""
+    read now (a patch embedding: small). Only stored floats are joined: the plan keeps a tensor it cuts."""
     order = sorted(pieces, key=lambda n: pieces[n][2])
     infos = []
     for key in order:
@@ -534,8 +536,7 @@ def _joined(
         shape = (sum(i.shape[0] for i in infos), *infos[0].shape[1:])
         joined: tuple[TensorInfo, ...] | torch.Tensor = tuple(infos)
     else:
-        values = [read_tensor(i) for i in infos]
-        joined = torch.stack(values, dim) if values[0].dim() < like.dim() else torch.cat(values, dim)
+        joined = join_pieces([read_tensor(i) for i in infos], dim, like.dim())
         shape = tuple(joined.shape)
     if shape != tuple(like.shape):
         raise CheckpointMismatchError(

@@ -118,12 +118,13 @@ class TensorPlan:
 
     @property
     def module(self) -> str:
-        """The source module name (what recipe patterns match)."""
-        return module_name(self.info.name)
+        """The source module name (what recipe patterns match): a piece's is the tensor it was cut from's."""
+        return module_name(_source_name(self.source))
 
     @property
     def source_modules(self) -> tuple[str, ...]:
-        """The source modules whose tensors it is: its own, or a stacked tensor's parts' (`StackedSource`)."""
+        """The source modules whose tensors it is: its own, a stacked tensor's parts' (`StackedSource`), or the one
+        it was cut from (`SlicedSource`)."""
         if isinstance(self.source, StackedSource):
             return tuple(dict.fromkeys(module_name(s.info.name) for s, _, _ in self.source.segments))
         return (self.module,)
@@ -382,6 +383,12 @@ def plan_component(
     for info in infos:
         if info.name in split_of:  # planned once for each tensor cut from it, in the cut's order
             target, ignored, type_ = fate(info)
+            if target is not None and ignored is None:
+                raise InputError(
+                    f"{where}: target '{target}' hits tensor {info.name!r}, which {names.description} write as "
+                    f"{len(split_of[info.name])} tensors ({', '.join(split_of[info.name])}): a tensor cut into "
+                    "several is kept as stored (its pieces are joined again to load and run it); narrow the pattern"
+                )
             for out_name in split_of[info.name]:
                 source = _split_source(source_of(info), splits[out_name], out_name, where)
                 plans.append(_planned(source, out_name, target, ignored, type_, recipe, fmt, family, where))
@@ -433,13 +440,20 @@ def _planned(
     """One output tensor's plan: quantized where a target hits it and no ignore pattern keeps it (its type the
     recipe's, or the one `types` gives it), else kept."""
     info = source.info
-    linear = _is_linear_weight(info) and not (family is not None and family.plain_weight(info.name))
+    linear = _is_linear_weight(info) and not (
+        family is not None and family.plain_weight(_source_name(source))
+    )
     if target is not None and ignored is None:
         _check_quantizable(info, target, where, linear)
         # checked when the recipe was validated
         options = fmt.options_type.from_type(recipe.type if type_ is None else type_)
         return _quantized_plan(source, target, out_name, fmt, options, where)
     return _kept_plan(source, ignored, out_name, fmt, recipe.keep_dtype, linear)
+
+
+def _source_name(source: TensorSource) -> str:
+    """The source tensor's name: a piece's (`SlicedSource`) is the tensor it was cut from's."""
+    return source.base.info.name if isinstance(source, SlicedSource) else source.info.name
 
 
 def _split_source(source: TensorSource, split: Split, out_name: str, where: str) -> TensorSource:

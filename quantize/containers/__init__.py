@@ -51,6 +51,7 @@ __all__ = [
     "config_with_quantization",
     "config_text",
     "write_config",
+    "source_config",
     "component_stem",
     "planned_files_size",
     "check_headers",
@@ -151,11 +152,17 @@ def write_file(path: Path, text: str) -> None:
         os.fsync(f.fileno())
 
 
+def source_config(cp: ComponentPlan) -> dict | None:
+    """The model's config as its output's config.json is written from: the source's, else (a release without
+    config.json) the one its family reads off the release's shapes; None where neither is."""
+    config = cp.component.config
+    if config is None and cp.family is not None:
+        config = cp.family.release_config(cp.component.tensors, cp.component.where)
+    return config
+
+
 def write_config(out_dir: Path, cp: ComponentPlan, fmt: Format) -> Path:
     """The component's config.json: the source's config with the format's quantization_config."""
     path = out_dir / CONFIG_NAME
-    config = cp.component.config
-    if config is None and cp.family is not None:  # a release without config.json: its family's for it
-        config = cp.family.release_config(cp.component.tensors, cp.component.where)
-    write_file(path, config_text(config_with_quantization(fmt, config, cp.kept_linears())))
+    write_file(path, config_text(config_with_quantization(fmt, source_config(cp), cp.kept_linears())))
     return path

@@ -1,8 +1,9 @@
-"""`gguf_file`: a component as one GGUF v3 file (``<component>.gguf``; ``diffusion_model.gguf`` at the root),
-what ComfyUI-GGUF's Unet Loader and diffusers' `from_single_file` read, and config.json as for every format.
+"""`gguf_file`: a component as one GGUF v3 file (``<component>.gguf``; ``diffusion_model.gguf`` at the root), and
+its companion where its family has one (below), what ComfyUI-GGUF's loaders and diffusers' `from_single_file` read,
+and config.json as for every format.
 
 The file's key-values: ``general.architecture`` (the model family's, `models.family.PlanPolicy.gguf_architecture`),
-``general.quantization_version`` (GGML's, 2), ``general.file_type`` (llama.cpp's file type of the component's most
+``general.quantization_version`` (GGML's, 2), ``general.file_type`` (llama.cpp's file type of the file's most
 used type, `_M` when a mix raises some tensors), and the source's metadata entries the family's runtimes read, under
 their own keys as strings (`ComponentPlan.carried_metadata`: LTX-2's ``config``; ComfyUI-GGUF, since its PR #399,
 hands every string key-value to ComfyUI as the file's metadata, from which ComfyUI builds LTX-2.3 and any
@@ -29,7 +30,7 @@ from ..plan import ComponentPlan, TensorPlan
 from ..read.checkpoint import Component, TensorInfo, read_rows
 from ..read.gguf import open_gguf_component
 from ..read.spiece import PIECE_TYPES, Piece, SentencePieceModel, read_spiece_bytes
-from . import PlannedFile, WrittenFile, component_stem, config_with_quantization, write_config
+from . import PlannedFile, WrittenFile, component_stem, config_with_quantization, source_config, write_config
 from .gguf_io import GGUFArray, GGUFTensor, GGUFWriter, Value, written_size
 
 __all__ = [
@@ -66,6 +67,8 @@ def planned_files(cp: ComponentPlan, fmt: Format, max_bytes: int) -> list[Planne
         return [PlannedFile(file_name(cp), tuple(cp.tensors))]
     theirs = tuple(tp for tp in cp.tensors if tp.output_name.startswith(companion.holds))
     ours = tuple(tp for tp in cp.tensors if not tp.output_name.startswith(companion.holds))
+    if not theirs:  # a model without what the companion holds (a text model alone): one file
+        return [PlannedFile(file_name(cp), ours)]
     return [PlannedFile(file_name(cp), ours), PlannedFile(f"{companion.type}-{file_name(cp)}", theirs)]
 
 
@@ -100,7 +103,9 @@ def key_values(cp: ComponentPlan, file: PlannedFile) -> dict[str, Value]:
             "general.quantization_version": QUANTIZATION_VERSION,
             "general.file_type": file_type(file.tensors),
             **_arrays(
-                cp.family.gguf_companion_key_values(_config(cp), cp.component.tensors, cp.component.where)
+                cp.family.gguf_companion_key_values(
+                    (source_config(cp) or {}), cp.component.tensors, cp.component.where
+                )
             ),
         }
     arch = None if cp.family is None else cp.family.plan.gguf_architecture
@@ -117,17 +122,10 @@ def key_values(cp: ComponentPlan, file: PlannedFile) -> dict[str, Value]:
         "general.architecture": arch,
         "general.quantization_version": QUANTIZATION_VERSION,
         "general.file_type": file_type(file.tensors),
-        **_arrays(cp.family.gguf_key_values(_config(cp), cp.component.tensors)),
+        **_arrays(cp.family.gguf_key_values((source_config(cp) or {}), cp.component.tensors)),
         **tokenizer_key_values(cp),
         **cp.carried_metadata(),
     }
-
-
-def _config(cp: ComponentPlan) -> dict:
-    """The model's config, as its config.json is written (`containers.write_config`): the source's, else the one
-    its family reads off a release's shapes."""
-    comp = cp.component
-    return comp.config or cp.family.release_config(comp.tensors, comp.where) or {}
 
 
 def _arrays(values: dict) -> dict[str, Value]:
@@ -206,6 +204,6 @@ def finish(out_dir: Path, cp: ComponentPlan, fmt: Format, written: list[WrittenF
 
 
 def open_stored(root: Path, rel: str) -> Component:
-    """The component's GGUF file (the one in its folder) read back: its tensors (types, logical shapes, byte
-    ranges) and config.json."""
+    """The component's GGUF file (the folder's one model file, with its companion) read back: its tensors (types,
+    logical shapes, byte ranges) and config.json."""
     return open_gguf_component(root, rel)

@@ -222,10 +222,17 @@ def vision_key_values(config: dict, where: Path) -> dict[str, str | int | float 
     projects to, the image normalization, the projector, SiLU, the window-attention pattern (full attention every
     n-th block, n read off ``fullatt_block_indexes``, which must be evenly spaced) and the norms' epsilon."""
     text = {**config, **config.get("text_config", {})}
-    vision = config["vision_config"]
+    vision = config.get("vision_config") or {}
+    wanted = ("fullatt_block_indexes", "patch_size", "hidden_size", "intermediate_size", "depth", "num_heads")
+    lacking = [k for k in wanted if k not in vision] + [k for k in ("hidden_size",) if k not in text]
+    if lacking:
+        raise InputError(
+            f"{where}: the config has no {', '.join(lacking)} (vision_config's, text_config's): the mmproj file "
+            "llama.cpp's converter writes needs them"
+        )
     full = list(vision["fullatt_block_indexes"])
-    every = full[0] + 1
-    if any(b - a != every for a, b in zip(full, full[1:], strict=False)):
+    every = full[0] + 1 if full else 0
+    if not full or any(b - a != every for a, b in zip(full, full[1:], strict=False)):
         raise InputError(
             f"{where}: vision_config fullatt_block_indexes {full} are not evenly spaced: llama.cpp's mmproj "
             "holds one window-attention pattern"

@@ -129,38 +129,40 @@ def read_gguf(path: Path) -> tuple[dict[str, object], dict[str, TensorInfo]]:
     return metadata, tensors
 
 
-def open_gguf_component(root: Path, rel: str = ".", name: str | None = None) -> Component:
-    """A component stored as one GGUF file: `name` in its folder, else the folder's one ``*.gguf`` besides any
-    companion files (a ``general.type`` other than ``model``: a vision tower's ``mmproj``, whose tensors join the
-    model's), and the folder's config.json (None where there is none). Headers only."""
+def open_gguf_component(root: Path, rel: str = ".") -> Component:
+    """A component stored as one GGUF file: the folder's one ``*.gguf`` model file, with its companions (a file
+    named ``<type>-<the model file's name>`` whose ``general.type`` is that type: a vision tower's ``mmproj-``, as
+    `containers.gguf_file` writes it), whose tensors join the model's; and the folder's config.json (None where
+    there is none). Any other ``*.gguf`` there is refused. Headers only."""
     folder = Path(root) if rel == "." else Path(root) / rel
-    found = sorted(folder.glob("*.gguf"))
-    if name is not None:
-        path = folder / name
-        if not path.is_file():
-            raise InputError(f"{folder}: {name} not found")
-    headers = {p: read_gguf(p) for p in found}
-    companions = [p for p, (meta, _) in headers.items() if meta.get("general.type", "model") != "model"]
-    if name is None:
-        models = [p for p in found if p not in companions]
-        if len(models) != 1:
-            what = (
-                "no *.gguf model file"
-                if not models
-                else f"{len(models)} *.gguf model files ({', '.join(f.name for f in models)})"
-            )
-            raise InputError(f"{folder}: {what}: a GGUF component is one file (and its companions: mmproj)")
-        path = models[0]
-    _, tensors = headers[path] if path in headers else read_gguf(path)
+    headers = {p: read_gguf(p) for p in sorted(folder.glob("*.gguf"))}
+
+    def kind(p: Path) -> str:
+        return str(headers[p][0].get("general.type", "model"))
+
+    models = [p for p in headers if kind(p) == "model"]
+    if len(models) != 1:
+        what = "no *.gguf model file" if not models else f"{len(models)} *.gguf model files"
+        named = f" ({', '.join(p.name for p in models)})" if models else ""
+        raise InputError(
+            f"{folder}: {what}{named}: a GGUF component is one file (and its companions: mmproj)"
+        )
+    (path,) = models
+    companions = [p for p in headers if p != path and p.name == f"{kind(p)}-{path.name}"]
+    strays = [p.name for p in headers if p != path and p not in companions]
+    if strays:
+        raise InputError(
+            f"{folder}: {', '.join(strays)} beside {path.name}: a GGUF component is one model file and its "
+            f"companions (mmproj-{path.name}); move the others out"
+        )
+    tensors = dict(headers[path][1])
     if not tensors:
         raise InputError(f"{path}: the GGUF file holds no tensors")
-    tensors = dict(tensors)
-    files = [path]
-    for companion in companions if path not in companions else ():
+    for companion in companions:
         for key, info in headers[companion][1].items():
             if key in tensors:
                 raise InputError(f"{companion}: tensor {key!r} is in {path.name} too: one tensor, one file")
             tensors[key] = info
-        files.append(companion)
+    files = [path, *companions]
     config = read_json_object(folder / CONFIG_NAME) if (folder / CONFIG_NAME).is_file() else None
     return Component(Path(root), rel, files, tensors, None, path.stem, config, {f: {} for f in files})

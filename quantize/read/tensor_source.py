@@ -28,7 +28,7 @@ import torch
 from ..errors import InputError
 from .checkpoint import TensorInfo, copy_tensor_bytes, read_rows
 
-__all__ = ["Transform", "TensorSource", "StackedSource", "SlicedSource"]
+__all__ = ["Transform", "TensorSource", "StackedSource", "SlicedSource", "join_pieces"]
 
 
 class Transform(Protocol):
@@ -205,5 +205,10 @@ class SlicedSource(TensorSource):
     @staticmethod
     def join(slices: list[SlicedSource], values: list[torch.Tensor]) -> torch.Tensor:
         """The values of the sliced tensor from `values`, those of its `slices`, in their order."""
-        first = slices[0]
-        return torch.stack(values, first.dim) if first.dropped else torch.cat(values, first.dim)
+        return join_pieces(values, slices[0].dim, len(slices[0].base.info.shape))
+
+
+def join_pieces(values: list[torch.Tensor], dim: int, ndim: int) -> torch.Tensor:
+    """A tensor of `ndim` dims from its equal pieces along `dim`, in order (`models.Split`): stacked where they
+    lost that dim (a Conv3d's temporal taps), else concatenated (a fused qkv's thirds)."""
+    return torch.stack(values, dim) if values[0].dim() < ndim else torch.cat(values, dim)

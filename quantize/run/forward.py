@@ -244,7 +244,7 @@ def runnable(cp: ComponentPlan) -> Runnable:
                     plans[name], rows[name] = tp, ranges
             elif not family.carried(tp.name):  # a text encoder's tokenizer is no part of the class
                 plans[tp.name] = tp
-        return Runnable(family, config, plans, rows, {k: tuple(v) for k, v in cuts.items()})
+        return Runnable(family, config, plans, rows, _in_order(cuts))
     names = [*(tp.name for tp in whole), *cuts]
     family.runnable_names(names, where)  # the family refuses what its class lacks, naming the tensor
     native = class_names(family, names)
@@ -254,9 +254,16 @@ def runnable(cp: ComponentPlan) -> Runnable:
                 plans[name], rows[name] = tp, ranges
         elif tp.name in native.renamed:  # not carried (a release's VAE is no part of the class)
             plans[native.renamed[tp.name]] = tp
-    joined = {native.renamed[name]: tuple(pieces) for name, pieces in cuts.items() if name in native.renamed}
+    joined = {
+        native.renamed[name]: pieces for name, pieces in _in_order(cuts).items() if name in native.renamed
+    }
     config = family.diffusers_config(config, cp.component.tensors, where)
     return Runnable(family, config, plans, rows, joined)
+
+
+def _in_order(cuts: dict[str, list[TensorPlan]]) -> dict[str, tuple[TensorPlan, ...]]:
+    """Each cut tensor's pieces in the order they join (`SlicedSource.start`)."""
+    return {name: tuple(sorted(pieces, key=lambda tp: tp.source.start)) for name, pieces in cuts.items()}
 
 
 def _segment_rows(source: StackedSource) -> dict[str, tuple[tuple[int, int], ...]]:

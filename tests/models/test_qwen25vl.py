@@ -265,7 +265,7 @@ def test_the_loader_joins_the_towers_cut_tensors_back_bit_for_bit(converted, sou
 @pytest.mark.parametrize("layout", ["pipeline", "single"])
 def test_a_forward_pass_joins_the_cut_tensors_of_the_plan_again(sources, tmp_path, layout):
     """The streamed forward's weights of a tensor the conversion cut: its pieces decoded from the output, joined,
-    are the source's values (a pass of the tower would run on them), from the class's layout and from ComfyUI's
+    are the source's stored values (a pass of the tower would run on them), from the class's layout and from ComfyUI's
     single file alike."""
     from quantize.containers import get_container
     from quantize.plan import make_plan
@@ -278,12 +278,16 @@ def test_a_forward_pass_joins_the_cut_tensors_of_the_plan_again(sources, tmp_pat
     (cp,) = make_plan(sources[layout], load_recipe(recipe).recipe).components
     run = runnable(cp)
     stored = stored_weights(run, get_container("gguf_file").open_stored(out, cp.rel), get_format("gguf"))
-    for name in (
-        "visual.patch_embed.proj.weight",
-        "visual.blocks.1.attn.qkv.weight",
-        "visual.blocks.0.attn.qkv.bias",
-    ):
-        assert name in run.cuts and torch.equal(stored(name), source_weights(run)(name)), name
+    (path,) = sources[layout].rglob("*.safetensors")
+    with safe_open(path, "pt") as f:
+        for name in (
+            "visual.patch_embed.proj.weight",
+            "visual.blocks.1.attn.qkv.weight",
+            "visual.blocks.0.attn.qkv.bias",
+        ):
+            want = f.get_tensor(name).float()  # as stored: the join is held to the source, not to itself
+            assert name in run.cuts and torch.equal(stored(name), want), name
+            assert torch.equal(source_weights(run)(name), want), name
 
 
 def test_a_tower_llama_cpp_cannot_describe_is_refused_before_any_work(sources, tmp_path):
@@ -311,7 +315,25 @@ def test_a_tower_llama_cpp_cannot_describe_is_refused_before_any_work(sources, t
     assert "convert:" not in proc.stderr + proc.stdout and not (tmp_path / "out").exists()
 
 
-def test_an_mmproj_file_that_repeats_a_tensor_of_the_text_file_is_refused_naming_both(converted, tmp_path):
+def test_a_target_on_a_tensor_the_gguf_cuts_is_refused_in_one_line(sources, tmp_path):
+    """The tower's fused qkv is written as three tensors, kept as stored (the loader and a pass join them again):
+    a recipe quantizing it is refused at plan time, naming the tensor and its pieces."""
+    recipe = tmp_path / "r.yaml"
+    bundled = (Path(__file__).parents[2] / "recipes" / "qwen25vl-gguf-q8_0.yaml").read_text()
+    recipe.write_text(bundled.replace("targets:\n", "targets:\n  - 'visual\\.blocks\\.\\d+\\.attn\\.qkv'\n"))
+    proc = run_cli("convert", sources["pipeline"], tmp_path / "out", "--recipe", recipe)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert (
+        "hits tensor 'visual.blocks.0.attn.qkv.weight', which llama.cpp's qwen2vl names write as 3 tensors"
+        in line
+    )
+    assert "v.blk.0.attn_q.weight" in line and not (tmp_path / "out").exists()
+
+
+def test_an_mmproj_file_that_repeats_a_tensor_or_is_another_models_is_refused_naming_both(
+    converted, tmp_path
+):
     import shutil
 
     import gguf
@@ -331,6 +353,11 @@ def test_an_mmproj_file_that_repeats_a_tensor_of_the_text_file_is_refused_naming
 
     with pytest.raises(
         InputError, match="mmproj-text_encoder.gguf: tensor 'output_norm.weight' is in text_encoder.gguf"
+    ):
+        load_quantized(Qwen2_5_VLForConditionalGeneration, folder)
+    (folder / "mmproj-text_encoder.gguf").rename(folder / "mmproj-other.gguf")  # another model's: not its own
+    with pytest.raises(
+        InputError, match="mmproj-other.gguf beside text_encoder.gguf: a GGUF component is one"
     ):
         load_quantized(Qwen2_5_VLForConditionalGeneration, folder)
 
