@@ -53,6 +53,7 @@ from quantize.models import (
     Stack,
     component_family,
     family_of,
+    join_pieces,
     same_but_size_one_dims,
     stack_rows,
 )
@@ -60,7 +61,6 @@ from quantize.models.meta import parameters_on_meta
 from quantize.read.checkpoint import CONFIG_NAME, Component, TensorInfo, open_component, read_tensor
 from quantize.read.files import config_class, read_json_object
 from quantize.read.gguf import open_gguf_component
-from quantize.read.tensor_source import join_pieces
 from quantize.run.names import class_names
 
 from .blocks import find_blocks

@@ -34,6 +34,7 @@ from .names import (
     Rows,
     Split,
     Stack,
+    join_pieces,
     same_but_size_one_dims,
     stack_rows,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "Split",
     "Cut",
     "stack_rows",
+    "join_pieces",
     "same_but_size_one_dims",
     "BlockNames",
     "Blocks",

@@ -26,9 +26,10 @@ from typing import Protocol
 import torch
 
 from ..errors import InputError
+from ..models.names import join_pieces
 from .checkpoint import TensorInfo, copy_tensor_bytes, read_rows
 
-__all__ = ["Transform", "TensorSource", "StackedSource", "SlicedSource", "join_pieces"]
+__all__ = ["Transform", "TensorSource", "StackedSource", "SlicedSource"]
 
 
 class Transform(Protocol):
@@ -206,9 +207,3 @@ class SlicedSource(TensorSource):
     def join(slices: list[SlicedSource], values: list[torch.Tensor]) -> torch.Tensor:
         """The values of the sliced tensor from `values`, those of its `slices`, in their order."""
         return join_pieces(values, slices[0].dim, len(slices[0].base.info.shape))
-
-
-def join_pieces(values: list[torch.Tensor], dim: int, ndim: int) -> torch.Tensor:
-    """A tensor of `ndim` dims from its equal pieces along `dim`, in order (`models.Split`): stacked where they
-    lost that dim (a Conv3d's temporal taps), else concatenated (a fused qkv's thirds)."""
-    return torch.stack(values, dim) if values[0].dim() < ndim else torch.cat(values, dim)
