@@ -46,6 +46,7 @@ __all__ = [
     "Carried",
     "PlanPolicy",
     "GGUFCompanion",
+    "Beside",
     "LoraNames",
     "CardWords",
     "Family",
@@ -242,6 +243,19 @@ class Tokenizer:
 
 
 @dataclass(frozen=True)
+class Beside:
+    """A model a diffusers pipeline keeps in a folder of its own beside the family's, whose tensors the release's
+    native file holds with the family's (LTX-2's text connectors: diffusers' ``connectors/``, in ComfyUI's file under
+    the transformer's prefix): its `folder` beside the model's, the class its config.json names, and its names ->
+    the release's (`names`, read native-wards). A native-named format writes a diffusers model with it, where the
+    pipeline has it (`read.source`), as the release carries it."""
+
+    folder: str
+    diffusers_class: str
+    names: BlockNames
+
+
+@dataclass(frozen=True)
 class GGUFCompanion:
     """A second GGUF file beside the model's, holding some of its tensors under an architecture of their own: a
     Qwen2-VL's vision tower as llama.cpp's ``mmproj`` file (``general.type`` ``mmproj``), which ComfyUI-GGUF's CLIP
@@ -276,6 +290,8 @@ class PlanPolicy:
     gguf_names: BlockNames | None = None
     #: the second GGUF file some of its tensors go to (a vision tower's ``mmproj``), None: one file
     gguf_companion: GGUFCompanion | None = None
+    #: the pipeline's model beside its diffusers model that its native files hold too (LTX-2's connectors)
+    beside: Beside | None = None
     #: the tokenizer its runtimes read from the model's own file (a text encoder's), None: none
     tokenizer: Tokenizer | None = None
     #: the stem of a one-file output of a model converted at the root (``diffusion_model_comfy_fp8.safetensors``)
@@ -551,6 +567,12 @@ class Family(abc.ABC):
         Default: none (ComfyUI-GGUF reads a DiT's off its tensors)."""
         return {}
 
+    def beside_metadata(self, config: dict, beside_config: dict, where: Path) -> dict[str, str]:
+        """Hook: the release's file metadata a native file of a diffusers model joined with its `PlanPolicy.beside`
+        model carries (LTX-2's ``config``, which ComfyUI builds its model from), from the two configs.
+        Default: none."""
+        return {}
+
     def gguf_companion_key_values(
         self, config: dict, tensors: Mapping[str, TensorInfo], where: Path
     ) -> dict[str, str | int | float | bool | tuple[int | float, ...]]:
@@ -572,8 +594,10 @@ class Family(abc.ABC):
 
     def refuse_native(self, names: Sequence[str], where: str, fmt: str) -> None:
         """Hook: `InputError` for a diffusers-named model when the family has no native output of one
-        (`PlanPolicy.diffusers_not_native_why`), naming the model and the format."""
-        if self.plan.diffusers_not_native_why is not None and self.naming(names) == "diffusers":
+        (`PlanPolicy.diffusers_not_native_why`), naming the model and the format; not where it comes with what
+        the release carries beside it (its `PlanPolicy.beside` model, joined as the release's: `read.source`)."""
+        joined = self.plan.beside is not None and any(self.carried(n) for n in names)
+        if self.plan.diffusers_not_native_why is not None and self.naming(names) == "diffusers" and not joined:
             raise InputError(
                 f"{where}: {fmt} writes {self.title}'s native names, which ComfyUI reads, and this model has "
                 f"diffusers' {self.diffusers_class} names: {self.plan.diffusers_not_native_why}"
@@ -601,7 +625,10 @@ class Family(abc.ABC):
             f"original {self.title} names): this format writes native {self.title} names"
         )
         stacked = {n for stack in self.native_stacks(names, where).values() for n, _, _ in stack}
-        return renamed([n for n in names if n not in stacked], self.native_name, where, lacking).__getitem__
+        # what the release carries, joined from beside the model (`PlanPolicy.beside`), has its native name already
+        carried = {n for n in names if self.carried(n)} if self.plan.beside is not None else set()
+        table = renamed([n for n in names if n not in stacked | carried], self.native_name, where, lacking)
+        return lambda name: name if name in carried else table[name]
 
     def native_stacks(self, names: Sequence[str], where: str) -> dict[str, Stack]:
         """Hook: the native tensors a model's tensors stack into (a diffusers-named model's fused projections,

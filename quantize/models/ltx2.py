@@ -26,16 +26,21 @@ the connectors).
 
 What converts to what: the release to every format (the diffusers-side ones with diffusers' config read off its
 tensors for config.json); the diffusers layout to the diffusers-side formats only (fp8_channel, torchao_fp8,
-torchao_int8, nf4). ComfyUI's ``LTXAVModel`` holds the text connectors, which diffusers keeps in another component,
-and reads the widths its tensors do not show from the release's metadata ``config`` (ComfyUI-GGUF hands it none: its
-files load at the released widths, ComfyUI's defaults), so a ComfyUI or GGUF file made from ``transformer/`` would
-load with connectors missing: it is refused at plan time (`Ltx2.diffusers_not_native_why`).
+torchao_int8, nf4), and, from a pipeline folder that holds diffusers' ``connectors/`` beside ``transformer/``, to
+ComfyUI's and GGUF too. ComfyUI's ``LTXAVModel`` holds the text connectors, which diffusers keeps in another component
+(``LTX2TextConnectors``), and reads the widths its tensors do not show from the release's metadata ``config``: the
+pipeline's ``connectors/`` is joined to the transformer as the release carries it (`PlanPolicy.beside`:
+`CONNECTOR_NAMES` gives its tensors the release's names, the text projection included) and the metadata ``config``
+is made of the two configs (`Ltx2.beside_metadata`), so that the file is the release's but for its VAEs and vocoder.
+A ``transformer/`` with no ``connectors/`` beside it would load with connectors missing: a ComfyUI or GGUF file of
+it is refused at plan time (`Ltx2.diffusers_not_native_why`).
 
 Names: the native ones are the release's, with its ``model.diffusion_model.`` prefix (``patchify_proj``,
 ``adaln_single``, ``av_ca_a2v_gate_adaln_single``, per block ``scale_shift_table_a2v_ca_video``, ``attn1.q_norm``);
 diffusers' single-file converter (``convert_ltx2_transformer_to_diffusers``) is the tests' oracle. The connectors,
 which diffusers keeps in another component (``LTX2TextConnectors``), have no name in `LTX2VideoTransformer3DModel`:
-a native file carries them, never quantized; a diffusers ``transformer/`` has none to write.
+a native file carries them, never quantized; diffusers' names of them are `CONNECTOR_NAMES` (its conversion
+script's ``LTX_2_0_CONNECTORS_KEYS_RENAME_DICT`` is the tests' oracle).
 
 The dimensions ComfyUI fixes (``comfy/model_detection.py``, the 'Lightricks ltxv' branch: ``ltxav`` when
 ``audio_adaln_single.linear.weight`` exists): it counts the blocks and reads ``attention_head_dim`` = the rows of
@@ -58,13 +63,17 @@ then builds its defaults, the 19B's dimensions and the 2.0 structure, which only
 
 from __future__ import annotations
 
+import json
+
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InputError
 from .family import (
+    COMFY,
     SOURCE_NAMED,
+    Beside,
     Carried,
     Detection,
     Family,
@@ -90,6 +99,8 @@ __all__ = [
     "CARRIED",
     "COMFYUI_HEADS",
     "LTX23_SWITCHES",
+    "CONNECTOR_NAMES",
+    "CONNECTORS",
 ]
 
 #: where the release keeps the transformer (and its text connectors) in its one file
@@ -167,6 +178,39 @@ NAMES = BlockNames(
         ),
     ),
 )
+
+#: a text connector block's modules in diffusers' `LTX2TextConnectors` -> the release's (``transformer_1d_blocks``)
+_CONNECTOR_BLOCK = {
+    **{f"attn1.{m}": f"attn1.{m}" for m in ("to_q", "to_k", "to_v", "to_out.0", "to_gate_logits")},
+    "attn1.norm_q": "attn1.q_norm",
+    "attn1.norm_k": "attn1.k_norm",
+    "ff.net.0.proj": "ff.net.0.proj",
+    "ff.net.2": "ff.net.2",
+}
+#: diffusers' `LTX2TextConnectors` (a pipeline's ``connectors/``) -> the release's names: the text feature projection
+#: (2.0's one ``aggregate_embed``, 2.3's one per modality) at the file's root, the two connectors under the
+#: transformer's prefix
+CONNECTOR_NAMES = BlockNames(
+    root_modules={
+        "text_proj_in": "text_embedding_projection.aggregate_embed",
+        "video_text_proj_in": "text_embedding_projection.video_aggregate_embed",
+        "audio_text_proj_in": "text_embedding_projection.audio_aggregate_embed",
+    },
+    root_tensors={
+        f"{m}_connector.learnable_registers": f"{PREFIX}{m}_embeddings_connector.learnable_registers"
+        for m in ("video", "audio")
+    },
+    blocks=tuple(
+        Blocks(
+            f"{m}_connector.transformer_blocks",
+            f"{PREFIX}{m}_embeddings_connector.transformer_1d_blocks",
+            modules=_CONNECTOR_BLOCK,
+        )
+        for m in ("video", "audio")
+    ),
+)
+#: diffusers' pipeline folder of the connectors, beside ``transformer/``
+CONNECTORS = Beside("connectors", "LTX2TextConnectors", CONNECTOR_NAMES)
 
 #: what LTX-2 releases fix that their tensors do not say (diffusers' conversion of the 2.0 release; ComfyUI's
 #: ``LTXAVModel`` defaults): split RoPE in float64, a causal offset of 1, timesteps scaled by 1000, 1x1x1 patches
@@ -296,17 +340,19 @@ class Ltx2(Family):
     plan = PlanPolicy(
         gguf_architecture="ltxv",  # ComfyUI-GGUF's IMG_ARCH_LIST; ComfyUI then tells LTX-2 (ltxav) by its audio
         carried=Carried(parts=CARRIED, metadata=("config",)),
+        beside=CONNECTORS,
         diffusers_not_native_why=(
             "ComfyUI's LTX-2 model holds the text connectors, which diffusers keeps outside transformer/ (in "
-            "connectors/), and takes the widths its tensors do not show from the release's metadata config; convert "
-            "the release's one file (ltx-2-19b-dev.safetensors, ltx-2.3-22b-dev.safetensors) to it instead, or this "
-            "model to fp8_channel, torchao_fp8, torchao_int8 or nf4"
+            "connectors/, not found beside it), and takes the widths its tensors do not show from the release's "
+            "metadata config; convert the pipeline folder that holds transformer/ and connectors/, or the release's "
+            "one file (ltx-2-19b-dev.safetensors, ltx-2.3-22b-dev.safetensors), or this model to fp8_channel, "
+            "torchao_fp8, torchao_int8 or nf4"
         ),
     )
     lora = LoraNames(prefixes=("diffusion_model.", "model.diffusion_model.", "transformer."))
     default_recipes = {
         "ltx2": bundled_recipes("ltx2"),
-        "ltx2-diffusers": bundled_recipes("ltx2-diffusers", SOURCE_NAMED),
+        "ltx2-diffusers": bundled_recipes("ltx2-diffusers", (*SOURCE_NAMED, *COMFY, "gguf")),
     }
 
     # --- running it ------------------------------------------------------------------------------------
@@ -381,6 +427,44 @@ class Ltx2(Family):
                 f"{where}: patchify_proj is {inner} wide and attn2.to_k {to_k[0]}: not one {self.title}"
             )
         return built
+
+    def beside_metadata(self, config: dict, beside_config: dict, where: Path) -> dict[str, str]:
+        """The release's metadata ``config`` of a pipeline's transformer and connectors (`CONNECTORS`): its
+        ``transformer`` section, what ComfyUI builds ``LTXAVModel`` from (``comfy/model_detection.py`` reads it over
+        what the tensors show), in ``LTXAVModel``'s argument names, from `LTX2VideoTransformer3DModel`'s config and
+        `LTX2TextConnectors`' (`where`, which an error names); LTX-2.3's switches where the transformer gates its
+        attention (diffusers' ``gated_attn``)."""
+        t, c = config, beside_config
+        try:
+            section = {
+                "num_attention_heads": t["num_attention_heads"],
+                "attention_head_dim": t["attention_head_dim"],
+                "cross_attention_dim": t["cross_attention_dim"],
+                "audio_num_attention_heads": t["audio_num_attention_heads"],
+                "audio_attention_head_dim": t["audio_attention_head_dim"],
+                "audio_cross_attention_dim": t["audio_cross_attention_dim"],
+                "in_channels": t["in_channels"],
+                "audio_in_channels": t["audio_in_channels"],
+                "caption_channels": c["caption_channels"],  # the text encoder's width (2.3's transformer has none)
+                "num_layers": t["num_layers"],
+                "connector_num_attention_heads": c["video_connector_num_attention_heads"],
+                "connector_attention_head_dim": c["video_connector_attention_head_dim"],
+                "connector_num_layers": c["video_connector_num_layers"],
+                "rope_type": t.get("rope_type", "split"),
+            }
+            if t.get("gated_attn"):  # LTX-2.3 (`LTX23_SWITCHES`), as its own file's metadata names it
+                section |= {
+                    "apply_gated_attention": True,
+                    "cross_attention_adaln": bool(t.get("cross_attn_mod")),
+                    "caption_proj_before_connector": True,
+                    "caption_projection_first_linear": False,
+                    "connector_apply_gated_attention": bool(c.get("video_gated_attn")),
+                    "audio_connector_num_attention_heads": c["audio_connector_num_attention_heads"],
+                    "audio_connector_attention_head_dim": c["audio_connector_attention_head_dim"],
+                }
+        except KeyError as e:
+            raise InputError(f"{where}: no {e.args[0]!r} in the config: not an {self.title} pipeline's") from None
+        return {"config": json.dumps({"transformer": section}, sort_keys=True)}
 
     def release_config(self, tensors: Mapping[str, TensorInfo], where: Path) -> dict | None:
         """The release ships no config.json: a checkpoint converted from it is written with diffusers' config read

@@ -101,8 +101,19 @@ class SourceFolder:
                 raise InputError(
                     f"{self.folder}: component folder {rel!r} named by the recipe is missing{hint}"
                 )
-            self._opened[rel] = under_own_names(open_component(self.folder, rel, self.file))
+            comp = under_own_names(open_component(self.folder, rel, self.file))
+            self._opened[rel] = self._with_beside(comp) if self.file is None else comp
         return self._opened[rel]
+
+    def _with_beside(self, comp: Component) -> Component:
+        """`comp`, where the recipe writes native names and its family's native file holds a model the pipeline
+        keeps beside a diffusers one (`PlanPolicy.beside`: LTX-2's ``connectors/``), with that model joined."""
+        from ..formats import format_info
+
+        family = component_family(comp)
+        if family is None or family.plan.beside is None or format_info(self.recipe.format).names == "source":
+            return comp
+        return with_beside(comp, family) if family.naming(comp.tensors) == "diffusers" else comp
 
     def family(self, rel: str) -> Family | None:
         """The model family of component `rel` (by its config class, else its tensor names), or None."""
@@ -179,6 +190,40 @@ def under_own_names(comp: Component) -> Component:
     T5 names in its umT5 ``.pth``: `models.own_names`), else as it is."""
     names = own_names(comp.tensors, str(comp.where))
     return comp if names is None else comp.renamed(names)
+
+
+def with_beside(comp: Component, family: Family) -> Component:
+    """A diffusers model with the model its pipeline keeps beside it for the family's native files
+    (`PlanPolicy.beside`: LTX-2's ``connectors/`` beside ``transformer/``) joined: that model's tensors under the
+    release's names (what the release carries: never converted), its files among the component's, and the
+    release's file metadata made of the two configs (`Family.beside_metadata`); `comp` as it is where the pipeline
+    has no such folder (the plan then refuses a native output, saying why)."""
+    import dataclasses
+
+    from .checkpoint import open_component
+
+    beside = family.plan.beside
+    folder = comp.dir.parent / beside.folder
+    if not folder.is_dir():
+        return comp
+    other = open_component(folder.parent, folder.name)
+    if config_class(other.config) != beside.diffusers_class:
+        raise InputError(
+            f"{folder / CONFIG_NAME}: names {config_class(other.config)!r}, not {beside.diffusers_class}: "
+            f"{family.title}'s {beside.folder}/ beside {comp.dir.name}/ is its {beside.diffusers_class}"
+        )
+    tensors = dict(comp.tensors)
+    for name, info in other.tensors.items():
+        native = beside.names.native(name)
+        if native is None:
+            raise InputError(
+                f"{info.file}: tensor {name!r} has no name in {family.title}'s release: not a "
+                f"{beside.diffusers_class} tensor"
+            )
+        tensors[native] = dataclasses.replace(info, name=native)
+    meta = family.beside_metadata(comp.config or {}, other.config, other.config_path)
+    metadata = {**comp.metadata, other.shards[0]: {**other.metadata.get(other.shards[0], {}), **meta}}
+    return dataclasses.replace(comp, shards=[*comp.shards, *other.shards], tensors=tensors, metadata=metadata)
 
 
 def fitted_components(folder: Path, components: list[str]) -> list[str]:

@@ -29,6 +29,7 @@ from safetensors import safe_open
 from quantize.errors import InputError
 from quantize.models import family_of, get_family
 from quantize.models.examples import examples_of
+from quantize.models.examples.ltx2 import connectors_config
 from quantize.models.ltx2 import LTX23_SWITCHES, PREFIX
 from quantize.plan import make_plan
 from quantize.read.checkpoint import TensorInfo, open_component, read_tensor
@@ -666,3 +667,113 @@ def test_a_release_that_is_not_one_is_named(tmp_path):
     infos = {f"{PREFIX}audio_adaln_single.linear.weight": TensorInfo("x", "BF16", (6, 1), Path("x"), 0, 0)}
     with pytest.raises(InputError, match=rf"no tensor '{PREFIX}patchify_proj.weight': not an LTX-2 release"):
         LTX.diffusers_config({}, infos, tmp_path)
+
+
+# -- a diffusers pipeline (transformer/ and connectors/) to ComfyUI's and GGUF files ---------------------------------
+
+#: diffusers' conversion script's connector renames (scripts/convert_ltx2_to_diffusers.py,
+#: LTX_2_0_CONNECTORS_KEYS_RENAME_DICT, applied by str.replace in order, the release's prefix stripped first) and the
+#: ones its 2.3 conversion adds for the per-modality text projections
+CONNECTOR_RENAMES = {
+    "connectors.": "",
+    "video_embeddings_connector": "video_connector",
+    "audio_embeddings_connector": "audio_connector",
+    "transformer_1d_blocks": "transformer_blocks",
+    "text_embedding_projection.aggregate_embed": "text_proj_in",
+    "text_embedding_projection.video_aggregate_embed": "video_text_proj_in",
+    "text_embedding_projection.audio_aggregate_embed": "audio_text_proj_in",
+    "q_norm": "norm_q",
+    "k_norm": "norm_k",
+}
+CONNECTOR_PARTS = (
+    f"{PREFIX}video_embeddings_connector.", f"{PREFIX}audio_embeddings_connector.", "text_embedding_projection."
+)  # fmt: skip
+
+
+def pipeline_of_release(release: Path, preset: str, out: Path) -> Path:
+    """The diffusers pipeline folder diffusers' own conversion makes of an example release: ``transformer/`` through
+    its single-file converter (`diffusers_converts`), ``connectors/`` through its script's renames, each with its
+    config; the same tensors, bytes for bytes. The connectors' names are held to `LTX2TextConnectors`' own."""
+    import torch
+    from diffusers.pipelines.ltx2 import LTX2TextConnectors
+    from safetensors.torch import save_file
+
+    (path,) = release.glob("*.safetensors")
+    with safe_open(path, "pt") as f:
+        stored = {k: f.get_tensor(k) for k in f.keys()}
+    own = [k for k in stored if k.startswith(PREFIX) and not k.startswith(CONNECTOR_PARTS)]
+    transformer = {new: stored[old] for old, new in diffusers_converts([k[len(PREFIX):] for k in own]).items() for old in [PREFIX + old]}  # fmt: skip
+    connectors = {}
+    for k in (k for k in stored if k.startswith(CONNECTOR_PARTS)):
+        new = k.removeprefix(PREFIX)
+        for a, b in CONNECTOR_RENAMES.items():
+            new = new.replace(a, b)
+        connectors[new] = stored[k]
+    config = connectors_config(examples_of("ltx2").presets[preset])
+    with torch.device("meta"):
+        built = LTX2TextConnectors(**{k: v for k, v in config.items() if not k.startswith("_")})
+    assert {k: tuple(v.shape) for k, v in built.state_dict().items()} == {k: tuple(v.shape) for k, v in connectors.items()}
+    infos = {k: TensorInfo(k, "BF16", tuple(v.shape), path, 0, 0) for k, v in stored.items()}
+    for folder, tensors, cfg in (
+        ("transformer", transformer, LTX.release_config(infos, path)),
+        ("connectors", connectors, config),
+    ):
+        (out / folder).mkdir(parents=True)
+        save_file(tensors, str(out / folder / "diffusion_pytorch_model.safetensors"), {"format": "pt"})
+        (out / folder / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+@pytest.mark.parametrize("source", ["release", "release-2.3"])
+@pytest.mark.parametrize("fmt", ["comfy_fp8", "gguf"])
+def test_a_pipeline_with_its_connectors_converts_to_the_releases_comfy_and_gguf_files(
+    sources, converted, tmp_path, source, fmt
+):
+    """A diffusers pipeline (transformer/ and connectors/, as diffusers converts the release) gives the ComfyUI and
+    GGUF file the release gives, tensor for tensor and byte for byte (the connectors and the text projection under
+    the release's names, carried), but for the release's VAEs and vocoder, which the pipeline keeps in folders of
+    their own; its metadata config, made of the two configs, is the release's (what ComfyUI builds the model from).
+    `verify` proves it against the pipeline."""
+    preset = SOURCES[source][0]
+    pipeline = pipeline_of_release(sources[source], preset, tmp_path / "pipeline")
+    out = tmp_path / "out"
+    run_cli("convert", pipeline, out, "--format", fmt, check=True)
+    run_cli("verify", out, "--source", pipeline, check=True)
+    released = converted(source, fmt)
+    ours, theirs = _file_tensors(out), _file_tensors(released)
+    carried_elsewhere = ("vae.", "audio_vae.", "vocoder.")
+    assert set(ours) == {k for k in theirs if not k.startswith(carried_elsewhere)}
+    assert all(ours[k] == theirs[k] for k in ours)
+    assert _transformer_config(out) == _transformer_config(released)
+
+
+def test_a_transformer_without_its_connectors_beside_is_still_refused(sources, tmp_path):
+    pipeline = pipeline_of_release(sources["release"], "tiny", tmp_path / "pipeline")
+    import shutil
+
+    shutil.rmtree(pipeline / "connectors")
+    proc = run_cli("convert", pipeline, tmp_path / "out", "--format", "comfy_fp8")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert "(in connectors/, not found beside it)" in line and not (tmp_path / "out").exists()
+
+
+def _file_tensors(out: Path) -> dict[str, bytes]:
+    """Every tensor of an output's one ComfyUI or GGUF file, as its stored bytes."""
+    (path,) = [p for p in out.rglob("*") if p.suffix in (".safetensors", ".gguf") and p.parent.name != "."]
+    if path.suffix == ".gguf":
+        reader = gguf.GGUFReader(path)
+        return {t.name: bytes(t.data.tobytes()) for t in reader.tensors}
+    with safe_open(path, "pt") as f:
+        return {k: f.get_tensor(k).reshape(-1).view(torch.uint8).numpy().tobytes() for k in f.keys()}
+
+
+def _transformer_config(out: Path) -> dict:
+    """The ``transformer`` section of the metadata config the output's file carries (GGUF: its ``config`` key)."""
+    (path,) = [p for p in out.rglob("*") if p.suffix in (".safetensors", ".gguf")]
+    if path.suffix == ".gguf":
+        text = gguf.GGUFReader(path).fields["config"].contents()
+    else:
+        with safe_open(path, "pt") as f:
+            text = f.metadata()["config"]
+    return json.loads(text)["transformer"]

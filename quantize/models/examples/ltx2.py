@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ..ltx2 import COMFYUI_HEADS, LTX2, LTX23_SWITCHES, PREFIX, RELEASE_CONSTANTS
+from ..ltx2 import COMFYUI_HEADS, CONNECTOR_NAMES, LTX2, LTX23_SWITCHES, PREFIX, RELEASE_CONSTANTS
 from .base import ExampleModel, Examples, _diffusers, diffusers_example, linear
 
 __all__ = ["LTX2_EXAMPLES", "Ltx2Shape", "VERSIONS", "connector_tensors", "release_others"]
@@ -144,6 +144,33 @@ class Ltx2Shape:
         return config
 
 
+def connectors_config(s: Ltx2Shape) -> dict:
+    """`LTX2TextConnectors`' config (a diffusers pipeline's ``connectors/``) for this shape, as diffusers' conversion
+    script writes the released ones: the text encoder's width and layers the projection takes, each connector's
+    heads, layers and registers, and 2.3's gated attention and per-modality projections (with biases)."""
+    heads, head = s.audio_connector
+    return {
+        "_class_name": "LTX2TextConnectors",
+        "caption_channels": s.caption_channels,
+        "text_proj_in_factor": s.text_layers,
+        "video_connector_num_attention_heads": s.connector_heads,
+        "video_connector_attention_head_dim": s.connector_head_dim,
+        "video_connector_num_layers": s.connector_layers,
+        "video_connector_num_learnable_registers": s.registers,
+        "video_gated_attn": s.v23,
+        "audio_connector_num_attention_heads": heads,
+        "audio_connector_attention_head_dim": head,
+        "audio_connector_num_layers": s.connector_layers,
+        "audio_connector_num_learnable_registers": s.registers,
+        "audio_gated_attn": s.v23,
+        "rope_type": "split",
+        "per_modality_projections": s.v23,
+        "video_hidden_dim": s.dim,
+        "audio_hidden_dim": s.audio_dim,
+        "proj_bias": s.v23,
+    }
+
+
 def connector_tensors(s: Ltx2Shape, name: str) -> list[tuple[str, tuple[int, ...]]]:
     """One text-embedding connector as ComfyUI's ``Embeddings1DConnector`` builds it (its learnable registers and
     its 1-D transformer blocks: self-attention with q/k norms, per-head gates in 2.3, a 4x GELU feed-forward)."""
@@ -247,19 +274,24 @@ class Ltx2Examples(Examples):
             audio_connector_head_dim=64,
         ),
     }
-    layouts = ("release", "diffusers")
+    layouts = ("release", "diffusers", "pipeline")
 
     def models(self, preset: str, layout: str) -> list[ExampleModel]:
         """``release``: the one file at the root (the transformer in native names with the release's other
         parts, its metadata ``config``, no config.json); ``diffusers``: ``transformer/`` with the names and shapes
-        diffusers' own class has (built on meta)."""
+        diffusers' own class has (built on meta); ``pipeline``: that and ``connectors/`` beside it, the release's
+        text projection and connectors in `LTX2TextConnectors`' names (`CONNECTOR_NAMES`), with its config."""
         shape: Ltx2Shape = self.shape(preset, layout)
         native = [(self.family.native_name(n), s) for n, s in _class_tensors(shape.config())]
         native += release_others(shape)
-        if (
-            layout == "diffusers"
-        ):  # the class's config as diffusers writes it, read off the release as we read it
-            return [diffusers_example(self.family, native, {})]
+        if layout in ("diffusers", "pipeline"):
+            # the class's config as diffusers writes it, read off the release as we read it
+            transformer = diffusers_example(self.family, native, {})
+            if layout == "diffusers":
+                return [transformer]
+            connectors = [(n, s) for n, s in native if CONNECTOR_NAMES.diffusers(n) is not None]
+            named = [(CONNECTOR_NAMES.diffusers(n), s) for n, s in connectors]
+            return [transformer, ExampleModel("connectors", named, connectors_config(shape))]
         metadata = {"config": json.dumps({"transformer": shape.comfyui_config()}, sort_keys=True)}
         return [ExampleModel(".", native, None, shape.release_stem, metadata)]
 
