@@ -63,8 +63,9 @@ FORMATS = ["comfy_fp8", "comfy_int8", "comfy_nvfp4", "comfy_mxfp8", "gguf"]
 #: through ComfyUI-GGUF. Its Unet Loader hands ComfyUI no file metadata (nodes.py: load_diffusion_model_state_dict
 #: without it), so ComfyUI builds LTX-2 at LTXAVModel's defaults, the 19B's widths, reading only the block count and
 #: the head width off the tensors: the 19B's widths with 5 of its 48 blocks (7.5 GB of bf16), converted with the
-#: bundled recipe's blocks kept as its first two and last two (the others quantized)
-GGUF_AT_RELEASED_WIDTHS = {"ltx2": ("19b", 5)}
+#: bundled recipe's blocks kept as its first two and last two (the others quantized); for the layouts named (the
+#: release, and a diffusers pipeline with its connectors/)
+GGUF_AT_RELEASED_WIDTHS = {"ltx2": ("19b", 5, ("release", "pipeline"))}
 
 
 def parse_args():
@@ -128,8 +129,11 @@ def write_trimmed_example(family: str, preset: str, layout: str, blocks: int, de
         tensors = [
             (n, shape) for n, shape in m.tensors if (b := block_index(n, prefix)) is None or b < blocks
         ]
+        config = (
+            m.config if not m.config or "num_layers" not in m.config else {**m.config, "num_layers": blocks}
+        )
         write_random_checkpoint(
-            dest / m.component, tensors, dtype=torch.bfloat16, stem=m.stem, config=m.config, seed=i,
+            dest / m.component, tensors, dtype=torch.bfloat16, stem=m.stem, config=config, seed=i,
             metadata=_with_blocks(dict(m.metadata or {}), blocks),
         )  # fmt: skip
 
@@ -149,13 +153,15 @@ def _released_widths_gguf(args, family: str, layout: str) -> tuple[Path, Path]:
     """The source (`GGUF_AT_RELEASED_WIDTHS`), and the family's bundled GGUF recipe for its release keeping the
     first two and the last two of the source's blocks where it keeps those of the whole model: (source, recipe)."""
     from quantize.models import get_family
+    from quantize.read.detect import detect_layouts
 
-    preset, blocks = GGUF_AT_RELEASED_WIDTHS[family]
+    preset, blocks, _ = GGUF_AT_RELEASED_WIDTHS[family]
     src = args.work / "fam-src" / f"{family}-{layout}-{preset}-{blocks}-blocks"
     python = Path(args.quantize).parent / "python"
     argv = [str(python), __file__, "--write-example", family, preset, layout, str(blocks), str(src)]
     subprocess.run(argv, check=True)
-    name = get_family(family).default_recipes[family]["gguf"]
+    (found,) = [lay for lay in detect_layouts(src) if not lay.encoder]
+    name = get_family(family).default_recipes[found.name]["gguf"]
     text = (REPO / "recipes" / f"{name}.yaml").read_text()
     ends = "|".join(str(b) for b in (0, 1, blocks - 2, blocks - 1))
     recipe = args.work / "fam-src" / f"{name}-{blocks}-blocks.yaml"
@@ -328,11 +334,7 @@ def main() -> int:
                 out = args.work / "fam-out" / f"{family}-{layout}-{fmt}"
                 how = ["--format", fmt]
                 source = src
-                if (
-                    fmt == "gguf"
-                    and family in GGUF_AT_RELEASED_WIDTHS
-                    and layout == examples_of(fam).layouts[0]
-                ):
+                if fmt == "gguf" and layout in GGUF_AT_RELEASED_WIDTHS.get(family, (0, 0, ()))[2]:
                     source, recipe = _released_widths_gguf(args, family, layout)
                     how = ["--recipe", str(recipe)]
                 p = subprocess.run(
@@ -342,7 +344,7 @@ def main() -> int:
                 if p.returncode:
                     text = (p.stdout + p.stderr).strip().splitlines()[-1:] or [""]
                     refusal = (
-                        p.returncode == 2 and fam.why_no(fmt, format_info(fmt).names == "native") is not None
+                        p.returncode == 2 and fam.why_no(fmt, format_info(fmt).names != "source") is not None
                     )  # the family says why
                     r = dict(id=cid, ok=refusal, refused=text[0][:300])
                     results.append(r)

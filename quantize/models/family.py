@@ -597,7 +597,11 @@ class Family(abc.ABC):
         (`PlanPolicy.diffusers_not_native_why`), naming the model and the format; not where it comes with what
         the release carries beside it (its `PlanPolicy.beside` model, joined as the release's: `read.source`)."""
         joined = self.plan.beside is not None and any(self.carried(n) for n in names)
-        if self.plan.diffusers_not_native_why is not None and self.naming(names) == "diffusers" and not joined:
+        if (
+            self.plan.diffusers_not_native_why is not None
+            and self.naming(names) == "diffusers"
+            and not joined
+        ):
             raise InputError(
                 f"{where}: {fmt} writes {self.title}'s native names, which ComfyUI reads, and this model has "
                 f"diffusers' {self.diffusers_class} names: {self.plan.diffusers_not_native_why}"

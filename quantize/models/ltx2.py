@@ -64,7 +64,6 @@ then builds its defaults, the 19B's dimensions and the 2.0 structure, which only
 from __future__ import annotations
 
 import json
-
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -445,7 +444,9 @@ class Ltx2(Family):
                 "audio_cross_attention_dim": t["audio_cross_attention_dim"],
                 "in_channels": t["in_channels"],
                 "audio_in_channels": t["audio_in_channels"],
-                "caption_channels": c["caption_channels"],  # the text encoder's width (2.3's transformer has none)
+                "caption_channels": c[
+                    "caption_channels"
+                ],  # the text encoder's width (2.3's transformer has none)
                 "num_layers": t["num_layers"],
                 "connector_num_attention_heads": c["video_connector_num_attention_heads"],
                 "connector_attention_head_dim": c["video_connector_attention_head_dim"],
@@ -463,7 +464,9 @@ class Ltx2(Family):
                     "audio_connector_attention_head_dim": c["audio_connector_attention_head_dim"],
                 }
         except KeyError as e:
-            raise InputError(f"{where}: no {e.args[0]!r} in the config: not an {self.title} pipeline's") from None
+            raise InputError(
+                f"{where}: no {e.args[0]!r} in the config: not an {self.title} pipeline's"
+            ) from None
         return {"config": json.dumps({"transformer": section}, sort_keys=True)}
 
     def release_config(self, tensors: Mapping[str, TensorInfo], where: Path) -> dict | None:

@@ -426,6 +426,8 @@ QUANTIZED = {
 def test_each_bundled_recipe_quantizes_the_middle_blocks_and_keeps_the_rest(sources, source):
     layout = SOURCES[source][1]
     for fmt, recipe in LTX.default_recipes[LAYOUTS[layout]].items():
+        if layout == "diffusers" and fmt in NATIVE_FORMATS:
+            continue  # a transformer/ alone is refused them; with connectors/ beside: the pipeline tests below
         (cp,) = make_plan(sources[source], load_recipe(recipe).recipe).components
         assert cp.rel == ("." if layout == "release" else "transformer")
         quantized = {t.module: t for t in cp.tensors if t.quantize}
@@ -601,11 +603,12 @@ def test_comfy_and_gguf_files_of_the_release_hold_what_comfyui_detects(sources, 
 @pytest.mark.parametrize("fmt", NATIVE_FORMATS)
 def test_the_diffusers_layout_is_refused_comfyui_and_gguf_at_plan_time_saying_why(sources, tmp_path, fmt):
     """ComfyUI's model holds the text connectors, which diffusers keeps outside transformer/: a file made from
-    it would load with them missing. Refused by --format and by a recipe of one's own, nothing written."""
+    it with no connectors/ beside it would load with them missing. Refused by --format and by a recipe of one's
+    own, nothing written."""
     out = tmp_path / "out"
     proc = run_cli("convert", sources["diffusers"], out, "--format", fmt)
-    assert proc.returncode == 2 and "files are written from the original release only" in proc.stderr
-    assert "connectors" in proc.stderr and not out.exists()
+    assert proc.returncode == 2 and "(in connectors/, not found beside it)" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not out.exists()
     recipe = tmp_path / "own.yaml"
     text = (
         Path("recipes/ltx2-diffusers-fp8.yaml")
@@ -712,7 +715,9 @@ def pipeline_of_release(release: Path, preset: str, out: Path) -> Path:
     config = connectors_config(examples_of("ltx2").presets[preset])
     with torch.device("meta"):
         built = LTX2TextConnectors(**{k: v for k, v in config.items() if not k.startswith("_")})
-    assert {k: tuple(v.shape) for k, v in built.state_dict().items()} == {k: tuple(v.shape) for k, v in connectors.items()}
+    assert {k: tuple(v.shape) for k, v in built.state_dict().items()} == {
+        k: tuple(v.shape) for k, v in connectors.items()
+    }
     infos = {k: TensorInfo(k, "BF16", tuple(v.shape), path, 0, 0) for k, v in stored.items()}
     for folder, tensors, cfg in (
         ("transformer", transformer, LTX.release_config(infos, path)),
@@ -745,6 +750,19 @@ def test_a_pipeline_with_its_connectors_converts_to_the_releases_comfy_and_gguf_
     assert set(ours) == {k for k in theirs if not k.startswith(carried_elsewhere)}
     assert all(ours[k] == theirs[k] for k in ours)
     assert _transformer_config(out) == _transformer_config(released)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-2.3"])
+def test_the_pipeline_examples_connectors_are_diffusers_own_class(preset):
+    """`quantize example --layout pipeline` writes connectors/ as `LTX2TextConnectors` of its config holds it."""
+    import torch
+    from diffusers.pipelines.ltx2 import LTX2TextConnectors
+
+    transformer, connectors = examples_of(LTX).models(preset, "pipeline")
+    assert (transformer.component, connectors.component) == ("transformer", "connectors")
+    with torch.device("meta"):
+        built = LTX2TextConnectors.from_config(connectors.config)
+    assert {k: tuple(v.shape) for k, v in built.state_dict().items()} == dict(connectors.tensors)
 
 
 def test_a_transformer_without_its_connectors_beside_is_still_refused(sources, tmp_path):
