@@ -53,12 +53,18 @@ from quantize.models import (
     Stack,
     component_family,
     family_of,
-    join_pieces,
     same_but_size_one_dims,
     stack_rows,
 )
 from quantize.models.meta import parameters_on_meta
-from quantize.read.checkpoint import CONFIG_NAME, Component, TensorInfo, open_component, read_tensor
+from quantize.read.checkpoint import (
+    CONFIG_NAME,
+    Component,
+    TensorInfo,
+    join_pieces,
+    open_component,
+    read_tensor,
+)
 from quantize.read.files import config_class, read_json_object
 from quantize.read.gguf import open_gguf_component
 from quantize.run.names import class_names

@@ -34,7 +34,6 @@ from .names import (
     Rows,
     Split,
     Stack,
-    join_pieces,
     same_but_size_one_dims,
     stack_rows,
 )
@@ -62,7 +61,6 @@ __all__ = [
     "Split",
     "Cut",
     "stack_rows",
-    "join_pieces",
     "same_but_size_one_dims",
     "BlockNames",
     "Blocks",

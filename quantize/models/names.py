@@ -13,12 +13,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from ..errors import InputError
-
-if TYPE_CHECKING:
-    import torch
 
 __all__ = [
     "ROLES",
@@ -28,7 +24,6 @@ __all__ = [
     "Split",
     "Splitter",
     "Cut",
-    "join_pieces",
     "NameTable",
     "Rows",
     "stack_rows",
@@ -59,14 +54,6 @@ Stacker = Callable[[Sequence[str], str], dict[str, Stack]]
 Split = tuple[str, int, int, int]
 #: (component's tensor names, where) -> each output tensor cut from a source tensor -> its `Split`
 Splitter = Callable[[Sequence[str], str], dict[str, Split]]
-
-
-def join_pieces(values: list[torch.Tensor], dim: int, ndim: int) -> torch.Tensor:
-    """A tensor of `ndim` dims from its equal pieces along `dim`, in order (a `Split` read backwards): stacked where
-    they lost that dim (a Conv3d's temporal taps), else concatenated (a fused qkv's thirds)."""
-    import torch
-
-    return torch.stack(values, dim) if values[0].dim() < ndim else torch.cat(values, dim)
 
 
 def _no_stacks(names: Sequence[str], where: str) -> dict[str, Stack]:

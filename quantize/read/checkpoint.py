@@ -39,6 +39,7 @@ __all__ = [
     "read_header",
     "open_component",
     "read_tensor",
+    "join_pieces",
     "read_rows",
     "read_into",
     "copy_tensor_bytes",
@@ -322,6 +323,12 @@ def _cast_mapped(
     finally:
         m.close()
     return out
+
+
+def join_pieces(values: list[torch.Tensor], dim: int, ndim: int) -> torch.Tensor:
+    """A tensor of `ndim` dims from its equal pieces along `dim`, in order (a `models.Split` read backwards):
+    stacked where they lost that dim (a Conv3d's temporal taps), else concatenated (a fused qkv's thirds)."""
+    return torch.stack(values, dim) if values[0].dim() < ndim else torch.cat(values, dim)
 
 
 def read_tensor(info: TensorInfo) -> torch.Tensor:

@@ -26,8 +26,7 @@ from typing import Protocol
 import torch
 
 from ..errors import InputError
-from ..models.names import join_pieces
-from .checkpoint import TensorInfo, copy_tensor_bytes, read_rows
+from .checkpoint import TensorInfo, copy_tensor_bytes, join_pieces, read_rows
 
 __all__ = ["Transform", "TensorSource", "StackedSource", "SlicedSource"]
 

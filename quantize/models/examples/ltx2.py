@@ -10,7 +10,14 @@ from dataclasses import dataclass
 from ..ltx2 import COMFYUI_HEADS, CONNECTOR_NAMES, LTX2, LTX23_SWITCHES, PREFIX, RELEASE_CONSTANTS
 from .base import ExampleModel, Examples, _diffusers, diffusers_example, linear
 
-__all__ = ["LTX2_EXAMPLES", "Ltx2Shape", "VERSIONS", "connector_tensors", "release_others"]
+__all__ = [
+    "LTX2_EXAMPLES",
+    "Ltx2Shape",
+    "VERSIONS",
+    "connector_tensors",
+    "connectors_config",
+    "release_others",
+]
 
 #: the generations of LTX-2's transformer an example is made of (`Ltx2Shape.version`): ``2.0`` (the 19B) projects the
 #: caption features itself (PixArt caption projections); ``2.3`` (the 22B) gates every attention per head
