@@ -85,8 +85,23 @@ def source_files_wanted(files: list[str], components: list[str], everything: boo
 
 
 def recipe_files(recipe):
-    """The chooser `resolve_source` needs for a conversion under `recipe`."""
-    return lambda files: source_files_wanted(files, list(recipe.components), recipe.copy_other_files)
+    """The chooser `resolve_source` needs for a conversion under `recipe`: its components' files, and where it
+    writes native names, the folders a family's native file joins from beside a component (`PlanPolicy.beside`:
+    LTX-2's ``connectors/`` beside ``transformer/``), where the repo has them."""
+    folders = [*recipe.components, *_beside_folders(recipe)]
+    return lambda files: source_files_wanted(files, folders, recipe.copy_other_files)
+
+
+def _beside_folders(recipe) -> list[str]:
+    """The sibling folders of the recipe's components that some family joins to them in native-named files."""
+    from ..formats import format_info
+    from ..models import FAMILIES
+
+    if format_info(recipe.format).names == "source":
+        return []
+    beside = {f.plan.beside.folder for f in FAMILIES if f.plan.beside is not None}
+    parents = {posixpath.dirname(rel) for rel in recipe.components if rel != "."}
+    return sorted(posixpath.join(parent, folder) for parent in parents for folder in beside)
 
 
 def fetch(repo_id: str, choose, revision: str | None = None) -> Path:

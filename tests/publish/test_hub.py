@@ -268,6 +268,26 @@ def test_convert_from_a_repo_id_fetches_only_what_the_recipe_needs(hub, hub_env,
     assert not (tmp_path / "x").exists()
 
 
+def test_an_ltx2_pipeline_repo_converts_to_comfyui_with_its_connectors_fetched(hub, hub_env, tmp_path):
+    """A native-named format of a diffusers LTX-2 pipeline joins its connectors/ (`PlanPolicy.beside`): from the
+    Hub, the conversion fetches that folder beside transformer/, and writes what the local folder gives."""
+    folder = tmp_path / "repo"
+    run_cli("example", folder, "--family", "ltx2", "--layout", "pipeline", check=True)
+    hub.add_files("Lightricks/LTX-tiny-Diffusers", _files(folder))
+    out = tmp_path / "from-hub"
+    proc = run_process(
+        "convert", "Lightricks/LTX-tiny-Diffusers", out, "-r", "ltx2-diffusers-comfy-fp8", env=hub_env
+    )
+    assert proc.returncode == 0, proc.stderr
+    fetched = {
+        r["path"].split("/resolve/", 1)[1].split("/", 1)[1] for r in hub.requests if "/resolve/" in r["path"]
+    }
+    assert {"connectors/config.json", "connectors/diffusion_pytorch_model.safetensors"} <= fetched
+    run_cli("convert", folder, tmp_path / "from-local", "-r", "ltx2-diffusers-comfy-fp8", check=True)
+    ours, theirs = load_all(out / "transformer"), load_all(tmp_path / "from-local" / "transformer")
+    assert ours.keys() == theirs.keys() and all(ours[k].equal(theirs[k]) for k in ours)
+
+
 def test_an_unknown_repo_or_path_is_one_clean_line(hub, hub_env, tmp_path):
     proc = run_process("convert", "Nobody/no-such-model", tmp_path / "x", "-r", "wan-fp8", env=hub_env)
     assert proc.returncode == 2 and "Nobody/no-such-model: no such model repo" in proc.stderr
