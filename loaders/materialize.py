@@ -632,18 +632,7 @@ def _cut_part(
 
 def _dim0_ranges(info: TensorInfo, ranges: tuple[tuple[int, int], ...]) -> tuple[TensorInfo, ...]:
     """Ranges of a stored tensor's dim 0: each its byte range of the file."""
-    row_bytes = info.nbytes // info.shape[0]
-    return tuple(
-        TensorInfo(
-            info.name,
-            info.dtype,
-            (b - a, *info.shape[1:]),
-            info.file,
-            info.start + a * row_bytes,
-            info.start + b * row_bytes,
-        )
-        for a, b in ranges
-    )
+    return tuple(info.rows(a, b) for a, b in ranges)
 
 
 def _stored_options(

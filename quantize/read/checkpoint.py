@@ -71,6 +71,14 @@ class TensorInfo:
     def numel(self) -> int:
         return math.prod(self.shape)
 
+    def rows(self, r0: int, r1: int) -> TensorInfo:
+        """Rows [r0, r1) of the stored tensor as a tensor of their own: rows are contiguous, so one byte range (a
+        0-d tensor is one row)."""
+        row_bytes = self.nbytes // (self.shape[0] if self.shape else 1)
+        start = self.start + r0 * row_bytes
+        shape = (r1 - r0, *self.shape[1:])
+        return TensorInfo(self.name, self.dtype, shape, self.file, start, start + (r1 - r0) * row_bytes)
+
 
 @dataclass(frozen=True)
 class SafetensorsHeader:

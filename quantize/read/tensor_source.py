@@ -132,17 +132,7 @@ class StackedSource(TensorSource):
             )
         at = 0
         for source, r0, r1 in self.segments:
-            info = source.info
-            row_bytes = info.nbytes // max(1, source.rows)
-            start = info.start + r0 * row_bytes
-            part = TensorInfo(
-                info.name,
-                info.dtype,
-                (r1 - r0, *info.shape[1:]),
-                info.file,
-                start,
-                start + (r1 - r0) * row_bytes,
-            )
+            part = source.info.rows(r0, r1)
             base = at
             copy_tensor_bytes(part, lambda chunk, offset, base=base: write(chunk, base + offset))
             at += part.nbytes
@@ -194,13 +184,7 @@ class SlicedSource(TensorSource):
             raise ValueError(
                 f"{self.info.name}: a slice along dim {self.dim} or changed by a step; read it with read_rows"
             )
-        info = self.base.info
-        row_bytes = info.nbytes // max(1, self.base.rows)
-        at = info.start + self.start * row_bytes
-        part = TensorInfo(
-            info.name, info.dtype, self.info.shape, info.file, at, at + (self.stop - self.start) * row_bytes
-        )
-        copy_tensor_bytes(part, write)
+        copy_tensor_bytes(self.base.info.rows(self.start, self.stop), write)
 
     @staticmethod
     def join(slices: list[SlicedSource], values: list[torch.Tensor]) -> torch.Tensor:
