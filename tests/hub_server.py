@@ -55,7 +55,7 @@ Semantics that mirror the Hub:
   ``X-Error-Message: Invalid credentials in Authorization header``.
 
 The request log (``requests``) only keeps method, path (no query string), whether an Authorization header was
-present and the status code; header values are never stored.
+present, the ``Range`` asked for (None: the whole file) and the status code; no other header's value is stored.
 """
 
 from __future__ import annotations
@@ -373,6 +373,7 @@ class _Handler(BaseHTTPRequestHandler):
             "method": method,
             "path": raw_path,
             "authorized": self.headers.get("Authorization") is not None,
+            "range": self.headers.get("Range"),
             "status": None,
         }
         # Logged before anything is answered, and the status is filled in *before* the response is written, so

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 import click
 
@@ -11,7 +14,7 @@ from ..formats import FORMAT_INFO
 from ..read.files import CHECKPOINT_SUFFIXES
 from ._console import err, out
 
-__all__ = ["recipe_options", "chosen_recipe", "chosen_encoder_recipes", "lora_options", "inputs_option"]
+__all__ = ["recipe_options", "Chosen", "chosen_recipe", "chosen_recipes", "lora_options", "inputs_option"]
 
 
 def recipe_options(f):
@@ -33,50 +36,72 @@ def recipe_options(f):
     )(f)
 
 
+class Chosen(NamedTuple):
+    """What --recipe or --format chose: the recipe, and the nested conversions beside it (a pipeline's text
+    encoders' folder -> its bundled recipe of that format)."""
+
+    recipe: str
+    nested: dict[str, str]
+
+
 def chosen_recipe(source: str, recipe: str | None, fmt: str | None, *, to_stderr: bool = False) -> str:
     """--recipe as given, or the bundled recipe --format picks for SOURCE's layout (said in the first line; on
     stderr with `to_stderr`, where stdout is JSON)."""
+    return chosen_recipes(source, recipe, fmt, to_stderr=to_stderr, encoders=False).recipe
+
+
+def chosen_recipes(
+    source: str, recipe: str | None, fmt: str | None, *, to_stderr: bool = False, encoders: bool = True
+) -> Chosen:
+    """--recipe as given; or with --format, the bundled recipe of that format for SOURCE's layout and, on a
+    pipeline (with `encoders`), each text encoder's beside it, each said in a line (on stderr with `to_stderr`,
+    where stdout is JSON). An encoder without one is said to be copied as it is where the transformer's recipe
+    copies the pipeline's other files, else left out. SOURCE is a local folder or file, or a Hub repo id, whose
+    layout is read off its outline (`read.hub.outline`: configs and safetensors headers, no weights)."""
     if (recipe is None) == (fmt is None):
         raise InputError("give --recipe RECIPE or --format FORMAT (one of them)")
     if recipe is not None:
-        return recipe
-    from ..read.detect import recipe_for_format
+        return Chosen(recipe, {})
+    from ..models import get_family
+    from ..read.detect import encoder_recipes, recipe_for_format
+    from ..recipes import load_recipe
 
-    folder = Path(source)
-    if folder.exists() and not folder.is_dir() and not folder.name.endswith(CHECKPOINT_SUFFIXES):
+    say = (err if to_stderr else out).print
+    with _detected_in(source) as folder:
+        name, layout = recipe_for_format(folder, fmt)
+        found = encoder_recipes(folder, fmt) if encoders else {}
+    say(f"recipe {name}: {layout.why}")
+    copies = bool(found) and load_recipe(name).recipe.copy_other_files
+    nested = {}
+    for rel, (encoder, lay) in found.items():
+        if encoder is None:
+            why = get_family(lay.family).why_no(fmt)
+            fate = "copied as it is" if copies else "left out"
+            say(f"{rel}/: no bundled {fmt} recipe for {lay.why}{f' ({why})' if why else ''}: {fate}")
+        else:
+            say(f"{rel}/: recipe {encoder}: {lay.why}")
+            nested[rel] = encoder
+    return Chosen(name, nested)
+
+
+@contextmanager
+def _detected_in(source: str) -> Iterator[Path]:
+    """The folder (or file) --format reads SOURCE's layout in: SOURCE itself, or a Hub repo id's outline."""
+    from ..read.hub import is_repo_id, outline
+
+    path = Path(source)
+    if path.exists() and not path.is_dir() and not path.name.endswith(CHECKPOINT_SUFFIXES):
         raise InputError(
             f"{source}: not a folder or a checkpoint file ({', '.join(CHECKPOINT_SUFFIXES)}): SOURCE is a model's "
-            "folder or file (or a Hub repo id, with --recipe)"
+            "folder or file, or a Hub repo id"
         )
-    if not folder.exists():
-        raise InputError(
-            f"{source}: no such folder or file; --format looks at a local one (for a Hub repo id, give --recipe: "
-            "quantize recipes lists them)"
-        )
-    name, layout = recipe_for_format(folder, fmt)
-    (err if to_stderr else out).print(f"recipe {name}: {layout.why}")
-    return name
-
-
-def chosen_encoder_recipes(source: str, recipe: str | None, fmt: str | None, copies: bool) -> dict[str, str]:
-    """With --format on a local pipeline folder: each text encoder's folder -> the bundled recipe of that format
-    for it (said a line each; an encoder without one is said to be copied as it is where the transformer's recipe
-    copies the pipeline's other files, `copies`, else left out)."""
-    if recipe is not None or fmt is None:
-        return {}
-    from ..models import get_family
-    from ..read.detect import encoder_recipes
-
-    chosen = {}
-    for rel, (name, layout) in encoder_recipes(Path(source), fmt).items():
-        if name is None:
-            why = get_family(layout.family).why_no(fmt)
-            fate = "copied as it is" if copies else "left out"
-            out.print(f"{rel}/: no bundled {fmt} recipe for {layout.why}{f' ({why})' if why else ''}: {fate}")
-        else:
-            out.print(f"{rel}/: recipe {name}: {layout.why}")
-            chosen[rel] = name
-    return chosen
+    if path.exists():
+        yield path
+    elif is_repo_id(source):
+        with outline(source) as folder:
+            yield folder
+    else:
+        raise InputError(f"{source}: no such folder or file, and not a Hub repo id (org/name)")
 
 
 def lora_options(f):

@@ -9,7 +9,7 @@ import click
 from rich.markup import escape
 
 from ._console import err, progress_display, quiet_model_imports
-from ._options import chosen_encoder_recipes, chosen_recipe, lora_options, recipe_options
+from ._options import chosen_recipes, lora_options, recipe_options
 from ._render import print_converted
 
 __all__ = ["convert_cmd"]
@@ -72,9 +72,8 @@ def convert_cmd(
 
     max_bytes = parse_size(max_shard_size, "--max-shard-size")
     t0 = time.monotonic()
-    loaded = load_recipe(chosen_recipe(source, recipe, fmt))
-    # a pipeline's text encoders, beside its transformer
-    nested = chosen_encoder_recipes(source, recipe, fmt, loaded.recipe.copy_other_files)
+    chosen = chosen_recipes(source, recipe, fmt)  # with --format on a pipeline, its text encoders' too
+    loaded = load_recipe(chosen.recipe)
     # every LoRA file read and checked (headers) before OUT is claimed: a bad one is refused before any work
     steps = []
     if loras:
@@ -99,7 +98,7 @@ def convert_cmd(
             on_recovery=_report_recovery,
             calibrate=calibrate,
             on_pass=None if calibrate is None else (lambda text: err.print(f"pass: {escape(text)}")),
-            nested=nested,
+            nested=chosen.nested,
         )
     finally:
         progress.stop()

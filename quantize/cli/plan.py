@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ._options import chosen_encoder_recipes, chosen_recipe, lora_options, recipe_options
+from ._options import chosen_recipes, lora_options, recipe_options
 from ._render import print_plan
 
 __all__ = ["plan_cmd"]
@@ -22,19 +22,21 @@ def plan_cmd(
     from ..containers import check_headers
     from ..plan import make_plan
     from ..read.files import DEFAULT_MAX_SHARD_SIZE
-    from ..read.source import open_source
+    from ..read.hub import recipe_files
+    from ..read.source import nested_sources, open_source
     from ..recipes import load_recipe
     from ..steps.lora import open_loras
 
-    loaded = load_recipe(chosen_recipe(source, recipe, fmt))
-    nested = chosen_encoder_recipes(source, recipe, fmt, loaded.recipe.copy_other_files)
+    chosen = chosen_recipes(source, recipe, fmt)
+    loaded = load_recipe(chosen.recipe)
+    encoders = {rel: load_recipe(name) for rel, name in chosen.nested.items()}
+    beside = {rel: e.recipe for rel, e in encoders.items()}
     merge = open_loras(loras, lora_unmatched, loaded.recipe.components) if loras else None
-    plan = make_plan(open_source(source, loaded.recipe), loaded.recipe, steps=[merge] if merge else ())
+    src = open_source(source, loaded.recipe, recipe_files(loaded.recipe, beside))
+    plan = make_plan(src, loaded.recipe, steps=[merge] if merge else ())
     check_headers(plan, DEFAULT_MAX_SHARD_SIZE)
     print_plan(source, loaded.origin, plan, merge)
-    for rel, name in nested.items():
-        encoder = load_recipe(name)
-        where = f"{source.rstrip('/')}/{rel}"
-        nplan = make_plan(open_source(where, encoder.recipe), encoder.recipe)
+    for rel, nsrc in nested_sources(src, beside):
+        nplan = make_plan(nsrc, encoders[rel].recipe)
         check_headers(nplan, DEFAULT_MAX_SHARD_SIZE)
-        print_plan(where, encoder.origin, nplan, None)
+        print_plan(f"{source.rstrip('/')}/{rel}", encoders[rel].origin, nplan, None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import posixpath
 from pathlib import Path
 
 import click
@@ -52,10 +53,9 @@ def verify_cmd(
 
     tune_for_streaming()
     if source is not None:
-        from ..publish.manifest import read_manifest
         from ..read.hub import resolve_source
 
-        listed = {f.path for f in read_manifest(checkpoint).source_files}
+        listed = _source_files(checkpoint)
         source, _, _ = resolve_source(source, lambda files: sorted(listed & set(files)))
 
     progress = progress_display("verify", "files and tensors") if not as_json else None
@@ -77,3 +77,19 @@ def verify_cmd(
     else:
         print_verify(checkpoint, report, source, forward)
     return 0 if report.ok else 1
+
+
+def _source_files(checkpoint: Path, rel: str = ".") -> set[str]:
+    """The source files the manifests of `checkpoint` list (those of its nested checkpoints under their folders),
+    and the tokenizer files its format reads beside its components (`read.hub.tokenizer_files`), as paths in the
+    source: what a Hub source is fetched for."""
+    from ..publish.manifest import read_manifest
+    from ..read.hub import tokenizer_files
+
+    manifest = read_manifest(checkpoint)
+    files = {posixpath.normpath(posixpath.join(rel, f.path)) for f in manifest.source_files}
+    for comp in manifest.components:
+        files |= set(tokenizer_files(posixpath.normpath(posixpath.join(rel, comp.path)), manifest.format))
+    for folder in manifest.nested:
+        files |= _source_files(checkpoint / folder, posixpath.join(rel, folder))
+    return files

@@ -64,10 +64,10 @@ def convert(
         source's streamed forward on it, for each layer whose format stores one (`run.calibrate`), with the forward
         SQNRs they give against dynamic scales, recorded in the manifest's `calibration`; each forward pass is told
         to `on_pass` (default: `progress.note`).
-    nested: folder of a local SOURCE -> the recipe converting it into OUT's folder of that name, a checkpoint of
-        its own (its manifest, recipe.yaml and card), listed in OUT's manifest (`Manifest.nested`) and not copied:
-        a pipeline's text encoders beside its transformer (`read.detect.encoder_recipes`), so that OUT is the whole
-        pipeline diffusers loads.
+    nested: folder of SOURCE (local or from the Hub) -> the recipe converting it into OUT's folder of that name, a
+        checkpoint of its own (its manifest, recipe.yaml and card), listed in OUT's manifest (`Manifest.nested`)
+        and not copied: a pipeline's text encoders beside its transformer (`read.detect.encoder_recipes`), so that
+        OUT is the whole pipeline diffusers loads.
 
     >>> # manifest = convert("Wan2.1-T2V-1.3B", "Wan2.1-T2V-1.3B-fp8", "wan-fp8.yaml", workers=2)
     >>> # manifest = convert("Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "out", "wan-diffusers-fp8.yaml")
@@ -83,11 +83,15 @@ def convert(
     inputs = None if calibrate is None else Path(calibrate)
     with claimed_output(Path(source), out, overwrite, report=on_recovery):
         from ..read.hashing import FileHasher
-        from ..read.source import open_source
+        from ..read.hub import recipe_files
+        from ..read.source import nested_sources, open_source
 
-        src = open_source(source, loaded.recipe, absolute=True)  # the one time SOURCE is opened
+        # the one time SOURCE is opened (from the Hub: what the recipe and the nested ones read)
+        choose = recipe_files(loaded.recipe, {rel: r.recipe for rel, r in beside.items()})
+        src = open_source(source, loaded.recipe, choose, absolute=True)
         check_output_location(src.path, out, overwrite)  # a Hub source resolves to its cached folder
-        nested_sources = _nested_sources(src, beside)
+        nested = nested_sources(src, {rel: r.recipe for rel, r in beside.items()})
+        nested_sources_ = [(rel, nsrc, beside[rel]) for rel, nsrc in nested]
         # what the conversion reads of the folder besides the components' headers, read now
         card_metadata, files = src.card_metadata(), src.files()
         files += [f for step in steps for f in step.inputs]
@@ -102,27 +106,8 @@ def convert(
                 hasher.submit(inputs, background=True)
             return _convert(
                 src, out, loaded, overwrite, max_bytes, workers, progress or NoProgress(),
-                base_model or src.repo_id, card_metadata, steps, hasher, inputs, on_pass, nested_sources,
+                base_model or src.repo_id, card_metadata, steps, hasher, inputs, on_pass, nested_sources_,
             )  # fmt: skip
-
-
-def _nested_sources(src, beside: Mapping[str, LoadedRecipe]) -> list:
-    """(folder, its source resolved under its recipe, the recipe) of each nested conversion: a folder of the
-    local SOURCE, converted as a bare model folder."""
-    from ..read.files import confined_path
-    from ..read.source import local_source
-
-    if beside and (src.repo_id is not None or src.file is not None):
-        raise InputError(
-            f"{src.name}: nested conversions take a local pipeline folder", parameters=("nested",)
-        )
-    nested = []
-    for rel, loaded in beside.items():
-        folder = confined_path(src.folder, rel, "nested")
-        if rel in (".", *src.components) or not folder.is_dir():
-            raise InputError(f"{folder}: not a model folder of the pipeline beside what the recipe converts")
-        nested.append((rel, local_source(folder, loaded.recipe, f"{src.name}/{rel}"), loaded))
-    return nested
 
 
 def _convert(

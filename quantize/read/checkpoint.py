@@ -25,6 +25,7 @@ from ..errors import InputError
 from .files import (
     CONFIG_NAME,
     INDEX_SUFFIX,
+    MAX_HEADER_BYTES,
     PTH_SUFFIX,
     component_files,
     confined_path,
@@ -48,8 +49,6 @@ __all__ = [
     "INDEX_SUFFIX",
     "CONFIG_NAME",
 ]
-
-MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ __all__ = [
 ]
 
 INDEX_SUFFIX = ".safetensors.index.json"
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit on a header
 CONFIG_NAME = "config.json"
 #: What a conversion writes at the output's root besides the models: its manifest, its recipe, its model card.
 MANIFEST_NAME = "quantize_manifest.json"

@@ -1,5 +1,6 @@
 """The Hugging Face Hub as a place to read from: a SOURCE given as a repo id, fetched (only the files a
-conversion reads) or found in the cache; what a repo id and a token are, which uploading (`publish.hub`) shares.
+conversion reads) or found in the cache; its outline, what `--format` detects its layout from without fetching its
+weights; what a repo id and a token are, which uploading (`publish.hub`) shares.
 
 Everything goes through huggingface_hub: its cache (`HF_HOME`), its endpoint (`HF_ENDPOINT`), its
 offline switch (`HF_HUB_OFFLINE`), its token sources (`HF_TOKEN`, the saved login). No torch here.
@@ -11,10 +12,15 @@ from __future__ import annotations
 
 import posixpath
 import re
+import shutil
+import struct
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
 from ..errors import ConversionError, InputError
-from .files import CARD_NAME, CONFIG_NAME, INDEX_SUFFIX
+from .files import CARD_NAME, CONFIG_NAME, INDEX_SUFFIX, MAX_HEADER_BYTES
 
 __all__ = [
     "is_repo_id",
@@ -23,7 +29,9 @@ __all__ = [
     "resolve_source",
     "source_files_wanted",
     "recipe_files",
+    "tokenizer_files",
     "fetch",
+    "outline",
     "scrub",
     "first_line",
     "literal",
@@ -84,12 +92,45 @@ def source_files_wanted(files: list[str], components: list[str], everything: boo
     return sorted(wanted)
 
 
-def recipe_files(recipe):
-    """The chooser `resolve_source` needs for a conversion under `recipe`: its components' files, and where it
-    writes native names, the folders a family's native file joins from beside a component (`PlanPolicy.beside`:
-    LTX-2's ``connectors/`` beside ``transformer/``), where the repo has them."""
-    folders = [*recipe.components, *_beside_folders(recipe)]
-    return lambda files: source_files_wanted(files, folders, recipe.copy_other_files)
+def recipe_files(recipe, nested: Mapping[str, object] | None = None):
+    """The chooser `resolve_source` needs for a conversion under `recipe`: its components' files; where it writes
+    native names, the folders a family's native file joins from beside a component (`PlanPolicy.beside`: LTX-2's
+    ``connectors/`` beside ``transformer/``); the folders of the `nested` conversions (folder -> its recipe: a
+    pipeline's text encoders); and where a format holds a tokenizer, the tokenizer files a family looks for beside
+    each of those folders (`models.family.Tokenizer.files`: umT5's ``tokenizer/spiece.model``), where the repo has
+    them."""
+    nested = dict(nested or {})
+    folders = [*recipe.components, *_beside_folders(recipe), *nested]
+    tokenizers = [
+        *(f for rel in recipe.components for f in tokenizer_files(rel, recipe.format)),
+        *(f for rel, r in nested.items() for f in tokenizer_files(rel, r.format)),
+    ]
+
+    def choose(files: list[str]) -> list[str]:
+        wanted = source_files_wanted(files, folders, recipe.copy_other_files)
+        return sorted({*wanted, *(f for f in tokenizers if f in files)})
+
+    return choose
+
+
+def tokenizer_files(rel: str, fmt: str) -> list[str]:
+    """Where, in the repo, a family's tokenizer is looked for beside the model folder `rel` when `fmt` holds one
+    (`plan._tokenizer`), for every family that has one; none outside the repo. A manifest does not list it among
+    the source files (it may lie outside the converted folder: ``../tokenizer/``), so a Hub source is fetched
+    for it by name."""
+    from ..formats import format_info
+    from ..models import FAMILIES
+
+    if format_info(fmt).tokenizer is None:
+        return []
+    found = []
+    for family in FAMILIES:
+        tok = family.plan.tokenizer
+        for f in () if tok is None else tok.files:
+            path = posixpath.normpath(posixpath.join(rel, f))
+            if not path.startswith("../"):
+                found.append(path)
+    return found
 
 
 def _beside_folders(recipe) -> list[str]:
@@ -110,9 +151,8 @@ def fetch(repo_id: str, choose, revision: str | None = None) -> Path:
     Offline (`HF_HUB_OFFLINE=1`) the cached snapshot is used as it is, and must exist.
     """
     from huggingface_hub import HfApi, constants, snapshot_download
-    from huggingface_hub import errors as hf_errors
 
-    try:
+    with _hub_errors(repo_id, revision):
         offline = constants.HF_HUB_OFFLINE
         files = (
             _cached_files(repo_id, revision)
@@ -128,6 +168,17 @@ def fetch(repo_id: str, choose, revision: str | None = None) -> Path:
         return Path(
             snapshot_download(repo_id, revision=revision, allow_patterns=patterns, local_files_only=offline)
         )
+
+
+@contextmanager
+def _hub_errors(repo_id: str, revision: str | None) -> Iterator[None]:
+    """huggingface_hub's errors as one line each: what the user can do about a missing, gated or unreachable
+    repo (`InputError`), or a download that failed (`ConversionError`)."""
+    from huggingface_hub import constants
+    from huggingface_hub import errors as hf_errors
+
+    try:
+        yield
     except hf_errors.RepositoryNotFoundError:
         raise InputError(
             f"{repo_id}: no such model repo on {constants.ENDPOINT} (or it is private or gated: set HF_TOKEN)"
@@ -139,6 +190,8 @@ def fetch(repo_id: str, choose, revision: str | None = None) -> Path:
             f"{repo_id}: not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and HF_HUB_OFFLINE is set: "
             "download it once online, or pass a local folder"
         ) from None
+    except hf_errors.SafetensorsParsingError as e:
+        raise InputError(f"{repo_id}: {first_line(e)}") from None
     except hf_errors.HfHubHTTPError as e:
         raise ConversionError(f"{repo_id}: download failed: {first_line(e)}") from None
     except (transport_errors(), OSError) as e:
@@ -148,11 +201,122 @@ def fetch(repo_id: str, choose, revision: str | None = None) -> Path:
         ) from None
 
 
+#: what detection reads of a model folder besides its safetensors headers (`read.detect`)
+_OUTLINE_NAMES = (CONFIG_NAME, "model_index.json")
+
+
+@contextmanager
+def outline(repo_id: str, revision: str | None = None) -> Iterator[Path]:
+    """A local folder that `read.detect` reads as it reads the repo downloaded, with none of its weights fetched:
+    the repo's config.json, model_index.json and safetensors indexes at its root and one folder down (the cache
+    keeps them), and each safetensors file there as its bytes up to the end of its header (`_header_bytes`: two
+    range requests at most) followed by a hole to its size (a sparse file: no disk). Deeper folders and ``.pth``
+    files hold no model `--format` detects.
+
+    Offline (`HF_HUB_OFFLINE=1`), the cached snapshot as it is. An `InputError` raised inside names `repo_id`
+    where it would name the outline's temporary folder."""
+    from huggingface_hub import HfApi, constants, snapshot_download
+
+    check_repo_id(repo_id)
+    if constants.HF_HUB_OFFLINE:
+        snapshot = _cached_snapshot(repo_id, revision)
+        if snapshot is None:
+            with _hub_errors(repo_id, revision):
+                snapshot_download(repo_id, revision=revision, local_files_only=True)  # raises: not cached
+        yield snapshot
+        return
+    with tempfile.TemporaryDirectory(prefix="quantize-outline-") as tmp:
+        root = Path(tmp)
+        with _hub_errors(repo_id, revision):
+            api = HfApi()
+            info = api.model_info(repo_id, revision=revision)
+            files = sorted(s.rfilename for s in info.siblings or ())
+            shallow = [f for f in files if f.count("/") <= 1]
+            small = [
+                f for f in shallow if f.endswith(INDEX_SUFFIX) or posixpath.basename(f) in _OUTLINE_NAMES
+            ]
+            if small:
+                patterns = [literal(f) for f in small]
+                cached = Path(
+                    snapshot_download(
+                        repo_id, revision=revision, allow_patterns=patterns, tqdm_class=_silent()
+                    )
+                )
+                for f in small:
+                    (root / f).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(cached / f, root / f)
+            for f in shallow:
+                if f.endswith(".safetensors"):
+                    _write_header_only(root / f, *_header_bytes(repo_id, f, info.sha))
+        try:
+            yield root
+        except InputError as e:
+            raise InputError(str(e).replace(str(root), repo_id), parameters=e.parameters) from None
+
+
+def _silent():
+    """A progress bar that shows nothing: the outline's few config files are not a download to watch."""
+    from huggingface_hub.utils import tqdm
+
+    class Silent(tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **{**kwargs, "disable": True})
+
+    return Silent
+
+
+#: what the first request for a safetensors header asks for (huggingface_hub's own figure: most headers fit)
+_FIRST_BYTES = 100_000
+
+
+def _header_bytes(repo_id: str, filename: str, commit: str) -> tuple[bytes, int]:
+    """The first bytes of a repo file, up to the end of its safetensors header (the whole file where it is
+    shorter than the first request), and the file's size: one range request, two for a header longer than the
+    first (as huggingface_hub's `HfApi.parse_safetensors_file_metadata` asks, whose parsed header would not keep
+    what `read.checkpoint.read_header` checks)."""
+    from huggingface_hub import get_session, hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
+
+    url = hf_hub_url(repo_id, filename, revision=commit)
+
+    def get(first: int, last: int):
+        response = get_session().get(url, headers={**build_hf_headers(), "Range": f"bytes={first}-{last}"})
+        hf_raise_for_status(response)
+        return response
+
+    response = get(0, _FIRST_BYTES - 1)
+    data = response.content
+    total = response.headers.get("Content-Range", "").rpartition("/")[2]
+    size = int(total) if response.status_code == 206 and total.isdigit() else len(data)
+    if len(data) >= 8:
+        (n,) = struct.unpack("<Q", data[:8])
+        if len(data) < 8 + n <= min(size, 8 + MAX_HEADER_BYTES):
+            data += get(len(data), 8 + n - 1).content
+    return data, size
+
+
+def _write_header_only(path: Path, head: bytes, size: int) -> None:
+    """A file of `size` bytes that starts with `head` and holds a hole after it (sparse: it takes no disk), which
+    `read.checkpoint.read_header` reads as it reads the file itself."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(head)
+        f.truncate(size)
+
+
 def _cached_files(repo_id: str, revision: str | None) -> list[str]:
     """The files of the cached snapshot of `repo_id` at `revision` (a branch, tag or commit); [] if none is cached.
 
     Offline, huggingface_hub returns a snapshot only when it holds every file the patterns ask for, so the
     patterns are made from what the cache holds, as online they are made from the repo's listing."""
+    snapshot = _cached_snapshot(repo_id, revision)
+    if snapshot is None:
+        return []
+    return sorted(p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file())
+
+
+def _cached_snapshot(repo_id: str, revision: str | None) -> Path | None:
+    """The cached snapshot folder of `repo_id` at `revision`, or None."""
     from huggingface_hub import constants
     from huggingface_hub.file_download import repo_folder_name
 
@@ -160,9 +324,7 @@ def _cached_files(repo_id: str, revision: str | None) -> list[str]:
     ref = storage / "refs" / (revision or "main")
     commit = ref.read_text().strip() if ref.is_file() else (revision or "")
     snapshot = storage / "snapshots" / commit
-    if not commit or not snapshot.is_dir():
-        return []
-    return sorted(p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file())
+    return snapshot if commit and snapshot.is_dir() else None
 
 
 def transport_errors() -> type[Exception]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,6 +27,7 @@ from .files import (
     OUTPUT_ROOT_FILES,
     bare_model_class,
     config_class,
+    confined_path,
     files_of_components,
     read_json_object,
 )
@@ -35,7 +36,14 @@ if TYPE_CHECKING:
     from ..recipes import Recipe
     from .checkpoint import Component
 
-__all__ = ["SourceFolder", "open_source", "local_source", "fitted_components", "under_own_names"]
+__all__ = [
+    "SourceFolder",
+    "open_source",
+    "nested_sources",
+    "local_source",
+    "fitted_components",
+    "under_own_names",
+]
 
 #: folders of a source tree that are never its files (a clone's, a cache's)
 SKIP_DIRS = frozenset({".git", ".cache", ".huggingface"})
@@ -263,6 +271,22 @@ def open_source(
 
     folder, name, repo_id = resolve_source(source, choose or recipe_files(recipe))
     return local_source(folder.absolute() if absolute else folder, recipe, name, repo_id)
+
+
+def nested_sources(src: SourceFolder, recipes: Mapping[str, Recipe]) -> list[tuple[str, SourceFolder]]:
+    """(folder, its source resolved under its recipe) of each nested conversion (folder of `src` -> recipe: a
+    pipeline's text encoders beside its transformer), each converted as a bare model folder; `src` is a pipeline
+    folder, local or fetched from the Hub with those folders (`hub.recipe_files`)."""
+    if recipes and src.file is not None:
+        raise InputError(f"{src.name}: nested conversions take a pipeline folder", parameters=("nested",))
+    nested = []
+    for rel, recipe in recipes.items():
+        folder = confined_path(src.folder, rel, "nested")
+        if rel in (".", *src.components) or not folder.is_dir():
+            where = f"{src.name}/{rel}" if src.repo_id else str(folder)
+            raise InputError(f"{where}: not a model folder of the pipeline beside what the recipe converts")
+        nested.append((rel, local_source(folder, recipe, f"{src.name}/{rel}", src.repo_id)))
+    return nested
 
 
 def local_source(

@@ -288,6 +288,165 @@ def test_an_ltx2_pipeline_repo_converts_to_comfyui_with_its_connectors_fetched(h
     assert ours.keys() == theirs.keys() and all(ours[k].equal(theirs[k]) for k in ours)
 
 
+def _seed_wan_pipeline_with_umt5(hub: HubStandIn, tmp_path: Path) -> Path:
+    """A Wan pipeline repo: the transformer, umT5 in text_encoder/ with its tokenizer/, and a VAE no format
+    converts; the local folder it was made of."""
+    from tests import diffusers_models as models
+
+    folder = tmp_path / "repo"
+    models.wan(folder / "transformer")
+    run_cli("example", tmp_path / "umt5", "--family", "umt5", check=True)
+    for rel in ("text_encoder", "tokenizer"):
+        (tmp_path / "umt5" / rel).rename(folder / rel)
+    (folder / "vae").mkdir()
+    (folder / "vae" / "diffusion_pytorch_model.safetensors").write_bytes(b"\0" * 4096)  # never needed
+    (folder / "model_index.json").write_text(json.dumps({"_class_name": "WanPipeline"}))
+    (folder / "README.md").write_text(SOURCE_CARD)
+    hub.add_files("Wan-AI/Wan-tiny-Diffusers", _files(folder))
+    return folder
+
+
+def _fetched(hub: HubStandIn, ranges: bool = False) -> set[str]:
+    """The repo files the Hub sent whole; with `ranges`, those it sent a range of (a safetensors header)."""
+    return {
+        r["path"].split("/resolve/", 1)[1].split("/", 1)[1]
+        for r in hub.requests
+        if "/resolve/" in r["path"] and r["method"] == "GET" and bool(r["range"]) == ranges
+    }
+
+
+@pytest.mark.slow
+def test_format_on_a_repo_id_reads_its_outline_and_fetches_the_pipeline_s_encoders(hub, hub_env, tmp_path):
+    """`convert REPO OUT --format gguf` on a Wan pipeline repo: the layout is read off configs and safetensors
+    headers (range requests: no weights fetched to choose), then the transformer, the umT5 in text_encoder/ and
+    its tokenizer/spiece.model are fetched, and nothing else (no VAE); OUT is what the local folder gives, byte
+    for byte, and `verify --source REPO` checks both."""
+    folder = _seed_wan_pipeline_with_umt5(hub, tmp_path)
+    out = tmp_path / "from-hub"
+    proc = run_process("convert", "Wan-AI/Wan-tiny-Diffusers", out, "--format", "gguf", env=hub_env)
+    assert proc.returncode == 0, proc.stderr
+    assert "text_encoder/: recipe umt5-gguf-q8_0: umT5" in proc.stdout
+    assert _fetched(hub) == {
+        "model_index.json",  # read by detection, with each folder's config.json
+        "transformer/config.json",
+        "transformer/diffusion_pytorch_model.safetensors",
+        "text_encoder/config.json",
+        "text_encoder/model.safetensors",
+        "tokenizer/spiece.model",
+        "README.md",
+    }
+    assert _fetched(hub, ranges=True) == {
+        "transformer/diffusion_pytorch_model.safetensors",
+        "text_encoder/model.safetensors",
+        "vae/diffusion_pytorch_model.safetensors",
+    }
+    manifest = read_json(out / "quantize_manifest.json")
+    assert (
+        manifest["nested"] == ["text_encoder"] and manifest["source"]["name"] == "Wan-AI/Wan-tiny-Diffusers"
+    )
+    local = tmp_path / "from-local"
+    run_cli("convert", folder, local, "--format", "gguf", check=True)
+    for rel in ("transformer", "text_encoder"):
+        gguf = sorted(p.relative_to(out).as_posix() for p in (out / rel).glob("*.gguf"))
+        assert gguf and all((out / f).read_bytes() == (local / f).read_bytes() for f in gguf), rel
+    # verify fetches what the manifests list, the nested one's included, into a cache of its own
+    hub.requests.clear()
+    fresh = {**hub_env, "HF_HUB_CACHE": str(tmp_path / "fresh-cache")}
+    proc = run_process("verify", out, "--source", "Wan-AI/Wan-tiny-Diffusers", "--json", env=fresh)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    checks = {(c["category"], c["check"]): c for c in json.loads(proc.stdout)["checks"]}
+    assert (
+        checks["parity", "text_encoder/: requantize"]["passed"] > 0
+        and checks["provenance", "text_encoder/: source sha256"]["ok"]
+    )
+    assert {"text_encoder/model.safetensors", "transformer/diffusion_pytorch_model.safetensors"} <= _fetched(
+        hub
+    )
+    # offline, --format reads the cached snapshot
+    hub.stop()
+    offline = {**hub_env, "HF_HUB_OFFLINE": "1"}
+    planned = run_process("plan", "Wan-AI/Wan-tiny-Diffusers", "--format", "gguf", env=offline)
+    assert planned.returncode == 0, planned.stderr
+    assert "recipe wan-diffusers-gguf-q8_0" in planned.stdout
+    assert "Wan-AI/Wan-tiny-Diffusers/text_encoder with bundled:umt5-gguf-q8_0.yaml" in planned.stdout
+
+
+def test_the_outline_of_a_repo_reads_as_its_files_do(hub, hub_env, tmp_path):
+    """Each safetensors file of a repo's outline is read by `read_header` as the file itself is, or refused with
+    the same words: a header longer than the first range request (a second one fetches the rest), a file shorter
+    than it (sent whole), a truncated file and one that is no safetensors; its data is a hole (no disk)."""
+    import torch
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "repo"
+    folder.mkdir()
+    save_file({f"t{i:05d}.weight": torch.zeros(1) for i in range(3000)}, folder / "big_header.safetensors")
+    save_file({"w": torch.ones(4, 4)}, folder / "small.safetensors")
+    whole = (folder / "small.safetensors").read_bytes()
+    (folder / "sub").mkdir()
+    save_file({"w": torch.ones(256, 1024)}, folder / "sub" / "model.safetensors")
+    (folder / "sub" / "truncated.safetensors").write_bytes(
+        (folder / "sub" / "model.safetensors").read_bytes()[:-4]
+    )
+    (folder / "not_safetensors.safetensors").write_bytes(b"PK\x03\x04 a zip")
+    hub.add_files("Some/headers", _files(folder))
+    code = """
+import json, sys
+from pathlib import Path
+from quantize.errors import InputError
+from quantize.read.checkpoint import read_header
+from quantize.read.hub import outline
+
+def read(path):
+    try:
+        h = read_header(path)
+        return [h.data_start, {k: [t.dtype, t.shape, t.start, t.end] for k, t in h.tensors.items()}]
+    except InputError as e:
+        return str(e).replace(str(path), "FILE")
+
+local = Path(sys.argv[1])
+with outline("Some/headers") as root:
+    files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+    print(json.dumps({f: [read(root / f), read(local / f), (root / f).stat().st_blocks * 512] for f in files}))
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(folder)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **hub_env},
+    )
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout)
+    assert sorted(seen) == sorted(_files(folder))
+    assert all(outlined == read for outlined, read, _ in seen.values()), seen
+    assert all(
+        isinstance(seen[f][0], str) for f in ("sub/truncated.safetensors", "not_safetensors.safetensors")
+    )
+    assert "truncated" in seen["sub/truncated.safetensors"][0]
+    assert len(seen["big_header.safetensors"][0][1]) == 3000  # a header of more than 100 kB
+    assert seen["sub/model.safetensors"][2] < 1 << 20  # 1 MiB of data, a hole on disk
+    ranged = [r for r in hub.requests if r["range"] and r["path"].endswith("big_header.safetensors")]
+    assert len(ranged) == 2 and len(whole) < 100_000
+
+
+def test_format_on_a_repo_id_that_no_family_knows_names_the_repo(hub, hub_env, tmp_path):
+    """--format on a repo of no known layout: one line naming the repo (not the outline's temporary folder),
+    exit 2, nothing written; its weights were never fetched."""
+    folder = tmp_path / "repo"
+    (folder / "vae").mkdir(parents=True)
+    (folder / "vae" / "config.json").write_text(json.dumps({"_class_name": "AutoencoderKLWan"}))
+    run_cli("example", tmp_path / "umt5", "--family", "umt5", check=True)
+    (tmp_path / "umt5" / "text_encoder" / "model.safetensors").rename(folder / "vae" / "model.safetensors")
+    hub.add_files("Some/vae-only", _files(folder))
+    proc = run_process("convert", "Some/vae-only", tmp_path / "x", "--format", "fp8_channel", env=hub_env)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert (
+        proc.stderr.startswith("error: Some/vae-only: no known layout")
+        and "quantize-outline" not in proc.stderr
+    )
+    assert _fetched(hub) == {"vae/config.json"} and not (tmp_path / "x").exists()
+
+
 def test_an_unknown_repo_or_path_is_one_clean_line(hub, hub_env, tmp_path):
     proc = run_process("convert", "Nobody/no-such-model", tmp_path / "x", "-r", "wan-fp8", env=hub_env)
     assert proc.returncode == 2 and "Nobody/no-such-model: no such model repo" in proc.stderr
