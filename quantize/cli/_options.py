@@ -14,7 +14,15 @@ from ..formats import FORMAT_INFO
 from ..read.files import CHECKPOINT_SUFFIXES
 from ._console import err, out
 
-__all__ = ["recipe_options", "Chosen", "chosen_recipe", "chosen_recipes", "lora_options", "inputs_option"]
+__all__ = [
+    "recipe_options",
+    "Chosen",
+    "chosen_recipe",
+    "chosen_recipes",
+    "outlined",
+    "lora_options",
+    "inputs_option",
+]
 
 
 def recipe_options(f):
@@ -67,7 +75,7 @@ def chosen_recipes(
     from ..recipes import load_recipe
 
     say = (err if to_stderr else out).print
-    with _detected_in(source) as folder:
+    with outlined(source) as folder:
         name, layout = recipe_for_format(folder, fmt)
         found = encoder_recipes(folder, fmt) if encoders else {}
     say(f"recipe {name}: {layout.why}")
@@ -85,8 +93,9 @@ def chosen_recipes(
 
 
 @contextmanager
-def _detected_in(source: str) -> Iterator[Path]:
-    """The folder (or file) --format reads SOURCE's layout in: SOURCE itself, or a Hub repo id's outline."""
+def outlined(source: str) -> Iterator[Path]:
+    """The folder (or file) whose configs and headers stand for SOURCE (what --format detects the layout of, and
+    `recipes --for` plans on): SOURCE itself, or a Hub repo id's outline (`read.hub.outline`)."""
     from ..read.hub import is_repo_id, outline
 
     path = Path(source)

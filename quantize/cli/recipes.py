@@ -21,7 +21,8 @@ __all__ = ["recipes_cmd"]
     "source",
     default=None,
     metavar="SOURCE",
-    help="Only the recipes that fit this source folder (its layout detected, each recipe planned on it).",
+    help="Only the recipes that fit this source folder or file, or Hub repo id (its layout detected, each recipe "
+    "planned on it; a repo's configs and safetensors headers are read, not its weights).",
 )
 def recipes_cmd(name: str | None, source: str | None) -> None:
     """List the bundled recipes, or print the YAML of one (to copy and edit)."""
@@ -36,7 +37,10 @@ def recipes_cmd(name: str | None, source: str | None) -> None:
         click.echo(bundled_recipes()[loaded.origin.removeprefix("bundled:")], nl=False)
         return
     if source is not None:
-        _recipes_for(Path(source))
+        from ._options import outlined
+
+        with outlined(source) as folder:
+            _recipes_for(folder, source)
         return
     rows = []
     for file in bundled_recipes():
@@ -49,22 +53,23 @@ def recipes_cmd(name: str | None, source: str | None) -> None:
     )
 
 
-def _recipes_for(source: Path) -> None:
+def _recipes_for(folder: Path, source: str) -> None:
+    """The bundled recipes that plan on `folder` (SOURCE, or a Hub repo's outline), named as `source`."""
     from ..plan import make_plan
     from ..read.detect import DEFAULT_RECIPES, detect_layouts
     from ..recipes import bundled_recipe, bundled_recipes
 
-    layouts = detect_layouts(source)
+    layouts = detect_layouts(folder)
     for lay in layouts:
-        out.print(f"{escape(str(source))}: {lay.name} ({lay.why})")
+        out.print(f"{escape(source)}: {lay.name} ({lay.why})")
     if not layouts:
-        out.print(f"{escape(str(source))}: no known layout; trying every bundled recipe")
+        out.print(f"{escape(source)}: no known layout; trying every bundled recipe")
     defaults = {r: fmt for lay in layouts for fmt, r in DEFAULT_RECIPES[lay.name].items()}
     rows = []
     for file in bundled_recipes():
         r = bundled_recipe(file).recipe
         try:
-            make_plan(source, r)
+            make_plan(folder, r)
         except QuantizeError:
             continue
         default = f"--format {defaults[r.name]}" if r.name in defaults else ""
@@ -74,7 +79,7 @@ def _recipes_for(source: Path) -> None:
             f"{source}: no bundled recipe fits it: write one (quantize recipes NAME prints one to start from)"
         )
     print_table(
-        f"Bundled recipes that fit {escape(str(source))} (each one planned on it)",
+        f"Bundled recipes that fit {escape(source)} (each one planned on it)",
         ("recipe", "format", "default for", "what it is for"),
         rows,
     )

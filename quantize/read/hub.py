@@ -205,53 +205,64 @@ def _hub_errors(repo_id: str, revision: str | None) -> Iterator[None]:
 _OUTLINE_NAMES = (CONFIG_NAME, "model_index.json")
 
 
+def _tokenizer_names() -> set[str]:
+    """The names of the tokenizer files a family reads into a format that holds one (`spiece.model`,
+    `tokenizer.model`): small files a plan looks for, so an outline has them."""
+    from ..models import FAMILIES
+
+    tokenizers = [f.plan.tokenizer for f in FAMILIES if f.plan.tokenizer is not None]
+    return {posixpath.basename(path) for tok in tokenizers for path in tok.files}
+
+
 @contextmanager
 def outline(repo_id: str, revision: str | None = None) -> Iterator[Path]:
-    """A local folder that `read.detect` reads as it reads the repo downloaded, with none of its weights fetched:
-    the repo's config.json, model_index.json and safetensors indexes at its root and one folder down (the cache
-    keeps them), and each safetensors file there as its bytes up to the end of its header (`_header_bytes`: two
-    range requests at most) followed by a hole to its size (a sparse file: no disk). Deeper folders and ``.pth``
-    files hold no model `--format` detects.
-
-    Offline (`HF_HUB_OFFLINE=1`), the cached snapshot as it is. An `InputError` raised inside names `repo_id`
-    where it would name the outline's temporary folder."""
-    from huggingface_hub import HfApi, constants, snapshot_download
+    """A local folder that `read.detect` and `plan.make_plan` read as they read the repo downloaded, with none of
+    its weights fetched (`_write_outline`). Offline (`HF_HUB_OFFLINE=1`), the cached snapshot as it is. An
+    `InputError` raised inside names `repo_id` where it would name the outline's temporary folder."""
+    from huggingface_hub import constants, snapshot_download
 
     check_repo_id(repo_id)
     if constants.HF_HUB_OFFLINE:
-        snapshot = _cached_snapshot(repo_id, revision)
-        if snapshot is None:
+        if _cached_snapshot(repo_id, revision) is None:
             with _hub_errors(repo_id, revision):
-                snapshot_download(repo_id, revision=revision, local_files_only=True)  # raises: not cached
-        yield snapshot
+                snapshot_download(repo_id, revision=revision, local_files_only=True)  # says what is missing
+        yield _cached_snapshot(repo_id, revision) or Path(constants.HF_HUB_CACHE)
         return
     with tempfile.TemporaryDirectory(prefix="quantize-outline-") as tmp:
         root = Path(tmp)
         with _hub_errors(repo_id, revision):
-            api = HfApi()
-            info = api.model_info(repo_id, revision=revision)
-            files = sorted(s.rfilename for s in info.siblings or ())
-            shallow = [f for f in files if f.count("/") <= 1]
-            small = [
-                f for f in shallow if f.endswith(INDEX_SUFFIX) or posixpath.basename(f) in _OUTLINE_NAMES
-            ]
-            if small:
-                patterns = [literal(f) for f in small]
-                cached = Path(
-                    snapshot_download(
-                        repo_id, revision=revision, allow_patterns=patterns, tqdm_class=_silent()
-                    )
-                )
-                for f in small:
-                    (root / f).parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(cached / f, root / f)
-            for f in shallow:
-                if f.endswith(".safetensors"):
-                    _write_header_only(root / f, *_header_bytes(repo_id, f, info.sha))
+            _write_outline(root, repo_id, revision)
         try:
             yield root
         except InputError as e:
             raise InputError(str(e).replace(str(root), repo_id), parameters=e.parameters) from None
+
+
+def _write_outline(root: Path, repo_id: str, revision: str | None) -> None:
+    """Into `root`: the repo's config.json, model_index.json and safetensors indexes at its root and one folder
+    down, and the tokenizer files a plan looks for (two folders down at most), as they are (the cache keeps
+    them); each safetensors file at the root or one folder down as its bytes up to the end of its header
+    (`_header_bytes`: two range requests at most) followed by a hole to its size (a sparse file: no disk).
+    Deeper folders and ``.pth`` files hold no model `--format` detects."""
+    from huggingface_hub import HfApi, snapshot_download
+
+    api = HfApi()
+    info = api.model_info(repo_id, revision=revision)
+    files = sorted(s.rfilename for s in info.siblings or ())
+    shallow = [f for f in files if f.count("/") <= 1]
+    small = [f for f in shallow if f.endswith(INDEX_SUFFIX) or posixpath.basename(f) in _OUTLINE_NAMES]
+    small += [f for f in files if f.count("/") <= 2 and posixpath.basename(f) in _tokenizer_names()]
+    if small:
+        patterns = [literal(f) for f in small]
+        cached = Path(
+            snapshot_download(repo_id, revision=revision, allow_patterns=patterns, tqdm_class=_silent())
+        )
+        for f in small:
+            (root / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(cached / f, root / f)
+    for f in shallow:
+        if f.endswith(".safetensors"):
+            _write_header_only(root / f, *_header_bytes(repo_id, f, info.sha))
 
 
 def _silent():

@@ -349,6 +349,16 @@ def test_format_on_a_repo_id_reads_its_outline_and_fetches_the_pipeline_s_encode
     for rel in ("transformer", "text_encoder"):
         gguf = sorted(p.relative_to(out).as_posix() for p in (out / rel).glob("*.gguf"))
         assert gguf and all((out / f).read_bytes() == (local / f).read_bytes() for f in gguf), rel
+    # which recipes fit the repo: each planned on its outline (a tokenizer for the formats that hold one)
+    hub.requests.clear()
+    fitting = run_process("recipes", "--for", "Wan-AI/Wan-tiny-Diffusers", env={**hub_env, "COLUMNS": "200"})
+    assert fitting.returncode == 0, fitting.stderr
+    assert "Wan-AI/Wan-tiny-Diffusers: umt5 (umT5" in fitting.stdout
+    assert all(
+        f"{name}.yaml" in fitting.stdout
+        for name in ("wan-diffusers-gguf-q8_0", "umt5-gguf-q8_0", "umt5-comfy-fp8")
+    )
+    assert not any(f.endswith(".safetensors") for f in _fetched(hub))
     # verify fetches what the manifests list, the nested one's included, into a cache of its own
     hub.requests.clear()
     fresh = {**hub_env, "HF_HUB_CACHE": str(tmp_path / "fresh-cache")}
