@@ -13,8 +13,9 @@ provides:
   config.json), returning the paths it wrote;
 - ``component_config(fmt, config, kept_linears) -> dict``: the component's config.json as written (verify
   compares it);
-- ``file_metadata(fmt, cp) -> dict[str, str]``: what every file's metadata carries for the format (verify
-  compares it);
+- ``stored_metadata(cp, fmt, stored) -> Iterator[(check, ok, failure)]``: each written file's metadata is the
+  plan's (safetensors: the format's ``__metadata__`` entries; GGUF: the whole header, key-values included), as
+  verify records it;
 - ``open_stored(root, rel) -> Component``: a written component read back (verify).
 
 The converter, verify and forward do not know a container's name: a new one is a new module here and a

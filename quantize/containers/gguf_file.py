@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import InputError
@@ -28,10 +29,10 @@ from ..ggml_types import ggml_type
 from ..models.family import GGUFCompanion
 from ..plan import ComponentPlan, TensorPlan
 from ..read.checkpoint import Component, TensorInfo, read_rows
-from ..read.gguf import open_gguf_component
+from ..read.gguf import key_values_of, open_gguf_component, read_gguf
 from ..read.spiece import PIECE_TYPES, Piece, SentencePieceModel, read_spiece_bytes
 from . import PlannedFile, WrittenFile, component_stem, config_with_quantization, source_config, write_config
-from .gguf_io import GGUFArray, GGUFTensor, GGUFWriter, Value, written_size
+from .gguf_io import GGUFArray, GGUFTensor, GGUFWriter, Value, header_bytes, written_size
 
 __all__ = [
     "NAME",
@@ -41,7 +42,7 @@ __all__ = [
     "open_file",
     "finish",
     "component_config",
-    "file_metadata",
+    "stored_metadata",
     "open_stored",
 ]
 
@@ -177,9 +178,38 @@ def tokenizer_key_values(cp: ComponentPlan) -> dict[str, Value]:
     return out
 
 
-def file_metadata(fmt: Format, cp: ComponentPlan) -> dict[str, str]:
-    """Nothing beyond the key-values (a GGUF file has no safetensors ``__metadata__``)."""
-    return {}
+def stored_metadata(cp: ComponentPlan, fmt: Format, stored: Component) -> Iterator[tuple[str, bool, str]]:
+    """Each file's header as written is the plan's, byte for byte (`gguf_io.header_bytes`): its key-values (the
+    family's hyperparameters, the tokenizer, a companion's) and its tensor table. A difference names the first
+    key-value that is not the plan's: the source's config or tokenizer changed since, or the file did."""
+    for file in planned_files(cp, fmt, 0):
+        path = stored.dir / file.name
+        expected, _ = header_bytes(key_values(cp, file), _tensors(file))
+        try:
+            with open(path, "rb") as f:
+                have = f.read(len(expected))
+        except OSError as e:
+            yield "key-values", False, f"{path}: cannot read: {e.strerror or e}"
+            continue
+        yield (
+            "key-values",
+            have == expected,
+            "" if have == expected else f"{path}: {_difference(expected, path)}",
+        )
+
+
+def _difference(expected: bytes, path: Path) -> str:
+    """The first key-value where the file at `path` is not the header `expected`, in words."""
+    ours, theirs = key_values_of(expected, path), read_gguf(path)[0]
+    for key in [*ours, *(k for k in theirs if k not in ours)]:
+        if key not in theirs:
+            return f"key-value {key!r} is missing"
+        if key not in ours:
+            return f"key-value {key!r} is not in the plan"
+    for key in ours:
+        if ours[key] != theirs[key]:
+            return f"key-value {key!r} is not the plan's (the source's config or tokenizer changed?)"
+    return "the tensor table is not the plan's"
 
 
 def _tensors(file: PlannedFile) -> list[GGUFTensor]:

@@ -9,6 +9,7 @@ Every shard's ``__metadata__`` carries ``{"format": "pt"}`` and the whole compon
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..formats import Format
@@ -26,6 +27,7 @@ __all__ = [
     "finish",
     "component_config",
     "file_metadata",
+    "stored_metadata",
     "open_stored",
 ]
 
@@ -64,6 +66,20 @@ def planned_size(file: PlannedFile, cp: ComponentPlan, fmt: Format) -> int:
 
 def file_metadata(fmt: Format, cp: ComponentPlan) -> dict[str, str]:
     return {**SHARD_METADATA, **cp.carried_metadata(), **fmt.checkpoint_metadata(cp.metadata_entries())}
+
+
+def stored_metadata(cp: ComponentPlan, fmt: Format, stored: Component) -> Iterator[tuple[str, bool, str]]:
+    """Every shard's ``__metadata__`` holds the format's entries (`file_metadata`: torchao's tensor JSON, say), as
+    written."""
+    expected = file_metadata(fmt, cp)
+    for shard in stored.shards:
+        have = stored.metadata[shard]
+        ok = all(have.get(k) == v for k, v in expected.items())
+        yield (
+            "shard metadata",
+            ok,
+            "" if ok else f"{shard.name}: __metadata__ lacks the {fmt.NAME} entries a loader needs",
+        )
 
 
 def open_file(path: Path, file: PlannedFile, cp: ComponentPlan, fmt: Format) -> ShardWriter:

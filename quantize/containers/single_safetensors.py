@@ -14,7 +14,14 @@ from pathlib import Path
 from ..formats import Format
 from ..plan import ComponentPlan
 from . import PlannedFile, WrittenFile, component_stem, write_config
-from .sharded_safetensors import component_config, file_metadata, open_file, open_stored, planned_size
+from .sharded_safetensors import (
+    component_config,
+    file_metadata,
+    open_file,
+    open_stored,
+    planned_size,
+    stored_metadata,
+)
 
 __all__ = [
     "NAME",
@@ -25,6 +32,7 @@ __all__ = [
     "finish",
     "component_config",
     "file_metadata",
+    "stored_metadata",
     "open_stored",
 ]
 

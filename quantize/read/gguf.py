@@ -18,7 +18,15 @@ from ..errors import InputError
 from .checkpoint import CONFIG_NAME, Component, TensorInfo
 from .files import read_json_object
 
-__all__ = ["GGUF_MAGIC", "GGUF_VERSION", "ALIGNMENT", "read_gguf", "open_gguf_component", "pad"]
+__all__ = [
+    "GGUF_MAGIC",
+    "GGUF_VERSION",
+    "ALIGNMENT",
+    "read_gguf",
+    "key_values_of",
+    "open_gguf_component",
+    "pad",
+]
 
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSION = 3
@@ -83,15 +91,7 @@ def read_gguf(path: Path) -> tuple[dict[str, object], dict[str, TensorInfo]]:
     except OSError as e:
         raise InputError(f"{path}: cannot read: {e.strerror or e}") from None
     c = _Cursor(data, path)
-    if c.take("<4s") != GGUF_MAGIC:
-        raise InputError(f"{path}: not a GGUF file (no GGUF magic)")
-    version, n_tensors, n_kv = c.take("<IQQ")
-    if version != GGUF_VERSION:
-        raise InputError(f"{path}: GGUF version {version}; only version {GGUF_VERSION} is read")
-    metadata = {}
-    for _ in range(n_kv):
-        key = c.string()
-        metadata[key] = c.value(c.take("<I"))
+    n_tensors, metadata = _key_values(c)
     align = metadata.get("general.alignment", ALIGNMENT)
     if type(align) is not int or align <= 0 or align % 8:
         raise InputError(f"{path}: general.alignment is {align!r}, not a positive multiple of 8")
@@ -127,6 +127,26 @@ def read_gguf(path: Path) -> tuple[dict[str, object], dict[str, TensorInfo]]:
         if start < end:
             raise InputError(f"{path}: tensors {a!r} and {b!r} overlap")
     return metadata, tensors
+
+
+def _key_values(c: _Cursor) -> tuple[int, dict[str, object]]:
+    """The tensor count and the key-values of the GGUF header `c` starts at (moved past them)."""
+    if c.take("<4s") != GGUF_MAGIC:
+        raise InputError(f"{c.path}: not a GGUF file (no GGUF magic)")
+    version, n_tensors, n_kv = c.take("<IQQ")
+    if version != GGUF_VERSION:
+        raise InputError(f"{c.path}: GGUF version {version}; only version {GGUF_VERSION} is read")
+    metadata = {}
+    for _ in range(n_kv):
+        key = c.string()
+        metadata[key] = c.value(c.take("<I"))
+    return n_tensors, metadata
+
+
+def key_values_of(header: bytes, where: Path) -> dict[str, object]:
+    """The key-values of a GGUF header given as bytes (`where` names it in errors), read as `read_gguf` reads a
+    file's: what a written header is compared by."""
+    return _key_values(_Cursor(header, Path(where)))[1]
 
 
 def open_gguf_component(root: Path, rel: str = ".") -> Component:

@@ -42,6 +42,12 @@ def file_metadata(fmt, cp):
     return {"format": "pt", "container": NAME, **fmt.checkpoint_metadata(cp.metadata_entries())}
 
 
+def stored_metadata(cp, fmt, stored):
+    for shard in stored.shards:
+        ok = stored.metadata[shard] == file_metadata(fmt, cp)
+        yield "shard metadata", ok, "" if ok else f"{shard.name}: not the metadata the plan writes"
+
+
 def open_file(path, file, cp, fmt):
     return ShardWriter(path, [spec for tp in file.tensors for spec in tp.outputs], file_metadata(fmt, cp))
 

@@ -303,6 +303,27 @@ def test_the_single_file_converts_with_its_own_tokenizer_to_the_same_files(conve
     }
 
 
+def test_verify_finds_a_tokenizer_changed_since_the_conversion(converted, sources, tmp_path):
+    """The tokenizer a file holds is checked against the source's: a GGUF file's header (its key-values, the
+    tokenizer's among them) must be the plan's byte for byte, a ComfyUI file's ``spiece_model`` tensor the
+    source's bytes. One piece renamed in the pipeline's tokenizer/ fails both, naming what differs."""
+    import shutil
+
+    from quantize.read.spiece import read_spiece, write_spiece
+
+    source = Path(shutil.copytree(sources["pipeline"], tmp_path / "pipeline", symlinks=True))
+    spiece = source / "tokenizer" / "spiece.model"
+    for fmt in ("gguf", "comfy_fp8"):
+        run_cli("verify", converted[fmt], "--source", source, check=True)
+    pieces = [(p.piece, p.score, p.type) for p in read_spiece(spiece).pieces]
+    pieces[5] = ("▁renamed", pieces[5][1], pieces[5][2])
+    spiece.write_bytes(write_spiece(pieces))
+    gguf = run_cli("verify", converted["gguf"], "--source", source)
+    assert gguf.returncode == 1 and "key-value 'tokenizer.ggml.tokens' is not the plan's" in gguf.stdout
+    comfy = run_cli("verify", converted["comfy_fp8"], "--source", source)
+    assert comfy.returncode == 1 and "spiece_model" in comfy.stdout, comfy.stdout
+
+
 def test_a_missing_tokenizer_is_one_line_naming_where_it_was_looked_for(sources, tmp_path):
     bare = tmp_path / "text_encoder"
     bare.mkdir()
