@@ -189,6 +189,8 @@ class Component:
     config: dict | None
     metadata: dict[Path, dict[str, str]]  # each shard's __metadata__
     file: Path | None = None  # the one checkpoint file given as the source, or None: a folder's
+    #: the other files of a model joined to this one (`read.source.with_beside`: its index, its config.json)
+    joined_files: tuple[Path, ...] = ()
 
     @property
     def dir(self) -> Path:
@@ -210,13 +212,13 @@ class Component:
         return dataclasses.replace(self, tensors=tensors)
 
     def own_files(self) -> list[Path]:
-        """The files this component is made of: shards, index, config."""
+        """The files this component is made of: shards, index, config (and a joined model's index and config)."""
         files = list(self.shards)
         if self.index_path is not None:
             files.append(self.index_path)
         if self.config is not None:
             files.append(self.config_path)
-        return files
+        return files + list(self.joined_files)
 
 
 def open_component(root: Path, rel: str = ".", file: str | None = None) -> Component:

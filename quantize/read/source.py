@@ -203,7 +203,8 @@ def under_own_names(comp: Component) -> Component:
 def with_beside(comp: Component, family: Family) -> Component:
     """A diffusers model with the model its pipeline keeps beside it for the family's native files
     (`PlanPolicy.beside`: LTX-2's ``connectors/`` beside ``transformer/``) joined: that model's tensors under the
-    release's names (what the release carries: never converted), its files among the component's, and the
+    release's names (what the release carries: never converted), its files among the component's (its shards;
+    its index and config.json, `Component.joined_files`: hashed into the manifest as the source's), and the
     release's file metadata made of the two configs (`Family.beside_metadata`); `comp` as it is where the pipeline
     has no such folder (the plan then refuses a native output, saying why)."""
     import dataclasses
@@ -231,7 +232,10 @@ def with_beside(comp: Component, family: Family) -> Component:
         tensors[native] = dataclasses.replace(info, name=native)
     meta = family.beside_metadata(comp.config or {}, other.config, other.config_path)
     metadata = {**comp.metadata, other.shards[0]: {**other.metadata.get(other.shards[0], {}), **meta}}
-    return dataclasses.replace(comp, shards=[*comp.shards, *other.shards], tensors=tensors, metadata=metadata)
+    joined = (*comp.joined_files, *(f for f in other.own_files() if f not in other.shards))
+    return dataclasses.replace(
+        comp, shards=[*comp.shards, *other.shards], tensors=tensors, metadata=metadata, joined_files=joined
+    )
 
 
 def fitted_components(folder: Path, components: list[str]) -> list[str]:

@@ -36,7 +36,7 @@ from quantize.read.checkpoint import TensorInfo, open_component, read_tensor
 from quantize.read.detect import detect_layouts
 from quantize.recipes import load_recipe
 from quantize.run.forward import forward_sqnr_db, load_inputs
-from tests.conftest import load_all, run_cli
+from tests.conftest import load_all, read_json, run_cli
 
 LTX = get_family("ltx2")
 FORMATS = [
@@ -750,6 +750,15 @@ def test_a_pipeline_with_its_connectors_converts_to_the_releases_comfy_and_gguf_
     assert set(ours) == {k for k in theirs if not k.startswith(carried_elsewhere)}
     assert all(ours[k] == theirs[k] for k in ours)
     assert _transformer_config(out) == _transformer_config(released)
+    # the connectors' config.json, which the file's metadata config is made of, is a source file of the manifest
+    listed = {f["path"] for f in read_json(out / "quantize_manifest.json")["source_files"]}
+    assert {"connectors/config.json", "connectors/diffusion_pytorch_model.safetensors"} <= listed
+    config = read_json(pipeline / "connectors" / "config.json")
+    (pipeline / "connectors" / "config.json").write_text(
+        json.dumps({**config, "video_connector_num_attention_heads": 1})
+    )
+    proc = run_cli("verify", out, "--source", pipeline)
+    assert proc.returncode == 1 and "connectors/config.json" in proc.stdout, proc.stdout
 
 
 @pytest.mark.parametrize("preset", ["tiny", "tiny-2.3"])
