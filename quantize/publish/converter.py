@@ -86,12 +86,11 @@ def convert(
         from ..read.hub import recipe_files
         from ..read.source import nested_sources, open_source
 
+        recipes = {rel: r.recipe for rel, r in beside.items()}
         # the one time SOURCE is opened (from the Hub: what the recipe and the nested ones read)
-        choose = recipe_files(loaded.recipe, {rel: r.recipe for rel, r in beside.items()})
-        src = open_source(source, loaded.recipe, choose, absolute=True)
+        src = open_source(source, loaded.recipe, recipe_files(loaded.recipe, recipes), absolute=True)
         check_output_location(src.path, out, overwrite)  # a Hub source resolves to its cached folder
-        nested = nested_sources(src, {rel: r.recipe for rel, r in beside.items()})
-        nested_sources_ = [(rel, nsrc, beside[rel]) for rel, nsrc in nested]
+        nested = [(rel, nsrc, beside[rel]) for rel, nsrc in nested_sources(src, recipes)]
         # what the conversion reads of the folder besides the components' headers, read now
         card_metadata, files = src.card_metadata(), src.files()
         files += [f for step in steps for f in step.inputs]
@@ -106,7 +105,7 @@ def convert(
                 hasher.submit(inputs, background=True)
             return _convert(
                 src, out, loaded, overwrite, max_bytes, workers, progress or NoProgress(),
-                base_model or src.repo_id, card_metadata, steps, hasher, inputs, on_pass, nested_sources_,
+                base_model or src.repo_id, card_metadata, steps, hasher, inputs, on_pass, nested,
             )  # fmt: skip
 
 

@@ -190,8 +190,6 @@ def _hub_errors(repo_id: str, revision: str | None) -> Iterator[None]:
             f"{repo_id}: not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and HF_HUB_OFFLINE is set: "
             "download it once online, or pass a local folder"
         ) from None
-    except hf_errors.SafetensorsParsingError as e:
-        raise InputError(f"{repo_id}: {first_line(e)}") from None
     except hf_errors.HfHubHTTPError as e:
         raise ConversionError(f"{repo_id}: download failed: {first_line(e)}") from None
     except (transport_errors(), OSError) as e:
