@@ -59,25 +59,34 @@ def chosen_recipe(source: str, recipe: str | None, fmt: str | None, *, to_stderr
 
 
 def chosen_recipes(
-    source: str, recipe: str | None, fmt: str | None, *, to_stderr: bool = False, encoders: bool = True
+    source: str,
+    recipe: str | None,
+    fmt: str | None,
+    *,
+    to_stderr: bool = False,
+    encoders: bool = True,
+    folder: Path | None = None,
 ) -> Chosen:
     """--recipe as given; or with --format, the bundled recipe of that format for SOURCE's layout and, on a
     pipeline (with `encoders`), each text encoder's beside it, each said in a line (on stderr with `to_stderr`,
     where stdout is JSON). An encoder without one is said to be copied as it is where the transformer's recipe
     copies the pipeline's other files, else left out. SOURCE is a local folder or file, or a Hub repo id, whose
-    layout is read off its outline (`read.hub.outline`: configs and safetensors headers, no weights)."""
+    layout is read off its outline (`read.hub.outline`: configs and safetensors headers, no weights); `folder`:
+    what `outlined(source)` gave, where the caller holds it open."""
     if (recipe is None) == (fmt is None):
         raise InputError("give --recipe RECIPE or --format FORMAT (one of them)")
     if recipe is not None:
         return Chosen(recipe, {})
+    if folder is None:
+        with outlined(source) as folder:
+            return chosen_recipes(source, recipe, fmt, to_stderr=to_stderr, encoders=encoders, folder=folder)
     from ..models import get_family
     from ..read.detect import encoder_recipes, recipe_for_format
     from ..recipes import load_recipe
 
     say = (err if to_stderr else out).print
-    with outlined(source) as folder:
-        name, layout = recipe_for_format(folder, fmt)
-        found = encoder_recipes(folder, fmt) if encoders else {}
+    name, layout = recipe_for_format(folder, fmt)
+    found = encoder_recipes(folder, fmt) if encoders else {}
     say(f"recipe {name}: {layout.why}")
     copies = bool(found) and load_recipe(name).recipe.copy_other_files
     nested = {}

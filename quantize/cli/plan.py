@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ._options import chosen_recipes, lora_options, recipe_options
+from ._options import chosen_recipes, lora_options, outlined, recipe_options
 from ._render import print_plan
 
 __all__ = ["plan_cmd"]
@@ -18,25 +18,28 @@ def plan_cmd(
     source: str, recipe: str | None, fmt: str | None, loras: tuple[str, ...], lora_unmatched: str
 ) -> None:
     """Dry run: what each tensor of SOURCE (a folder or a Hub repo id) becomes under RECIPE, and the sizes (with
-    --format on a pipeline folder, its text encoders' too, as convert writes them beside the transformer)."""
+    --format on a pipeline folder, its text encoders' too, as convert writes them beside the transformer). A Hub
+    repo is planned on its outline: its configs, headers and tokenizers, none of its weights."""
     from ..containers import check_headers
     from ..plan import make_plan
     from ..read.files import DEFAULT_MAX_SHARD_SIZE
-    from ..read.hub import recipe_files
-    from ..read.source import nested_sources, open_source
+    from ..read.hub import is_repo_id
+    from ..read.source import local_source, nested_sources
     from ..recipes import load_recipe
     from ..steps.lora import open_loras
 
-    chosen = chosen_recipes(source, recipe, fmt)
-    loaded = load_recipe(chosen.recipe)
-    encoders = {rel: load_recipe(name) for rel, name in chosen.nested.items()}
-    beside = {rel: e.recipe for rel, e in encoders.items()}
-    merge = open_loras(loras, lora_unmatched, loaded.recipe.components) if loras else None
-    src = open_source(source, loaded.recipe, recipe_files(loaded.recipe, beside))
-    plan = make_plan(src, loaded.recipe, steps=[merge] if merge else ())
-    check_headers(plan, DEFAULT_MAX_SHARD_SIZE)
-    print_plan(source, loaded.origin, plan, merge)
-    for rel, nsrc in nested_sources(src, beside):
-        nplan = make_plan(nsrc, encoders[rel].recipe)
-        check_headers(nplan, DEFAULT_MAX_SHARD_SIZE)
-        print_plan(f"{source.rstrip('/')}/{rel}", encoders[rel].origin, nplan, None)
+    with outlined(source) as folder:
+        chosen = chosen_recipes(source, recipe, fmt, folder=folder)
+        loaded = load_recipe(chosen.recipe)
+        encoders = {rel: load_recipe(name) for rel, name in chosen.nested.items()}
+        beside = {rel: e.recipe for rel, e in encoders.items()}
+        merge = open_loras(loras, lora_unmatched, loaded.recipe.components) if loras else None
+        repo_id = source if is_repo_id(source) else None
+        src = local_source(folder, loaded.recipe, repo_id, repo_id)
+        plan = make_plan(src, loaded.recipe, steps=[merge] if merge else ())
+        check_headers(plan, DEFAULT_MAX_SHARD_SIZE)
+        print_plan(source, loaded.origin, plan, merge)
+        for rel, nsrc in nested_sources(src, beside):
+            nplan = make_plan(nsrc, encoders[rel].recipe)
+            check_headers(nplan, DEFAULT_MAX_SHARD_SIZE)
+            print_plan(f"{source.rstrip('/')}/{rel}", encoders[rel].origin, nplan, None)

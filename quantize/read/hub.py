@@ -10,6 +10,7 @@ passes through `scrub` first (`first_line` of an error does).
 
 from __future__ import annotations
 
+import json
 import posixpath
 import re
 import shutil
@@ -203,6 +204,25 @@ def _hub_errors(repo_id: str, revision: str | None) -> Iterator[None]:
 _OUTLINE_NAMES = (CONFIG_NAME, "model_index.json")
 
 
+def _tokenizer_tensors(repo_id: str, filename: str, commit: str, head: bytes) -> list[tuple[int, bytes]]:
+    """(offset in the file, bytes) of each tokenizer a safetensors file holds as a tensor (`Tokenizer.tensor`:
+    Comfy-Org's ``spiece_model``), fetched by range: the one tensor a plan reads the data of (a GGUF file's
+    tokenizer key-values are made of it). A header that cannot be read gives none: `read_header` says why."""
+    from ..models import FAMILIES
+
+    names = {f.plan.tokenizer.tensor for f in FAMILIES if f.plan.tokenizer is not None}
+    try:
+        (n,) = struct.unpack("<Q", head[:8])
+        header = json.loads(head[8 : 8 + n])
+        ranges = [
+            (8 + n + header[t]["data_offsets"][0], 8 + n + header[t]["data_offsets"][1])
+            for t in names & set(header)
+        ]
+    except (struct.error, ValueError, TypeError, KeyError, IndexError):
+        return []
+    return [(a, _get_range(repo_id, filename, commit, a, b - 1).content) for a, b in ranges if b > a]
+
+
 def _tokenizer_names() -> set[str]:
     """The names of the tokenizer files a family reads into a format that holds one (`spiece.model`,
     `tokenizer.model`): small files a plan looks for, so an outline has them."""
@@ -214,8 +234,8 @@ def _tokenizer_names() -> set[str]:
 
 @contextmanager
 def outline(repo_id: str, revision: str | None = None) -> Iterator[Path]:
-    """A local folder that `read.detect` and `plan.make_plan` read as they read the repo downloaded, with none of
-    its weights fetched (`_write_outline`). Offline (`HF_HUB_OFFLINE=1`), the cached snapshot as it is. An
+    """A local folder that `read.detect`, `plan.make_plan` and `containers.check_headers` read as they read the
+    repo downloaded, with none of its weights fetched (`_write_outline`). Offline (`HF_HUB_OFFLINE=1`), the cached snapshot as it is. An
     `InputError` raised inside names `repo_id` where it would name the outline's temporary folder."""
     from huggingface_hub import constants, snapshot_download
 
@@ -240,7 +260,8 @@ def _write_outline(root: Path, repo_id: str, revision: str | None) -> None:
     """Into `root`: the repo's config.json, model_index.json and safetensors indexes at its root and one folder
     down, and the tokenizer files a plan looks for (two folders down at most), as they are (the cache keeps
     them); each safetensors file at the root or one folder down as its bytes up to the end of its header
-    (`_header_bytes`: two range requests at most) followed by a hole to its size (a sparse file: no disk).
+    (`_header_bytes`: two range requests at most) followed by a hole to its size (a sparse file: no disk), but
+    for a tokenizer it holds as a tensor (`_tokenizer_tensors`), the one tensor whose data a plan reads.
     Deeper folders and ``.pth`` files hold no model `--format` detects."""
     from huggingface_hub import HfApi, snapshot_download
 
@@ -260,7 +281,10 @@ def _write_outline(root: Path, repo_id: str, revision: str | None) -> None:
             shutil.copyfile(cached / f, root / f)
     for f in shallow:
         if f.endswith(".safetensors"):
-            _write_header_only(root / f, *_header_bytes(repo_id, f, info.sha))
+            head, size = _header_bytes(repo_id, f, info.sha)
+            _write_header_only(root / f, head, size)
+            for start, data in _tokenizer_tensors(repo_id, f, info.sha, head):
+                _write_at(root / f, start, data)
 
 
 def _silent():
@@ -283,25 +307,27 @@ def _header_bytes(repo_id: str, filename: str, commit: str) -> tuple[bytes, int]
     shorter than the first request), and the file's size: one range request, two for a header longer than the
     first (as huggingface_hub's `HfApi.parse_safetensors_file_metadata` asks, whose parsed header would not keep
     what `read.checkpoint.read_header` checks)."""
-    from huggingface_hub import get_session, hf_hub_url
-    from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
-
-    url = hf_hub_url(repo_id, filename, revision=commit)
-
-    def get(first: int, last: int):
-        response = get_session().get(url, headers={**build_hf_headers(), "Range": f"bytes={first}-{last}"})
-        hf_raise_for_status(response)
-        return response
-
-    response = get(0, _FIRST_BYTES - 1)
+    response = _get_range(repo_id, filename, commit, 0, _FIRST_BYTES - 1)
     data = response.content
     total = response.headers.get("Content-Range", "").rpartition("/")[2]
     size = int(total) if response.status_code == 206 and total.isdigit() else len(data)
     if len(data) >= 8:
         (n,) = struct.unpack("<Q", data[:8])
         if len(data) < 8 + n <= min(size, 8 + MAX_HEADER_BYTES):
-            data += get(len(data), 8 + n - 1).content
+            data += _get_range(repo_id, filename, commit, len(data), 8 + n - 1).content
     return data, size
+
+
+def _get_range(repo_id: str, filename: str, commit: str, first: int, last: int):
+    """Bytes `first`..`last` (inclusive) of a repo file: one GET through huggingface_hub's session, endpoint and
+    token."""
+    from huggingface_hub import get_session, hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
+
+    url = hf_hub_url(repo_id, filename, revision=commit)
+    response = get_session().get(url, headers={**build_hf_headers(), "Range": f"bytes={first}-{last}"})
+    hf_raise_for_status(response)
+    return response
 
 
 def _write_header_only(path: Path, head: bytes, size: int) -> None:
@@ -311,6 +337,13 @@ def _write_header_only(path: Path, head: bytes, size: int) -> None:
     with open(path, "wb") as f:
         f.write(head)
         f.truncate(size)
+
+
+def _write_at(path: Path, offset: int, data: bytes) -> None:
+    """`data` written into the file at `path` at `offset` (inside its hole)."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
 
 
 def _cached_files(repo_id: str, revision: str | None) -> list[str]:

@@ -322,6 +322,10 @@ def test_format_on_a_repo_id_reads_its_outline_and_fetches_the_pipeline_s_encode
     its tokenizer/spiece.model are fetched, and nothing else (no VAE); OUT is what the local folder gives, byte
     for byte, and `verify --source REPO` checks both."""
     folder = _seed_wan_pipeline_with_umt5(hub, tmp_path)
+
+    def fresh_cache(name: str) -> dict[str, str]:
+        return {**hub_env, "HF_HUB_CACHE": str(tmp_path / f"cache-{name}")}
+
     out = tmp_path / "from-hub"
     proc = run_process("convert", "Wan-AI/Wan-tiny-Diffusers", out, "--format", "gguf", env=hub_env)
     assert proc.returncode == 0, proc.stderr
@@ -359,10 +363,17 @@ def test_format_on_a_repo_id_reads_its_outline_and_fetches_the_pipeline_s_encode
         for name in ("wan-diffusers-gguf-q8_0", "umt5-gguf-q8_0", "umt5-comfy-fp8")
     )
     assert not any(f.endswith(".safetensors") for f in _fetched(hub))
+    # plan is a dry run on the outline too: no weights fetched, the GGUF headers made (the tokenizer read)
+    hub.requests.clear()
+    planned = run_process("plan", "Wan-AI/Wan-tiny-Diffusers", "--format", "gguf", env=fresh_cache("plan"))
+    assert planned.returncode == 0, planned.stderr
+    assert "Wan-AI/Wan-tiny-Diffusers/text_encoder with bundled:umt5-gguf-q8_0.yaml" in planned.stdout
+    assert not any(f.endswith(".safetensors") for f in _fetched(hub))
     # verify fetches what the manifests list, the nested one's included, into a cache of its own
     hub.requests.clear()
-    fresh = {**hub_env, "HF_HUB_CACHE": str(tmp_path / "fresh-cache")}
-    proc = run_process("verify", out, "--source", "Wan-AI/Wan-tiny-Diffusers", "--json", env=fresh)
+    proc = run_process(
+        "verify", out, "--source", "Wan-AI/Wan-tiny-Diffusers", "--json", env=fresh_cache("verify")
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     checks = {(c["category"], c["check"]): c for c in json.loads(proc.stdout)["checks"]}
     assert (
@@ -372,7 +383,7 @@ def test_format_on_a_repo_id_reads_its_outline_and_fetches_the_pipeline_s_encode
     assert {"text_encoder/model.safetensors", "transformer/diffusion_pytorch_model.safetensors"} <= _fetched(
         hub
     )
-    # offline, --format reads the cached snapshot
+    # offline, --format and plan read the cached snapshot
     hub.stop()
     offline = {**hub_env, "HF_HUB_OFFLINE": "1"}
     planned = run_process("plan", "Wan-AI/Wan-tiny-Diffusers", "--format", "gguf", env=offline)
@@ -437,6 +448,23 @@ with outline("Some/headers") as root:
     assert seen["sub/model.safetensors"][2] < 1 << 20  # 1 MiB of data, a hole on disk
     ranged = [r for r in hub.requests if r["range"] and r["path"].endswith("big_header.safetensors")]
     assert len(ranged) == 2 and len(whole) < 100_000
+
+
+def test_plan_on_a_repo_reads_a_tokenizer_stored_as_a_tensor_and_no_weights(hub, hub_env, tmp_path):
+    """A repo holding Comfy-Org's single umT5 file (its tokenizer inside, as the tensor ``spiece_model``): `plan
+    --format gguf` on its outline reads that tensor by range (the GGUF header holds it as key-values) and no
+    weights, and plans what the local file plans, to the byte."""
+    folder = tmp_path / "repo"
+    run_cli("example", folder, "--family", "umt5", "--layout", "single", check=True)
+    hub.add_files("Comfy-Org/umt5-single", _files(folder))
+    proc = run_process("plan", "Comfy-Org/umt5-single", "--format", "gguf", env={**hub_env, "COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stderr
+    local = run_cli("plan", folder, "--format", "gguf", env={"COLUMNS": "200"}, check=True)
+    assert proc.stdout.splitlines()[-1] == local.stdout.splitlines()[-1]  # "2.89 MB -> 1.66 MB ... as gguf"
+    assert "umt5-single-gguf-q8_0" in proc.stdout and not any(
+        f.endswith(".safetensors") for f in _fetched(hub)
+    )
+    assert len([r for r in hub.requests if r["range"]]) == 2  # the header, then spiece_model
 
 
 def test_format_on_a_repo_id_that_no_family_knows_names_the_repo(hub, hub_env, tmp_path):
