@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
@@ -102,9 +102,10 @@ def chosen_recipes(
 
 
 @contextmanager
-def outlined(source: str) -> Iterator[Path]:
-    """The folder (or file) whose configs and headers stand for SOURCE (what --format detects the layout of, and
-    `recipes --for` plans on): SOURCE itself, or a Hub repo id's outline (`read.hub.outline`)."""
+def outlined(source: str, folders: Sequence[str] = ()) -> Iterator[Path]:
+    """The folder (or file) whose configs and headers stand for SOURCE (what --format detects the layout of,
+    `recipes --for` and `plan` plan on): SOURCE itself, or a Hub repo id's outline (`read.hub.outline`, with the
+    model `folders` a recipe names at any depth)."""
     from ..read.hub import is_repo_id, outline
 
     path = Path(source)
@@ -116,7 +117,7 @@ def outlined(source: str) -> Iterator[Path]:
     if path.exists():
         yield path
     elif is_repo_id(source):
-        with outline(source) as folder:
+        with outline(source, folders=folders) as folder:
             yield folder
     else:
         raise InputError(f"{source}: no such folder or file, and not a Hub repo id (org/name)")

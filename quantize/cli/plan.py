@@ -23,12 +23,13 @@ def plan_cmd(
     from ..containers import check_headers
     from ..plan import make_plan
     from ..read.files import DEFAULT_MAX_SHARD_SIZE
-    from ..read.hub import is_repo_id
+    from ..read.hub import is_repo_id, recipe_folders
     from ..read.source import local_source, nested_sources
     from ..recipes import load_recipe
     from ..steps.lora import open_loras
 
-    with outlined(source) as folder:
+    folders = [] if recipe is None or fmt is not None else recipe_folders(load_recipe(recipe).recipe)
+    with outlined(source, folders) as folder:
         chosen = chosen_recipes(source, recipe, fmt, folder=folder)
         loaded = load_recipe(chosen.recipe)
         encoders = {rel: load_recipe(name) for rel, name in chosen.nested.items()}

@@ -10,18 +10,16 @@ passes through `scrub` first (`first_line` of an error does).
 
 from __future__ import annotations
 
-import json
 import posixpath
 import re
-import shutil
 import struct
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
 from ..errors import ConversionError, InputError
-from .files import CARD_NAME, CONFIG_NAME, INDEX_SUFFIX, MAX_HEADER_BYTES
+from .files import CARD_NAME, CONFIG_NAME, INDEX_SUFFIX, MAX_HEADER_BYTES, PTH_SUFFIX
 
 __all__ = [
     "is_repo_id",
@@ -30,6 +28,7 @@ __all__ = [
     "resolve_source",
     "source_files_wanted",
     "recipe_files",
+    "recipe_folders",
     "tokenizer_files",
     "fetch",
     "outline",
@@ -101,7 +100,7 @@ def recipe_files(recipe, nested: Mapping[str, object] | None = None):
     each of those folders (`models.family.Tokenizer.files`: umT5's ``tokenizer/spiece.model``), where the repo has
     them."""
     nested = dict(nested or {})
-    folders = [*recipe.components, *_beside_folders(recipe), *nested]
+    folders = recipe_folders(recipe, nested)
     tokenizers = [
         *(f for rel in recipe.components for f in tokenizer_files(rel, recipe.format)),
         *(f for rel, r in nested.items() for f in tokenizer_files(rel, r.format)),
@@ -114,24 +113,23 @@ def recipe_files(recipe, nested: Mapping[str, object] | None = None):
     return choose
 
 
+def recipe_folders(recipe, nested: Mapping[str, object] | None = None) -> list[str]:
+    """The model folders a conversion under `recipe` reads: its components, the folders a family's native file
+    joins from beside them (`PlanPolicy.beside`), and the `nested` conversions' folders."""
+    return [*recipe.components, *_beside_folders(recipe), *(nested or {})]
+
+
 def tokenizer_files(rel: str, fmt: str) -> list[str]:
     """Where, in the repo, a family's tokenizer is looked for beside the model folder `rel` when `fmt` holds one
     (`plan._tokenizer`), for every family that has one; none outside the repo. A manifest does not list it among
     the source files (it may lie outside the converted folder: ``../tokenizer/``), so a Hub source is fetched
     for it by name."""
     from ..formats import format_info
-    from ..models import FAMILIES
 
     if format_info(fmt).tokenizer is None:
         return []
-    found = []
-    for family in FAMILIES:
-        tok = family.plan.tokenizer
-        for f in () if tok is None else tok.files:
-            path = posixpath.normpath(posixpath.join(rel, f))
-            if not path.startswith("../"):
-                found.append(path)
-    return found
+    paths = (posixpath.normpath(posixpath.join(rel, f)) for tok in _tokenizers() for f in tok.files)
+    return [p for p in paths if not p.startswith("../")]
 
 
 def _beside_folders(recipe) -> list[str]:
@@ -187,10 +185,7 @@ def _hub_errors(repo_id: str, revision: str | None) -> Iterator[None]:
     except hf_errors.RevisionNotFoundError:
         raise InputError(f"{repo_id}: no revision {revision!r}") from None
     except hf_errors.LocalEntryNotFoundError:
-        raise InputError(
-            f"{repo_id}: not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and HF_HUB_OFFLINE is set: "
-            "download it once online, or pass a local folder"
-        ) from None
+        raise _not_cached(repo_id) from None
     except hf_errors.HfHubHTTPError as e:
         raise ConversionError(f"{repo_id}: download failed: {first_line(e)}") from None
     except (transport_errors(), OSError) as e:
@@ -200,102 +195,132 @@ def _hub_errors(repo_id: str, revision: str | None) -> Iterator[None]:
         ) from None
 
 
+def _not_cached(repo_id: str) -> InputError:
+    from huggingface_hub import constants
+
+    return InputError(
+        f"{repo_id}: not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and HF_HUB_OFFLINE is set: "
+        "download it once online, or pass a local folder"
+    )
+
+
 #: what detection reads of a model folder besides its safetensors headers (`read.detect`)
 _OUTLINE_NAMES = (CONFIG_NAME, "model_index.json")
 
 
-def _tokenizer_tensors(repo_id: str, filename: str, commit: str, head: bytes) -> list[tuple[int, bytes]]:
-    """(offset in the file, bytes) of each tokenizer a safetensors file holds as a tensor (`Tokenizer.tensor`:
-    Comfy-Org's ``spiece_model``), fetched by range: the one tensor a plan reads the data of (a GGUF file's
-    tokenizer key-values are made of it). A header that cannot be read gives none: `read_header` says why."""
+def _tokenizers() -> list:
+    """Every family's tokenizer policy (`models.family.Tokenizer`): where a plan looks for a tokenizer file,
+    and the tensor a release file holds one as."""
     from ..models import FAMILIES
 
-    names = {f.plan.tokenizer.tensor for f in FAMILIES if f.plan.tokenizer is not None}
-    try:
-        (n,) = struct.unpack("<Q", head[:8])
-        header = json.loads(head[8 : 8 + n])
-        ranges = [
-            (8 + n + header[t]["data_offsets"][0], 8 + n + header[t]["data_offsets"][1])
-            for t in names & set(header)
-        ]
-    except (struct.error, ValueError, TypeError, KeyError, IndexError):
-        return []
-    return [(a, _get_range(repo_id, filename, commit, a, b - 1).content) for a, b in ranges if b > a]
-
-
-def _tokenizer_names() -> set[str]:
-    """The names of the tokenizer files a family reads into a format that holds one (`spiece.model`,
-    `tokenizer.model`): small files a plan looks for, so an outline has them."""
-    from ..models import FAMILIES
-
-    tokenizers = [f.plan.tokenizer for f in FAMILIES if f.plan.tokenizer is not None]
-    return {posixpath.basename(path) for tok in tokenizers for path in tok.files}
+    return [f.plan.tokenizer for f in FAMILIES if f.plan.tokenizer is not None]
 
 
 @contextmanager
-def outline(repo_id: str, revision: str | None = None) -> Iterator[Path]:
+def outline(repo_id: str, revision: str | None = None, folders: Sequence[str] = ()) -> Iterator[Path]:
     """A local folder that `read.detect`, `plan.make_plan` and `containers.check_headers` read as they read the
-    repo downloaded, with none of its weights fetched (`_write_outline`). Offline (`HF_HUB_OFFLINE=1`), the cached snapshot as it is. An
-    `InputError` raised inside names `repo_id` where it would name the outline's temporary folder."""
-    from huggingface_hub import constants, snapshot_download
+    repo downloaded, with none of its weights fetched (`_write_outline`); `folders`: model folders deeper than
+    one level to outline too (a recipe's components). Offline (`HF_HUB_OFFLINE=1`), the cached snapshot as it is.
+    An `InputError` raised inside names `repo_id` where it would name the folder."""
+    from huggingface_hub import constants
 
     check_repo_id(repo_id)
     if constants.HF_HUB_OFFLINE:
-        if _cached_snapshot(repo_id, revision) is None:
-            with _hub_errors(repo_id, revision):
-                snapshot_download(repo_id, revision=revision, local_files_only=True)  # says what is missing
-        yield _cached_snapshot(repo_id, revision) or Path(constants.HF_HUB_CACHE)
+        snapshot = _cached_snapshot(repo_id, revision)
+        if snapshot is None:
+            raise _not_cached(repo_id)
+        with _naming(snapshot, repo_id):
+            yield snapshot
         return
     with tempfile.TemporaryDirectory(prefix="quantize-outline-") as tmp:
         root = Path(tmp)
-        with _hub_errors(repo_id, revision):
-            _write_outline(root, repo_id, revision)
-        try:
+        _write_outline(root, repo_id, revision, folders)
+        with _naming(root, repo_id):
             yield root
-        except InputError as e:
-            raise InputError(str(e).replace(str(root), repo_id), parameters=e.parameters) from None
 
 
-def _write_outline(root: Path, repo_id: str, revision: str | None) -> None:
-    """Into `root`: the repo's config.json, model_index.json and safetensors indexes at its root and one folder
-    down, and the tokenizer files a plan looks for (two folders down at most), as they are (the cache keeps
-    them); each safetensors file at the root or one folder down as its bytes up to the end of its header
-    (`_header_bytes`: two range requests at most) followed by a hole to its size (a sparse file: no disk), but
-    for a tokenizer it holds as a tensor (`_tokenizer_tensors`), the one tensor whose data a plan reads.
-    Deeper folders and ``.pth`` files hold no model `--format` detects."""
-    from huggingface_hub import HfApi, snapshot_download
+@contextmanager
+def _naming(root: Path, repo_id: str) -> Iterator[None]:
+    """An `InputError` raised inside with `repo_id` in place of the folder `root` that stands for it."""
+    try:
+        yield
+    except InputError as e:
+        text = str(e)
+        for where in {str(root.resolve()), str(root)}:
+            text = text.replace(where, repo_id)
+        raise InputError(text, parameters=e.parameters) from None
 
-    api = HfApi()
-    info = api.model_info(repo_id, revision=revision)
-    files = sorted(s.rfilename for s in info.siblings or ())
-    shallow = [f for f in files if f.count("/") <= 1]
-    small = [f for f in shallow if f.endswith(INDEX_SUFFIX) or posixpath.basename(f) in _OUTLINE_NAMES]
-    small += [f for f in files if f.count("/") <= 2 and posixpath.basename(f) in _tokenizer_names()]
-    if small:
-        patterns = [literal(f) for f in small]
-        cached = Path(
-            snapshot_download(repo_id, revision=revision, allow_patterns=patterns, tqdm_class=_silent())
-        )
-        for f in small:
-            (root / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(cached / f, root / f)
-    for f in shallow:
+
+def _write_outline(root: Path, repo_id: str, revision: str | None, folders: Sequence[str]) -> None:
+    """Into `root`, nothing into the Hugging Face cache, all at the commit `revision` names now:
+
+    - the repo's config.json, model_index.json and safetensors indexes at its root, one folder down and in
+      `folders`, and the tokenizer files a plan looks for (two folders down at most), as they are;
+    - each safetensors file there as its bytes up to the end of its header (`_header_bytes`: two range requests
+      at most) followed by a hole to its size (sparse where the filesystem allows), but for a tokenizer it holds
+      as a tensor (`_fill_tokenizer`: Comfy-Org's ``spiece_model``), the one tensor whose data a plan reads;
+    - a ``.pth`` in `folders` (its tensor table is inside a pickled zip: no header to outline) linked from the
+      cache, downloaded whole. Elsewhere ``.pth`` files hold no model `--format` detects.
+    """
+    from huggingface_hub import HfApi, hf_hub_download
+
+    with _hub_errors(repo_id, revision):
+        info = HfApi().model_info(repo_id, revision=revision)
+    commit, files = info.sha, sorted(s.rfilename for s in info.siblings or ())
+    deep = tuple(f"{posixpath.normpath(d)}/" for d in folders if d not in (".", ""))
+    models = [f for f in files if f.count("/") <= 1 or f.startswith(deep)]
+    tokenizer_names = {posixpath.basename(path) for tok in _tokenizers() for path in tok.files}
+    small = [f for f in models if f.endswith(INDEX_SUFFIX) or posixpath.basename(f) in _OUTLINE_NAMES]
+    small += [f for f in files if f.count("/") <= 2 and posixpath.basename(f) in tokenizer_names]
+    for f in sorted(set(small)):
+        with _hub_errors(repo_id, revision):
+            data = _get(repo_id, f, commit)
+        with _writing(root / f):
+            (root / f).write_bytes(data)
+    for f in models:
         if f.endswith(".safetensors"):
-            head, size = _header_bytes(repo_id, f, info.sha)
-            _write_header_only(root / f, head, size)
-            for start, data in _tokenizer_tensors(repo_id, f, info.sha, head):
-                _write_at(root / f, start, data)
+            with _hub_errors(repo_id, revision):
+                head, size = _header_bytes(repo_id, f, commit)
+            with _writing(root / f), open(root / f, "wb") as out:
+                out.write(head)
+                out.truncate(size)
+            _fill_tokenizer(root / f, repo_id, f, commit, revision)
+        elif f.endswith(PTH_SUFFIX) and f.startswith(deep):
+            with _hub_errors(repo_id, revision):
+                cached = Path(hf_hub_download(repo_id, f, revision=commit))
+            with _writing(root / f):
+                (root / f).symlink_to(cached)
 
 
-def _silent():
-    """A progress bar that shows nothing: the outline's few config files are not a download to watch."""
-    from huggingface_hub.utils import tqdm
+@contextmanager
+def _writing(path: Path) -> Iterator[None]:
+    """Writing `path` of an outline (its folder made first): a local failure is one line naming it, not the Hub."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        yield
+    except OSError as e:
+        raise ConversionError(f"{path}: cannot write the repo's outline: {e.strerror or e}") from None
 
-    class Silent(tqdm):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **{**kwargs, "disable": True})
 
-    return Silent
+def _fill_tokenizer(path: Path, repo_id: str, filename: str, commit: str, revision: str | None) -> None:
+    """Each tokenizer the outlined safetensors file at `path` holds as a tensor (`Tokenizer.tensor`), fetched by
+    range into its place: a plan reads its data (a GGUF file's tokenizer key-values are made of it). Its place is
+    the one `read_header` gives; a header it refuses gets none (the plan says why)."""
+    from .checkpoint import read_header  # torch: the callers (detection, the plan) have it loaded already
+
+    try:
+        tensors = read_header(path).tensors
+    except InputError:
+        return
+    for name in sorted({tok.tensor for tok in _tokenizers()}):
+        info = tensors.get(name)
+        if info is None or info.end == info.start:
+            continue
+        with _hub_errors(repo_id, revision):
+            data = _get(repo_id, filename, commit, info.start, info.end - info.start)
+        with _writing(path), open(path, "r+b") as out:
+            out.seek(info.start)
+            out.write(data)
 
 
 #: what the first request for a safetensors header asks for (huggingface_hub's own figure: most headers fit)
@@ -307,43 +332,48 @@ def _header_bytes(repo_id: str, filename: str, commit: str) -> tuple[bytes, int]
     shorter than the first request), and the file's size: one range request, two for a header longer than the
     first (as huggingface_hub's `HfApi.parse_safetensors_file_metadata` asks, whose parsed header would not keep
     what `read.checkpoint.read_header` checks)."""
-    response = _get_range(repo_id, filename, commit, 0, _FIRST_BYTES - 1)
-    data = response.content
-    total = response.headers.get("Content-Range", "").rpartition("/")[2]
-    size = int(total) if response.status_code == 206 and total.isdigit() else len(data)
+    data, size = _get_sized(repo_id, filename, commit, 0, _FIRST_BYTES)
     if len(data) >= 8:
         (n,) = struct.unpack("<Q", data[:8])
         if len(data) < 8 + n <= min(size, 8 + MAX_HEADER_BYTES):
-            data += _get_range(repo_id, filename, commit, len(data), 8 + n - 1).content
+            data += _get(repo_id, filename, commit, len(data), 8 + n - len(data))
     return data, size
 
 
-def _get_range(repo_id: str, filename: str, commit: str, first: int, last: int):
-    """Bytes `first`..`last` (inclusive) of a repo file: one GET through huggingface_hub's session, endpoint and
-    token."""
-    from huggingface_hub import get_session, hf_hub_url
+def _get(repo_id: str, filename: str, commit: str, first: int = 0, length: int | None = None) -> bytes:
+    """`length` bytes of a repo file from `first` (to its end: None)."""
+    return _get_sized(repo_id, filename, commit, first, length)[0]
+
+
+def _get_sized(
+    repo_id: str, filename: str, commit: str, first: int = 0, length: int | None = None
+) -> tuple[bytes, int]:
+    """`length` bytes of a repo file from `first` (to its end: None), and the file's size: one GET through
+    huggingface_hub's session, endpoint, token and timeout, streamed, so that a server that ignores the range
+    sends no more than is read. An empty file, or a range past the end, is no bytes."""
+    from huggingface_hub import constants, get_session, hf_hub_url
     from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
 
     url = hf_hub_url(repo_id, filename, revision=commit)
-    response = get_session().get(url, headers={**build_hf_headers(), "Range": f"bytes={first}-{last}"})
-    hf_raise_for_status(response)
-    return response
-
-
-def _write_header_only(path: Path, head: bytes, size: int) -> None:
-    """A file of `size` bytes that starts with `head` and holds a hole after it (sparse: it takes no disk), which
-    `read.checkpoint.read_header` reads as it reads the file itself."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(head)
-        f.truncate(size)
-
-
-def _write_at(path: Path, offset: int, data: bytes) -> None:
-    """`data` written into the file at `path` at `offset` (inside its hole)."""
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        f.write(data)
+    headers = build_hf_headers()
+    if first or length is not None:
+        headers["Range"] = f"bytes={first}-{'' if length is None else first + length - 1}"
+    with get_session().stream("GET", url, headers=headers, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT) as r:
+        total = r.headers.get("Content-Range", "").rpartition("/")[2]
+        if r.status_code == 416:  # nothing at `first`: an empty file, or one shorter than asked for
+            return b"", int(total) if total.isdigit() else 0
+        hf_raise_for_status(r)
+        ranged = r.status_code == 206
+        size = int(total) if ranged and total.isdigit() else int(r.headers.get("Content-Length") or -1)
+        skip = 0 if ranged else first  # a server that ignored the range sends the file from its start
+        want = None if length is None else skip + length
+        data = bytearray()
+        for chunk in r.iter_bytes():
+            data += chunk
+            if want is not None and len(data) >= want:
+                break
+    data = bytes(data[skip:want])
+    return data, (size if size >= 0 else first + len(data))
 
 
 def _cached_files(repo_id: str, revision: str | None) -> list[str]:
