@@ -181,7 +181,8 @@ def tokenizer_key_values(cp: ComponentPlan) -> dict[str, Value]:
 def stored_metadata(cp: ComponentPlan, fmt: Format, stored: Component) -> Iterator[tuple[str, bool, str]]:
     """Each file's header as written is the plan's, byte for byte (`gguf_io.header_bytes`): its key-values (the
     family's hyperparameters, the tokenizer, a companion's) and its tensor table. A difference names the first
-    key-value that is not the plan's: the source's config or tokenizer changed since, or the file did."""
+    key-value that is not the plan's (the source's config or tokenizer changed since, or the file did), else the
+    first byte that is not."""
     for file in planned_files(cp, fmt, 0):
         path = stored.dir / file.name
         expected, _ = header_bytes(key_values(cp, file), _tensors(file))
@@ -191,15 +192,13 @@ def stored_metadata(cp: ComponentPlan, fmt: Format, stored: Component) -> Iterat
         except OSError as e:
             yield "key-values", False, f"{path}: cannot read: {e.strerror or e}"
             continue
-        yield (
-            "key-values",
-            have == expected,
-            "" if have == expected else f"{path}: {_difference(expected, path)}",
-        )
+        same = have == expected
+        yield "key-values", same, "" if same else f"{path}: {_difference(expected, have, path)}"
 
 
-def _difference(expected: bytes, path: Path) -> str:
-    """The first key-value where the file at `path` is not the header `expected`, in words."""
+def _difference(expected: bytes, have: bytes, path: Path) -> str:
+    """Where the header `have` of the file at `path` is not the header `expected`, in words: the first key-value
+    that differs, else the first byte (a value's GGUF type, the order of the key-values, the tensor table)."""
     ours, theirs = key_values_of(expected, path), read_gguf(path)[0]
     for key in [*ours, *(k for k in theirs if k not in ours)]:
         if key not in theirs:
@@ -209,7 +208,11 @@ def _difference(expected: bytes, path: Path) -> str:
     for key in ours:
         if ours[key] != theirs[key]:
             return f"key-value {key!r} is not the plan's (the source's config or tokenizer changed?)"
-    return "the tensor table is not the plan's"
+    at = next((i for i, (a, b) in enumerate(zip(expected, have, strict=False)) if a != b), len(have))
+    return (
+        f"its header differs from the plan's at byte {at} (a value's type, the key-values' order or the "
+        "tensor table)"
+    )
 
 
 def _tensors(file: PlannedFile) -> list[GGUFTensor]:

@@ -392,23 +392,33 @@ def test_format_on_a_repo_id_reads_its_outline_and_fetches_the_pipeline_s_encode
     assert "Wan-AI/Wan-tiny-Diffusers/text_encoder with bundled:umt5-gguf-q8_0.yaml" in planned.stdout
 
 
-def test_the_outline_of_a_repo_reads_as_its_files_do(hub, hub_env, tmp_path):
+@pytest.mark.parametrize("ignore_range", [False, True], ids=["ranges", "server-ignores-ranges"])
+def test_the_outline_of_a_repo_reads_as_its_files_do(hub, hub_env, tmp_path, ignore_range):
     """Each safetensors file of a repo's outline is read by `read_header` as the file itself is, or refused with
     the same words: a header longer than the first range request (a second one fetches the rest), a file shorter
-    than it (sent whole), a truncated file and one that is no safetensors; its data is a hole (no disk)."""
+    than it (one request), an empty file, a truncated one and one that is no safetensors; a tokenizer stored as a
+    tensor holds its bytes, the rest of the data is a hole (no disk). The same from a server that ignores
+    ``Range`` (each answer read only as far as needed)."""
     import torch
     from safetensors.torch import save_file
 
+    hub.ignore_range = ignore_range
     folder = tmp_path / "repo"
     folder.mkdir()
     save_file({f"t{i:05d}.weight": torch.zeros(1) for i in range(3000)}, folder / "big_header.safetensors")
     save_file({"w": torch.ones(4, 4)}, folder / "small.safetensors")
-    whole = (folder / "small.safetensors").read_bytes()
+    (folder / "empty.safetensors").write_bytes(b"")
     (folder / "sub").mkdir()
     save_file({"w": torch.ones(256, 1024)}, folder / "sub" / "model.safetensors")
     (folder / "sub" / "truncated.safetensors").write_bytes(
         (folder / "sub" / "model.safetensors").read_bytes()[:-4]
     )
+    spiece = torch.arange(300, dtype=torch.uint8)
+    save_file(
+        {"w": torch.ones(256, 1024), "spiece_model": spiece}, folder / "sub" / "tokenizer_inside.safetensors"
+    )
+    cut = (folder / "sub" / "tokenizer_inside.safetensors").read_bytes()[:-100]
+    (folder / "sub" / "tokenizer_cut.safetensors").write_bytes(cut)  # spiece_model runs past the end
     (folder / "not_safetensors.safetensors").write_bytes(b"PK\x03\x04 a zip")
     hub.add_files("Some/headers", _files(folder))
     code = """
@@ -425,10 +435,19 @@ def read(path):
     except InputError as e:
         return str(e).replace(str(path), "FILE")
 
+def tokenizer(path):
+    try:
+        t = read_header(path).tensors.get("spiece_model")
+    except InputError:
+        return None
+    return None if t is None else list(path.read_bytes()[t.start:t.end])
+
 local = Path(sys.argv[1])
 with outline("Some/headers") as root:
     files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
-    print(json.dumps({f: [read(root / f), read(local / f), (root / f).stat().st_blocks * 512] for f in files}))
+    print(json.dumps({
+        f: [read(root / f), read(local / f), tokenizer(root / f), (root / f).stat().st_blocks * 512] for f in files
+    }))
 """
     proc = subprocess.run(
         [sys.executable, "-c", code, str(folder)],
@@ -439,15 +458,22 @@ with outline("Some/headers") as root:
     assert proc.returncode == 0, proc.stderr
     seen = json.loads(proc.stdout)
     assert sorted(seen) == sorted(_files(folder))
-    assert all(outlined == read for outlined, read, _ in seen.values()), seen
-    assert all(
-        isinstance(seen[f][0], str) for f in ("sub/truncated.safetensors", "not_safetensors.safetensors")
-    )
-    assert "truncated" in seen["sub/truncated.safetensors"][0]
+    assert all(outlined == read for outlined, read, _, _ in seen.values()), seen
+    refused = ("sub/truncated.safetensors", "sub/tokenizer_cut.safetensors", "not_safetensors.safetensors")
+    assert all("truncated" in seen[f][0] for f in refused[:2]) and isinstance(seen[refused[2]][0], str)
+    assert "not a safetensors file (0 bytes" in seen["empty.safetensors"][0]
     assert len(seen["big_header.safetensors"][0][1]) == 3000  # a header of more than 100 kB
-    assert seen["sub/model.safetensors"][2] < 1 << 20  # 1 MiB of data, a hole on disk
-    ranged = [r for r in hub.requests if r["range"] and r["path"].endswith("big_header.safetensors")]
-    assert len(ranged) == 2 and len(whole) < 100_000
+    assert seen["sub/tokenizer_inside.safetensors"][2] == spiece.tolist()
+    assert seen["sub/model.safetensors"][3] < 1 << 20  # 1 MiB of data, a hole on disk
+    if not ignore_range:
+
+        def asked(name):
+            return [r["range"] for r in hub.requests if r["path"].endswith("/" + name)]
+
+        assert len(asked("big_header.safetensors")) == 2 and len(asked("small.safetensors")) == 1
+        assert (
+            len(asked("tokenizer_inside.safetensors")) == 2 and len(asked("tokenizer_cut.safetensors")) == 1
+        )
 
 
 def test_plan_on_a_repo_reads_a_tokenizer_stored_as_a_tensor_and_no_weights(hub, hub_env, tmp_path):
@@ -460,12 +486,40 @@ def test_plan_on_a_repo_reads_a_tokenizer_stored_as_a_tensor_and_no_weights(hub,
     proc = run_process("plan", "Comfy-Org/umt5-single", "--format", "gguf", env={**hub_env, "COLUMNS": "200"})
     assert proc.returncode == 0, proc.stderr
     local = run_cli("plan", folder, "--format", "gguf", env={"COLUMNS": "200"}, check=True)
-    assert proc.stdout.splitlines()[-1] == local.stdout.splitlines()[-1]  # "2.89 MB -> 1.66 MB ... as gguf"
-    assert "umt5-single-gguf-q8_0" in proc.stdout and not any(
-        f.endswith(".safetensors") for f in _fetched(hub)
-    )
+
+    def lines(text: str) -> list[str]:
+        return [line.rstrip() for line in text.splitlines()]  # a title is padded to the table's width
+
+    assert lines(proc.stdout) == lines(local.stdout.replace(str(folder), "Comfy-Org/umt5-single"))
+    assert "umt5-single-gguf-q8_0" in proc.stdout and "1.66 MB" in proc.stdout.splitlines()[-1]
+    assert not any(f.endswith(".safetensors") for f in _fetched(hub))
     ranged = [(r["path"].rsplit("/", 1)[1], r["range"]) for r in hub.requests if r["range"]]
     assert len(ranged) == 2, ranged  # the header, then spiece_model
+    # plan --recipe on a repo whose model lies two folders down: the recipe's folder is outlined at any depth
+    deep = tmp_path / "deep"
+    (deep / "models" / "umt5").mkdir(parents=True)
+    (folder / "umt5_xxl_fp16.safetensors").rename(deep / "models" / "umt5" / "model.safetensors")
+    hub.add_files("Some/deep", _files(deep))
+    recipe = tmp_path / "deep.yaml"
+    recipe.write_text(
+        run_cli("recipes", "umt5-single-comfy-fp8", check=True).stdout.replace(
+            "components: ['.']", "components: [models/umt5]"
+        )
+    )
+    hub.requests.clear()
+    proc = run_process("plan", "Some/deep", "-r", recipe, env={**hub_env, "COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stderr
+    assert "models/umt5" in proc.stdout and not any(f.endswith(".safetensors") for f in _fetched(hub))
+
+
+def test_offline_after_an_outline_the_repo_is_not_cached(hub, hub_env, tmp_path):
+    """An outline writes nothing into the Hugging Face cache: offline afterwards, the repo is said not to be
+    cached (not planned on half a snapshot)."""
+    _seed_diffusers_repo(hub, tmp_path)
+    assert run_process("recipes", "--for", "Wan-AI/Wan-tiny-Diffusers", env=hub_env).returncode == 0
+    offline = {**hub_env, "HF_HUB_OFFLINE": "1"}
+    proc = run_process("plan", "Wan-AI/Wan-tiny-Diffusers", "--format", "fp8_channel", env=offline)
+    assert proc.returncode == 2 and "Wan-AI/Wan-tiny-Diffusers: not in the Hugging Face cache" in proc.stderr
 
 
 def test_format_on_a_repo_id_that_no_family_knows_names_the_repo(hub, hub_env, tmp_path):
