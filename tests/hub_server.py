@@ -388,6 +388,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._dispatch(method, raw_path)
         except _HttpError as err:
             self._error(err)
+        except (BrokenPipeError, ConnectionResetError):  # the client hung up once it had read what it needed
+            self.close_connection = True
         except Exception:  # pragma: no cover - a bug in the stand-in
             tb = traceback.format_exc()
             self.hub.errors.append(tb)
