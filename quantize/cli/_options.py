@@ -52,6 +52,12 @@ class Chosen(NamedTuple):
     nested: dict[str, str]
 
 
+def check_recipe_or_format(recipe: str | None, fmt: str | None) -> None:
+    """One of --recipe and --format, before anything is read."""
+    if (recipe is None) == (fmt is None):
+        raise InputError("give --recipe RECIPE or --format FORMAT (one of them)")
+
+
 def chosen_recipe(source: str, recipe: str | None, fmt: str | None, *, to_stderr: bool = False) -> str:
     """--recipe as given, or the bundled recipe --format picks for SOURCE's layout (said in the first line; on
     stderr with `to_stderr`, where stdout is JSON)."""
@@ -73,8 +79,7 @@ def chosen_recipes(
     copies the pipeline's other files, else left out. SOURCE is a local folder or file, or a Hub repo id, whose
     layout is read off its outline (`read.hub.outline`: configs and safetensors headers, no weights); `folder`:
     what `outlined(source)` gave, where the caller holds it open."""
-    if (recipe is None) == (fmt is None):
-        raise InputError("give --recipe RECIPE or --format FORMAT (one of them)")
+    check_recipe_or_format(recipe, fmt)
     if recipe is not None:
         return Chosen(recipe, {})
     if folder is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ._options import chosen_recipes, lora_options, outlined, recipe_options
+from ._options import check_recipe_or_format, chosen_recipes, lora_options, outlined, recipe_options
 from ._render import print_plan
 
 __all__ = ["plan_cmd"]
@@ -28,7 +28,8 @@ def plan_cmd(
     from ..recipes import load_recipe
     from ..steps.lora import open_loras
 
-    folders = [] if recipe is None or fmt is not None else recipe_folders(load_recipe(recipe).recipe)
+    check_recipe_or_format(recipe, fmt)
+    folders = [] if recipe is None else recipe_folders(load_recipe(recipe).recipe)  # outlined at any depth
     with outlined(source, folders) as folder:
         chosen = chosen_recipes(source, recipe, fmt, folder=folder)
         loaded = load_recipe(chosen.recipe)

@@ -196,6 +196,7 @@ def _hub_errors(repo_id: str, revision: str | None) -> Iterator[None]:
 
 
 def _not_cached(repo_id: str) -> InputError:
+    """Offline, with no snapshot of `repo_id` in the cache: what to do about it."""
     from huggingface_hub import constants
 
     return InputError(
