@@ -53,9 +53,13 @@ class Chosen(NamedTuple):
 
 
 def check_recipe_or_format(recipe: str | None, fmt: str | None) -> None:
-    """One of --recipe and --format, before anything is read."""
+    """One of --recipe and --format (a known one), before anything is read or fetched."""
     if (recipe is None) == (fmt is None):
         raise InputError("give --recipe RECIPE or --format FORMAT (one of them)")
+    if fmt is not None:
+        from ..read.detect import check_format
+
+        check_format(fmt)
 
 
 def chosen_recipe(source: str, recipe: str | None, fmt: str | None, *, to_stderr: bool = False) -> str:

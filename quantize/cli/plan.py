@@ -29,10 +29,11 @@ def plan_cmd(
     from ..steps.lora import open_loras
 
     check_recipe_or_format(recipe, fmt)
-    folders = [] if recipe is None else recipe_folders(load_recipe(recipe).recipe)  # outlined at any depth
+    given = None if recipe is None else load_recipe(recipe)
+    folders = [] if given is None else recipe_folders(given.recipe)  # outlined at any depth
     with outlined(source, folders) as folder:
         chosen = chosen_recipes(source, recipe, fmt, folder=folder)
-        loaded = load_recipe(chosen.recipe)
+        loaded = given or load_recipe(chosen.recipe)
         encoders = {rel: load_recipe(name) for rel, name in chosen.nested.items()}
         beside = {rel: e.recipe for rel, e in encoders.items()}
         merge = open_loras(loras, lora_unmatched, loaded.recipe.components) if loras else None

@@ -22,7 +22,14 @@ from .checkpoint import Component, open_component
 from .files import component_class
 from .source import under_own_names
 
-__all__ = ["SourceLayout", "DEFAULT_RECIPES", "detect_layouts", "recipe_for_format", "encoder_recipes"]
+__all__ = [
+    "SourceLayout",
+    "DEFAULT_RECIPES",
+    "detect_layouts",
+    "check_format",
+    "recipe_for_format",
+    "encoder_recipes",
+]
 
 #: layout -> format -> the bundled recipe `--format` takes (every family's `default_recipes`)
 DEFAULT_RECIPES: dict[str, dict[str, str]] = default_recipes()
@@ -93,15 +100,20 @@ def _unknown_class(folder: Path) -> str:
     return ""
 
 
+def check_format(fmt: str) -> None:
+    """`fmt` is a format's name, or one line listing them."""
+    if fmt not in FORMAT_INFO:
+        raise InputError(
+            f"`fmt` {fmt!r} is not a format (formats: {', '.join(sorted(FORMAT_INFO))})", parameters=("fmt",)
+        )
+
+
 def recipe_for_format(folder: Path, fmt: str) -> tuple[str, SourceLayout]:
     """The bundled recipe `--format fmt` takes for `folder`, and the layout that decided it.
 
     Raises `InputError` in one line: an unknown format, a folder of no known layout or of several, or no
     bundled recipe of that format for the layout (listing the recipes there are for it)."""
-    if fmt not in FORMAT_INFO:
-        raise InputError(
-            f"`fmt` {fmt!r} is not a format (formats: {', '.join(sorted(FORMAT_INFO))})", parameters=("fmt",)
-        )
+    check_format(fmt)
     unreadable: list[InputError] = []
     layouts = detect_layouts(folder, unreadable)
     if not layouts and unreadable:  # a truncated file, say: that is the fault, not the layout

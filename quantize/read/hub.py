@@ -205,10 +205,6 @@ def _not_cached(repo_id: str) -> InputError:
     )
 
 
-#: what detection reads of a model folder besides its safetensors headers (`read.detect`)
-_OUTLINE_NAMES = (CONFIG_NAME, "model_index.json")
-
-
 def _tokenizers() -> list:
     """Every family's tokenizer policy (`models.family.Tokenizer`): where a plan looks for a tokenizer file,
     and the tensor a release file holds one as."""
@@ -255,7 +251,7 @@ def _naming(root: Path, repo_id: str) -> Iterator[None]:
 def _write_outline(root: Path, repo_id: str, revision: str | None, folders: Sequence[str]) -> None:
     """Into `root`, nothing into the Hugging Face cache, all at the commit `revision` names now:
 
-    - the repo's config.json, model_index.json and safetensors indexes at its root, one folder down and in
+    - the repo's config.json files and safetensors indexes at its root, one folder down and in
       `folders`, and the tokenizer files a plan looks for (two folders down at most), as they are;
     - each safetensors file there as its bytes up to the end of its header (`_header_bytes`: two range requests
       at most) followed by a hole to its size (sparse where the filesystem allows), but for a tokenizer it holds
@@ -271,7 +267,7 @@ def _write_outline(root: Path, repo_id: str, revision: str | None, folders: Sequ
     deep = tuple(f"{posixpath.normpath(d)}/" for d in folders if d not in (".", ""))
     models = [f for f in files if f.count("/") <= 1 or f.startswith(deep)]
     tokenizer_names = {posixpath.basename(path) for tok in _tokenizers() for path in tok.files}
-    small = [f for f in models if f.endswith(INDEX_SUFFIX) or posixpath.basename(f) in _OUTLINE_NAMES]
+    small = [f for f in models if f.endswith(INDEX_SUFFIX) or posixpath.basename(f) == CONFIG_NAME]
     small += [f for f in files if f.count("/") <= 2 and posixpath.basename(f) in tokenizer_names]
     for f in sorted(set(small)):
         with _hub_errors(repo_id, revision):

@@ -331,7 +331,6 @@ def test_format_on_a_repo_id_reads_its_outline_and_fetches_the_pipeline_s_encode
     assert proc.returncode == 0, proc.stderr
     assert "text_encoder/: recipe umt5-gguf-q8_0: umT5" in proc.stdout
     assert _fetched(hub) == {
-        "model_index.json",  # read by detection, with each folder's config.json
         "transformer/config.json",
         "transformer/diffusion_pytorch_model.safetensors",
         "text_encoder/config.json",
