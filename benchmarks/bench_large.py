@@ -72,8 +72,10 @@ def enough_disk(data_dir: Path, have_source: bool) -> bool:
 
 
 def bundled(recipe: str) -> bool:
-    """Whether `recipe` is bundled (read from the folder: this process stays small, see `main`)."""
-    return (REPO / "recipes" / recipe).is_file()
+    """Whether `recipe` is bundled (derived or a curated file)."""
+    from quantize.recipes import bundled_names
+
+    return recipe in bundled_names()
 
 
 def earlier_run(doc: Path | None) -> tuple[dict[str, list[str]], list[str]]:

@@ -152,8 +152,8 @@ def _with_blocks(metadata: dict[str, str], blocks: int) -> dict[str, str]:
 def _released_widths_gguf(args, family: str, layout: str) -> tuple[Path, Path]:
     """The source (`GGUF_AT_RELEASED_WIDTHS`), and the family's bundled GGUF recipe for its release keeping the
     first two and the last two of the source's blocks where it keeps those of the whole model: (source, recipe)."""
-    from quantize.models import get_family
     from quantize.read.detect import detect_layouts
+    from quantize.recipes import bundled_text, default_recipes
 
     preset, blocks, _ = GGUF_AT_RELEASED_WIDTHS[family]
     src = args.work / "fam-src" / f"{family}-{layout}-{preset}-{blocks}-blocks"
@@ -161,8 +161,8 @@ def _released_widths_gguf(args, family: str, layout: str) -> tuple[Path, Path]:
     argv = [str(python), __file__, "--write-example", family, preset, layout, str(blocks), str(src)]
     subprocess.run(argv, check=True)
     (found,) = [lay for lay in detect_layouts(src) if not lay.encoder]
-    name = get_family(family).default_recipes[found.name]["gguf"]
-    text = (REPO / "recipes" / f"{name}.yaml").read_text()
+    name = default_recipes()[found.name]["gguf"]
+    text = bundled_text(name)
     ends = "|".join(str(b) for b in (0, 1, blocks - 2, blocks - 1))
     recipe = args.work / "fam-src" / f"{name}-{blocks}-blocks.yaml"
     recipe.write_text(re.sub(r"\(0\|1\|\d+\|\d+\)", f"({ends})", text, count=1))

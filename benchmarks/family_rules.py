@@ -112,11 +112,12 @@ def runnable_linears(src: Path, recipe: str, family: str) -> list[str]:
 
 def measure(family: str, fmt: str, work: Path) -> list[str]:
     from quantize.read.detect import recipe_for_format
+    from quantize.recipes import bundled_text
 
     src = work / family
     quantize("example", src, "--family", family)
     name, _ = recipe_for_format(src, fmt)
-    hand_text = (REPO / "recipes" / f"{name}.yaml").read_text()
+    hand_text = bundled_text(name)
     log(f"{family}: {name}")
     hand = sensitivity(src, name)
     linears = runnable_linears(src, name, family)

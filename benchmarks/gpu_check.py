@@ -951,13 +951,10 @@ CKPT_FORMATS = (
 
 
 def ckpt_conversions() -> list[tuple[str, list[str]]]:
-    """(format, `quantize convert` options) of each real checkpoint: `CKPT_FORMATS`' options where the bundled
-    recipes are installed; from a checkout that is not (`python -m quantize.cli` with the repo on PYTHONPATH, as on
-    the device machine: `quantize.bundled_recipes` is the `recipes/` folder only once installed), the same recipes
-    by their files' paths."""
-    if importlib.util.find_spec("quantize.bundled_recipes") is not None:
-        return [(fmt, options) for fmt, options, _ in CKPT_FORMATS]
-    return [(fmt, ["--recipe", str(REPO / "recipes" / recipe)]) for fmt, _, recipe in CKPT_FORMATS]
+    """(format, `quantize convert` options) of each real checkpoint (`CKPT_FORMATS`): bundled recipes are derived
+    or read from the checkout's `recipes/` where the package is not installed (`quantize.recipes.curated_recipes`),
+    so their names serve on the device machine too."""
+    return [(fmt, options) for fmt, options, _ in CKPT_FORMATS]
 
 
 #: the modules `quantize convert` imports that torch and diffusers do not bring (pyproject's dependencies)

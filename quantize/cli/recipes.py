@@ -26,15 +26,14 @@ __all__ = ["recipes_cmd"]
 )
 def recipes_cmd(name: str | None, source: str | None) -> None:
     """List the bundled recipes, or print the YAML of one (to copy and edit)."""
-    from ..recipes import bundled_recipe, bundled_recipes
+    from ..recipes import bundled_names, bundled_recipe, bundled_text
 
     if name and source is not None:
         raise InputError(
             "give a recipe NAME (to print it) or --for SOURCE (to list those that fit), not both"
         )
     if name:
-        loaded = bundled_recipe(name)
-        click.echo(bundled_recipes()[loaded.origin.removeprefix("bundled:")], nl=False)
+        click.echo(bundled_text(name), nl=False)
         return
     if source is not None:
         from ._options import outlined
@@ -43,7 +42,7 @@ def recipes_cmd(name: str | None, source: str | None) -> None:
             _recipes_for(folder, source)
         return
     rows = []
-    for file in bundled_recipes():
+    for file in bundled_names():
         r = bundled_recipe(file).recipe
         rows.append((file, r.format, ", ".join(r.components), r.description.strip().splitlines()[0]))
     print_table(
@@ -57,7 +56,7 @@ def _recipes_for(folder: Path, source: str) -> None:
     """The bundled recipes that plan on `folder` (SOURCE, or a Hub repo's outline), named as `source`."""
     from ..plan import make_plan
     from ..read.detect import DEFAULT_RECIPES, detect_layouts
-    from ..recipes import bundled_recipe, bundled_recipes
+    from ..recipes import bundled_names, bundled_recipe
 
     layouts = detect_layouts(folder)
     for lay in layouts:
@@ -66,7 +65,7 @@ def _recipes_for(folder: Path, source: str) -> None:
         out.print(f"{escape(source)}: no known layout; trying every bundled recipe")
     defaults = {r: fmt for lay in layouts for fmt, r in DEFAULT_RECIPES[lay.name].items()}
     rows = []
-    for file in bundled_recipes():
+    for file in bundled_names():
         r = bundled_recipe(file).recipe
         try:
             make_plan(folder, r)

@@ -48,6 +48,17 @@ class FormatInfo:
     #: how its file holds a text encoder's tokenizer (`models.family.Tokenizer`), for the runtimes that read it
     #: from there: "tensor" (ComfyUI's: the tokenizer file's bytes), "key_values" (GGUF's); None: it does not
     tokenizer: str | None = None
+    #: what its bundled recipes are named after the layout (``wan`` + ``comfy-fp8``: ``wan-comfy-fp8``)
+    recipe_suffix: str = ""
+    #: the type its bundled recipes give every quantized tensor (gguf's Q8_0); None: the format's one encoding
+    recipe_type: str | None = None
+    #: the thresholds `verify` holds its bundled recipes' tensors to (a recipe's `checks`)
+    checks: tuple[tuple[str, float], ...] = ()
+    #: it scales each block of a row's inputs, not the row (nf4, MXFP8, NVFP4, GGUF): the layers whose inputs hold
+    #: outliers a per-row or per-tensor scale spreads over a whole row are quantized too (`Policy.block_targets`)
+    block_scaled: bool = False
+    #: the type its bundled recipes store a layout's most sensitive layers in (`Policy.sensitive`): NVFP4's MXFP8
+    sensitive_type: str | None = None
 
 
 FORMAT_INFO: dict[str, FormatInfo] = {
@@ -65,6 +76,8 @@ FORMAT_INFO: dict[str, FormatInfo] = {
             layout_library="compressed-tensors",
             diffusers_needs=None,
             card_note="The weights are in the compressed-tensors `float-quantized` layout; its decompressor reads them.",
+            recipe_suffix="fp8",
+            checks=(("min_sqnr_db", 25), ("min_cosine", 0.998)),
         ),
         FormatInfo(
             name="torchao_fp8",
@@ -77,6 +90,8 @@ FORMAT_INFO: dict[str, FormatInfo] = {
             tag="fp8",
             layout_library="torchao",
             diffusers_needs="torchao",
+            recipe_suffix="torchao-fp8",
+            checks=(("min_sqnr_db", 25), ("min_cosine", 0.998)),
         ),
         FormatInfo(
             name="nf4",
@@ -89,6 +104,9 @@ FORMAT_INFO: dict[str, FormatInfo] = {
             tag="nf4",
             layout_library="bitsandbytes",
             diffusers_needs="bitsandbytes (and a GPU: its quantizer refuses to start without one)",
+            recipe_suffix="nf4",
+            checks=(("min_sqnr_db", 17), ("min_cosine", 0.99)),
+            block_scaled=True,
         ),
         FormatInfo(
             name="comfy_fp8",
@@ -105,6 +123,8 @@ FORMAT_INFO: dict[str, FormatInfo] = {
             runs_in=("comfyui", "loaders"),
             diffusers_layout=False,
             options=ComfyFp8Options,
+            recipe_suffix="comfy-fp8",
+            checks=(("min_sqnr_db", 20), ("min_cosine", 0.995)),
         ),
         FormatInfo(
             name="comfy_int8",
@@ -121,6 +141,8 @@ FORMAT_INFO: dict[str, FormatInfo] = {
             runs_in=("comfyui", "loaders"),
             diffusers_layout=False,
             options=ComfyInt8Options,
+            recipe_suffix="comfy-int8",
+            checks=(("min_sqnr_db", 30), ("min_cosine", 0.999)),
         ),
         FormatInfo(
             name="comfy_nvfp4",
@@ -137,6 +159,10 @@ FORMAT_INFO: dict[str, FormatInfo] = {
             runs_in=("comfyui", "loaders"),
             diffusers_layout=False,
             options=ComfyNvfp4Options,
+            recipe_suffix="comfy-nvfp4",
+            checks=(("min_sqnr_db", 16), ("min_cosine", 0.98)),
+            block_scaled=True,
+            sensitive_type="mxfp8",
         ),
         FormatInfo(
             name="comfy_mxfp8",
@@ -153,6 +179,9 @@ FORMAT_INFO: dict[str, FormatInfo] = {
             runs_in=("comfyui", "loaders"),
             diffusers_layout=False,
             options=ComfyMxfp8Options,
+            recipe_suffix="comfy-mxfp8",
+            checks=(("min_sqnr_db", 25), ("min_cosine", 0.998)),
+            block_scaled=True,
         ),
         FormatInfo(
             name="torchao_int8",
@@ -165,6 +194,8 @@ FORMAT_INFO: dict[str, FormatInfo] = {
             tag="int8",
             layout_library="torchao",
             diffusers_needs="torchao",
+            recipe_suffix="torchao-int8",
+            checks=(("min_sqnr_db", 25), ("min_cosine", 0.998)),
         ),
         FormatInfo(
             name="gguf",
@@ -182,6 +213,10 @@ FORMAT_INFO: dict[str, FormatInfo] = {
             diffusers_layout=False,
             options=GgufOptions,
             fixes_kept_dtypes=True,
+            recipe_suffix="gguf-q8_0",
+            recipe_type="Q8_0",
+            checks=(("min_sqnr_db", 35), ("min_cosine", 0.9995)),
+            block_scaled=True,
         ),
     )
 }

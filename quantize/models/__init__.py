@@ -37,6 +37,7 @@ from .names import (
     same_but_size_one_dims,
     stack_rows,
 )
+from .policy import FormatTargets, Policy, Refused
 from .qwen25vl import QWEN25VL
 from .qwen25vl_text import QWEN25VL_TEXT
 from .skyreels_v2 import SKYREELS_V2
@@ -65,6 +66,9 @@ __all__ = [
     "BlockNames",
     "Blocks",
     "SourceLayout",
+    "Policy",
+    "FormatTargets",
+    "Refused",
     "ModelInputs",
     "get_family",
     "family_of",
@@ -72,7 +76,6 @@ __all__ = [
     "family_of_class",
     "names_for",
     "own_names",
-    "default_recipes",
     "lora_prefixes",
     "lora_renamings",
     "modulation_names",
@@ -153,11 +156,6 @@ def names_for(role: str, family: Family | None, fmt: str, where: str) -> NameTab
             f"family's {role} names, so it takes only one of those"
         )
     return family.name_table(role, fmt, where)
-
-
-def default_recipes() -> dict[str, dict[str, str]]:
-    """Layout -> format -> the bundled recipe `convert --format` takes, over every family."""
-    return {layout: dict(by_format) for f in FAMILIES for layout, by_format in f.default_recipes.items()}
 
 
 def lora_prefixes() -> tuple[str, ...]:

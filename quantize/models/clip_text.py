@@ -36,17 +36,16 @@ from ..errors import InputError
 from .encoder import TextEncoder, token_inputs
 from .family import (
     COMFY,
-    SOURCE_NAMED,
     CardWords,
     Carried,
     Detection,
     Folders,
     ModelInputs,
     PlanPolicy,
-    bundled_recipes,
     count_blocks,
 )
 from .names import BlockNames, Blocks
+from .policy import Policy
 
 if TYPE_CHECKING:
     from ..read.checkpoint import TensorInfo
@@ -98,6 +97,10 @@ class CLIPTower:
     prefix: str  # ``text_model``: the tower's stored prefix, which transformers 5's class holds at its root
     layout: str  # ``clip-text``; the single file's is ``clip-text-single``
     title: str
+    cls: str  # transformers' class of it
+    role: str  # what it is and what reads it, in words (the bundled recipes')
+    kept: str  # what its bundled recipes keep and why, in words (`Policy.kept`)
+    nf4_forward_sqnr_db: float  # the floor of an nf4 output's forward pass (4-bit weights compound)
     encoder: str  # its folder in a pipeline
     file: str  # Comfy-Org's file of it
     projection: str  # the projection of CLIP's joint space in that file, no part of the class
@@ -146,9 +149,36 @@ class CLIPTower:
         )
 
     @property
-    def default_recipes(self) -> dict[str, dict[str, str]]:
+    def policies(self) -> dict[str, Policy]:
+        """Its two layouts' bundled recipes (`Family.policies`): every Linear of the encoder layers, under the
+        tower's prefix or without it (as transformers 5 saves them); the formats are transformers' alone."""
+        layers = rf"({self.prefix}\.)?encoder\.layers\.\d+"
+        common = dict(
+            targets=(rf"{layers}\.self_attn\.(q|k|v|out)_proj", rf"{layers}\.mlp\.fc(1|2)"),
+            quantized="every Linear of the encoder layers (the attention's q, k, v and out projections and the "
+            "MLP's fc1 and fc2, their biases kept as they are)",
+            kept=self.kept,
+            checks={"nf4": {"min_forward_sqnr_db": self.nf4_forward_sqnr_db}},
+            copy_other_files=False,
+        )
         return {
-            layout: bundled_recipes(layout, SOURCE_NAMED) for layout in (self.layout, f"{self.layout}-single")
+            self.layout: Policy(
+                what=f"{self.title} ({self.cls}: {self.role}) in transformers' layout (the pipeline, or that "
+                "folder itself; its names as released, under the tower's prefix, or as transformers 5 saves them, "
+                "without)",
+                components=(self.encoder,),
+                **common,
+            ),
+            f"{self.layout}-single": Policy(
+                what=f"{self.title} as one file given as SOURCE itself, in ComfyUI's names (Comfy-Org's "
+                f"{self.file}, transformers' own)",
+                components=(".",),
+                note=f"A transformers-layout output of it is model.safetensors in transformers' names with the "
+                f"{self.cls} config.json read off its shapes (OpenAI's towers, text up to 768 wide and vision up to "
+                "1024, with quick GELU, OpenCLIP's wider ones with GELU, as ComfyUI's configs), the "
+                f"{self.projection} (no part of the class) kept beside the weights as it is.",
+                **common,
+            ),
         }
 
     def projection_dim(self, tensors: Mapping[str, TensorInfo], hidden: int) -> int:
@@ -161,6 +191,13 @@ TOWER = CLIPTower(
     prefix="text_model",
     layout="clip-text",
     title="CLIP text model",
+    cls=CLASS,
+    role="CLIP ViT-L/14's text tower, a diffusers Kandinsky 5 or HunyuanVideo pipeline's text_encoder_2/, whose "
+    "pooled output they read",
+    kept="the token and position embeddings (lookup tables, where a quantization error reaches every token), the "
+    "layer norms and the final norm (its output and the pooled end token are what a pipeline reads), and a file's "
+    f"text_projection (CLIP's joint space, no part of {CLASS}, kept as stored)",
+    nf4_forward_sqnr_db=12,
     encoder="text_encoder_2",
     file="clip_l.safetensors",
     projection="text_projection",
@@ -209,7 +246,7 @@ class CLIPTextFamily(TextEncoder):
         "in their original precision.",
         kept_tensors="every norm and bias, the embeddings and the projection",
     )
-    default_recipes = TOWER.default_recipes
+    policies = TOWER.policies
 
     @property
     def inputs(self) -> ModelInputs:

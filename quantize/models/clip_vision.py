@@ -54,6 +54,13 @@ TOWER = CLIPTower(
     prefix="vision_model",
     layout="clip-vision",
     title="CLIP vision model",
+    cls=CLASS,
+    role="OpenCLIP ViT-H/14, a diffusers Wan 2.1 I2V or Wan Animate pipeline's image_encoder/, whose penultimate "
+    "hidden state they read",
+    kept="the patch embedding (a convolution over the pixels), the class and position embeddings, the pre- and "
+    f"post-layer norms and every layer norm, and a file's visual_projection (CLIP's joint space, no part of {CLASS}, "
+    "kept as stored)",
+    nf4_forward_sqnr_db=15,
     encoder="image_encoder",
     file="clip_vision_h.safetensors",
     projection="visual_projection",
@@ -119,7 +126,7 @@ class CLIPVisionFamily(TextEncoder):
         "stay in their original precision.",
         kept_tensors="every norm and bias, the embeddings and the projection",
     )
-    default_recipes = TOWER.default_recipes
+    policies = TOWER.policies
 
     @property
     def inputs(self) -> ModelInputs:

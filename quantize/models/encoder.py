@@ -53,6 +53,10 @@ def token_inputs(vocab_size: Callable[[dict], int], module: str = "", **call: ob
 class TextEncoder(Family):
     """A transformers text encoder (`Detection.library` ``transformers``)."""
 
+    #: the ComfyUI INT8 files of an encoder are held to 25 dB per weight (a DiT's to 30): trained language
+    #: models' rows hold outliers that one scale per row spreads
+    recipe_checks = {"comfy_int8": {"min_sqnr_db": 25, "min_cosine": 0.998}}
+
     def layouts(
         self, folder: Path, open_: Callable[[str], Component | None], registered: Collection[str] = ()
     ) -> list[SourceLayout]:

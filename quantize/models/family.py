@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from ..errors import InputError
 from ..read.files import config_class
 from .names import IDENTITY, BlockNames, NameTable, Renamer, Split, Stack, renamed
+from .policy import Policy
 
 if TYPE_CHECKING:
     import torch
@@ -50,10 +51,8 @@ __all__ = [
     "LoraNames",
     "CardWords",
     "Family",
-    "RECIPE_SUFFIXES",
     "SOURCE_NAMED",
     "COMFY",
-    "bundled_recipes",
     "count_blocks",
     "NO_GGUF_READER",
 ]
@@ -187,18 +186,6 @@ class Carried:
         return any(re.fullmatch(p, name) for p in self.tensors)
 
 
-#: format -> the end of its bundled recipe's name after the layout's (layout ``wan-vace``: ``wan-vace-comfy-fp8``)
-RECIPE_SUFFIXES = {
-    "fp8_channel": "fp8",
-    "torchao_fp8": "torchao-fp8",
-    "torchao_int8": "torchao-int8",
-    "nf4": "nf4",
-    "comfy_fp8": "comfy-fp8",
-    "comfy_int8": "comfy-int8",
-    "comfy_nvfp4": "comfy-nvfp4",
-    "comfy_mxfp8": "comfy-mxfp8",
-    "gguf": "gguf-q8_0",
-}
 #: the formats that keep the source's names (what a model in diffusers' names always converts to)
 SOURCE_NAMED = ("fp8_channel", "torchao_fp8", "torchao_int8", "nf4")
 #: ComfyUI's formats
@@ -212,12 +199,6 @@ def count_blocks(tensors: Mapping[str, object], prefix: str) -> int:
     while any(k.startswith(f"{prefix}{n}.") for k in tensors):
         n += 1
     return n
-
-
-def bundled_recipes(layout: str, formats: Iterable[str] = RECIPE_SUFFIXES) -> dict[str, str]:
-    """Format -> the bundled recipe a layout's `convert --format` takes, named ``<layout>-<suffix>``
-    (`RECIPE_SUFFIXES`), for each of `formats`."""
-    return {fmt: f"{layout}-{RECIPE_SUFFIXES[fmt]}" for fmt in formats}
 
 
 #: ComfyUI-GGUF's loader reads only these architectures (its IMG_ARCH_LIST): why a family outside it has no GGUF
@@ -344,8 +325,10 @@ class Family(abc.ABC):
     names: BlockNames | None = None
     detection: Detection
     folders: Folders
-    #: layout -> format -> the bundled recipe `convert --format` takes
-    default_recipes: Mapping[str, Mapping[str, str]] = {}
+    #: layout -> what its bundled recipes quantize and keep (`policy.Policy`; `recipes.derive` makes them)
+    policies: Mapping[str, Policy] = {}
+    #: format -> the thresholds its bundled recipes hold, where the family's differ from the format's own
+    recipe_checks: Mapping[str, Mapping[str, float]] = {}
     plan: PlanPolicy = PlanPolicy()
     lora: LoraNames = LoraNames()
     card: CardWords = CardWords()
@@ -681,3 +664,4 @@ class Family(abc.ABC):
         )
         stacked = self.runnable_stacks(runs)  # cut into the class's tensors instead (`runnable_stacks`)
         return renamed([n for n in runs if n not in stacked], self.diffusers_name, where, lacking)
+

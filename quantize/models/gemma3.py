@@ -44,8 +44,6 @@ from typing import TYPE_CHECKING
 from ..errors import InputError
 from .encoder import TextEncoder, token_inputs
 from .family import (
-    COMFY,
-    SOURCE_NAMED,
     CardWords,
     Carried,
     Detection,
@@ -53,10 +51,10 @@ from .family import (
     ModelInputs,
     PlanPolicy,
     Tokenizer,
-    bundled_recipes,
     count_blocks,
 )
 from .names import BlockNames, Blocks
+from .policy import Policy
 
 if TYPE_CHECKING:
     from ..read.checkpoint import TensorInfo
@@ -120,6 +118,51 @@ CLASS_PREFIXES = (
     ("vision_tower.vision_model.", "model.vision_tower."),
     ("vision_tower.", "model.vision_tower."),
     (f"{_PROJECTOR}.", f"model.{_PROJECTOR}."),
+)
+
+# --- what the bundled recipes quantize (`policy.Policy`; `recipes.derive` makes one per format) ---------------
+
+
+def _targets(layers: str) -> tuple[str, ...]:
+    """Every Linear of the language model's layers under `layers` (a regex): attention and gated MLP."""
+    return (rf"{layers}\.\d+\.self_attn\.(q|k|v|o)_proj", rf"{layers}\.\d+\.mlp\.(gate|up|down)_proj")
+
+
+_QUANTIZED = (
+    "every Linear of the language model's layers (the attention's q, k, v, o projections and the gated MLP's gate, "
+    "up and down projections)"
+)
+_KEPT = (
+    "the token embedding (embed_tokens: a lookup table of every token's vector, tied to the output head, 8% of "
+    "Gemma 3 12B's weights, where a quantization error reaches every token), the SigLIP vision tower and the "
+    "multimodal projector (3% of the weights, run only for image prompts, which LTX-2 does not give; its patch "
+    "embedding a convolution) and every norm (Gemma's RMSNorms scale by 1 + weight)"
+)
+#: 4-bit weights compound through the layers: the output's floor
+_CHECKS = {"nf4": {"min_forward_sqnr_db": 12}, "comfy_nvfp4": {"min_forward_sqnr_db": 12}}
+
+GEMMA3_POLICY = Policy(
+    what=f"Gemma 3 text encoder ({CLASS}, LTX-2's) in transformers' layout (a pipeline's text_encoder/, or that "
+    "folder itself, in the names google/gemma-3-12b-it stores)",
+    components=("text_encoder",),
+    targets=_targets(r"language_model\.model\.layers"),
+    quantized=_QUANTIZED,
+    kept=_KEPT,
+    checks=_CHECKS,
+    copy_other_files=False,
+)
+GEMMA3_SINGLE_POLICY = Policy(
+    what="Gemma 3 text encoder as one file given as SOURCE itself, in ComfyUI's names with its tokenizer "
+    "(Comfy-Org's gemma_3_12B_it.safetensors, LTX-2's: model.layers.N, vision_model.; no config.json)",
+    components=(".",),
+    targets=_targets(r"model\.layers"),
+    quantized=_QUANTIZED,
+    kept=_KEPT,
+    checks=_CHECKS,
+    copy_other_files=False,
+    note=f"A transformers-layout output of it is written in the names the class holds (model.language_model., "
+    f"model.vision_tower.) with {CLASS}'s config read off its shapes (what they do not say Gemma 3 12B's) as "
+    "config.json, spiece_model (no part of the class) left out.",
 )
 
 # --- a forward pass's inputs ---------------------------------------------------------------------------------
@@ -199,10 +242,7 @@ class Gemma3Family(TextEncoder):
         "type `ltxv` (or with the LTX-2 text projection in **DualCLIPLoader**; its tokenizer is in the file, as "
         "`spiece_model`)",
     )
-    default_recipes = {
-        "gemma3": bundled_recipes("gemma3", (*SOURCE_NAMED, *COMFY)),
-        "gemma3-single": bundled_recipes("gemma3-single", (*SOURCE_NAMED, *COMFY)),
-    }
+    policies = {"gemma3": GEMMA3_POLICY, "gemma3-single": GEMMA3_SINGLE_POLICY}
 
     # --- recognizing it ------------------------------------------------------------------------------------
 

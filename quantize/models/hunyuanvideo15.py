@@ -60,10 +60,10 @@ from .family import (
     LoraNames,
     ModelInputs,
     PlanPolicy,
-    bundled_recipes,
     count_blocks,
 )
 from .names import _LEAVES, BlockNames, Blocks, Rows, Stack
+from .policy import Policy
 
 if TYPE_CHECKING:
     import torch
@@ -250,6 +250,63 @@ INPUTS = ModelInputs(
 )
 
 
+# --- what the bundled recipes quantize ---------------------------------------------------------------------
+
+_WHY_KEPT = (
+    "they take the timestep or a raw encoder output, run once per step over few tokens (a fraction of a percent of "
+    "the compute), and their error reaches every block: the modulations scale and gate the whole residual stream, "
+    "the final layer writes the prediction itself"
+)
+_BLOCK_WHY = (
+    "{down} too (the feed-forward down projections take GELU's outliers and add straight into the residual stream: "
+    "kept where a format has one scale per tensor or per row, quantized where it scales blocks of inputs)"
+)
+_ATTENTION = r"double_blocks\.\d+\.(img|txt)_attn_(q|k|v|qkv|proj)"
+_DIFFUSERS_ATTENTION = (
+    r"transformer_blocks\.\d+\.attn\.(to_q|to_k|to_v|to_out\.0|add_q_proj|add_k_proj|add_v_proj|to_add_out)"
+)
+RELEASE_POLICY = Policy(
+    what=(
+        "HunyuanVideo 1.5 as released (one transformer/<variant>/ folder of tencent/HunyuanVideo-1.5: "
+        "HunyuanVideo_1_5_DiffusionTransformer, original hyvideo names)"
+    ),
+    targets=(_ATTENTION, r"double_blocks\.\d+\.(img|txt)_mlp\.fc1"),
+    quantized=(
+        "every double block's attention (img_attn_q/k/v, img_attn_proj and the same txt_ ones, a fused *_attn_qkv "
+        "where the source has it) and feed-forward img_mlp.fc1 and txt_mlp.fc1"
+    ),
+    kept=(
+        "img_in (the 5-D patch embedding), txt_in (Qwen2.5-VL text input, its timestep and pooled-text embedders "
+        "and the two token-refiner blocks), byt5_in (the ByT5 glyph-text mapper), vision_in (the SigLIP image "
+        "projection), time_in (and time_r_in of MeanFlow models), cond_type_embedding, every img_mod/txt_mod "
+        f"modulation, final_layer (its adaLN modulation and output linear): {_WHY_KEPT}"
+    ),
+    block_targets=(_ATTENTION, r"double_blocks\.\d+\.(img|txt)_mlp\.fc[12]"),
+    block_why=_BLOCK_WHY.format(down="img_mlp.fc2 and txt_mlp.fc2"),
+    sensitive=(r"double_blocks\.0\..*", r"double_blocks\.\d+\.(img|txt)_mlp\.fc2"),
+    sensitive_why="the first double block and every feed-forward down projection (GELU's outliers)",
+)
+DIFFUSERS_POLICY = Policy(
+    what="HunyuanVideo 1.5 (diffusers layout, HunyuanVideo15Transformer3DModel in transformer/)",
+    components=("transformer",),
+    targets=(_DIFFUSERS_ATTENTION, r"transformer_blocks\.\d+\.(ff|ff_context)\.net\.0\.proj"),
+    quantized=(
+        "every double block's attention (attn.to_q/to_k/to_v/to_out.0 and attn.add_q_proj/add_k_proj/add_v_proj/"
+        "to_add_out) and feed-forward ff.net.0.proj and ff_context.net.0.proj"
+    ),
+    kept=(
+        "x_embedder (the 5-D patch embedding), context_embedder (Qwen2.5-VL text input, its timestep and "
+        "pooled-text embedders and the two token-refiner blocks), context_embedder_2 (the ByT5 glyph-text mapper), "
+        "image_embedder (the SigLIP image projection), time_embed, cond_type_embed, every norm1/norm1_context "
+        f"modulation, norm_out and proj_out (the final layer): {_WHY_KEPT}"
+    ),
+    block_targets=(_DIFFUSERS_ATTENTION, r"transformer_blocks\.\d+\.(ff|ff_context)\.net\.(0\.proj|2)"),
+    block_why=_BLOCK_WHY.format(down="ff.net.2 and ff_context.net.2"),
+    sensitive=(r"transformer_blocks\.0\..*", r"transformer_blocks\.\d+\.(ff|ff_context)\.net\.2"),
+    sensitive_why=RELEASE_POLICY.sensitive_why,
+)
+
+
 class HunyuanVideo15(Family):
     name = "hunyuanvideo15"
     title = "HunyuanVideo 1.5"
@@ -274,9 +331,7 @@ class HunyuanVideo15(Family):
     lora = LoraNames(
         prefixes=("diffusion_model.", "model.diffusion_model.", "transformer.", "base_model.model.")
     )
-    default_recipes = {
-        layout: bundled_recipes(layout) for layout in ("hunyuanvideo15", "hunyuanvideo15-diffusers")
-    }
+    policies = {"hunyuanvideo15": RELEASE_POLICY, "hunyuanvideo15-diffusers": DIFFUSERS_POLICY}
 
     # --- names -----------------------------------------------------------------------------------
 

@@ -30,14 +30,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InputError
 from .family import (
-    COMFY,
     NO_GGUF_READER,
-    SOURCE_NAMED,
     Detection,
     Family,
     Folders,
@@ -45,10 +44,10 @@ from .family import (
     ModelInputs,
     PlanPolicy,
     SourceLayout,
-    bundled_recipes,
     count_blocks,
 )
 from .names import BlockNames, Blocks
+from .policy import Policy
 
 if TYPE_CHECKING:
     import torch
@@ -169,6 +168,28 @@ def _call(config: dict, t: dict[str, torch.Tensor]) -> dict:
 INPUTS = ModelInputs(keys=lambda config: _KEYS, shapes=_shapes, random=_random, call=_call, accepts=_KEYS)
 
 
+POLICY = Policy(
+    what="Kandinsky 5 DiT",
+    components=("transformer",),
+    targets=(
+        r"(text|visual)_transformer_blocks\.\d+\.(self_attention|cross_attention)\.(to_query|to_key|to_value|out_layer)",
+        r"(text|visual)_transformer_blocks\.\d+\.feed_forward\.in_layer",
+    ),
+    quantized=(
+        "every attention projection (to_query, to_key, to_value, out_layer) and feed_forward.in_layer of the text "
+        "and visual blocks"
+    ),
+    kept=(
+        "time, text, pooled-text and visual embeddings, every modulation layer, the final out_layer, and "
+        "feed_forward.out_layer of both block kinds (the exclusions of the Kandinsky 5 FP8 work: the layers that "
+        "take the timestep or feed the residual stream from GELU's outliers)"
+    ),
+    sensitive=(r"text_transformer_blocks\.\d+\..*", r"visual_transformer_blocks\.0\..*"),
+    sensitive_why="the text blocks (the linguistic token refiner every visual block attends to) and the first visual block",
+    checks={"nf4": {"min_forward_sqnr_db": 15}, "comfy_nvfp4": {"min_forward_sqnr_db": 15}},
+)
+
+
 class Kandinsky5(Family):
     name = "kandinsky5"
     title = "Kandinsky 5"
@@ -187,9 +208,13 @@ class Kandinsky5(Family):
     lora = LoraNames(
         prefixes=("transformer.", "base_model.model.", "diffusion_model.", "model.diffusion_model.")
     )
-    default_recipes = {
-        layout: bundled_recipes(layout, (*SOURCE_NAMED, *COMFY))
-        for layout in ("kandinsky5", "kandinsky5-original")
+    policies = {
+        "kandinsky5": replace(POLICY, what="Kandinsky 5 DiT in diffusers layout (transformer/)"),
+        "kandinsky5-original": replace(
+            POLICY,
+            what="Kandinsky 5 DiT as released (the original names, one file in model/)",
+            components=("model",),
+        ),
     }
 
     # --- recognizing it ------------------------------------------------------------------------------

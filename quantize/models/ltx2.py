@@ -70,8 +70,6 @@ from typing import TYPE_CHECKING
 
 from ..errors import InputError
 from .family import (
-    COMFY,
-    SOURCE_NAMED,
     Beside,
     Carried,
     Detection,
@@ -80,10 +78,10 @@ from .family import (
     LoraNames,
     ModelInputs,
     PlanPolicy,
-    bundled_recipes,
     count_blocks,
 )
 from .names import BlockNames, Blocks
+from .policy import Policy
 
 if TYPE_CHECKING:
     import torch
@@ -321,6 +319,74 @@ def _call(config: dict, t: dict[str, torch.Tensor]) -> dict:
 INPUTS = ModelInputs(keys=lambda config: _KEYS, shapes=_shapes, random=_random, call=_call, accepts=_KEYS)
 
 
+# --- what the bundled recipes quantize ---------------------------------------------------------------------
+
+_ATTENTIONS = r"(attn1|attn2|audio_attn1|audio_attn2|audio_to_video_attn|video_to_audio_attn)\.(to_q|to_k|to_v|to_out\.0)"
+_FFS = r"(ff|audio_ff)\.net\.(0\.proj|2)"
+#: the first two and the last two of the 48 blocks, kept whole
+_EDGES = r"transformer_blocks\.(0|1|46|47)\..*"
+_QUANTIZED = (
+    "in blocks 2 to 45, every attention projection (to_q, to_k, to_v, to_out.0) of the six attentions (attn1, attn2, "
+    "audio_attn1, audio_attn2, audio_to_video_attn, video_to_audio_attn) and both feed-forwards (ff and audio_ff: "
+    "net.0.proj and net.2)"
+)
+_KEPT = (
+    "{embeddings} (the latent patch embeddings), caption_projection and audio_caption_projection (the text "
+    "embeddings), {modulation} (the adaLN modulation, with every block's scale_shift_table: it scales the whole "
+    "residual stream per timestep), proj_out and audio_proj_out (the output heads), LTX-2.3's per-head "
+    "to_gate_logits, and blocks 0, 1, 46 and 47 whole (the first two and the last two of the 48 blocks, kept in "
+    "bf16 as Lightricks' own quantized releases keep them: the first take the raw patch embeddings and text, the "
+    "last write straight into the output heads)"
+)
+_SENSITIVE_WHY = "the feed-forward down projections ff.net.2 and audio_ff.net.2: they take GELU's outliers"
+RELEASE_POLICY = Policy(
+    what=(
+        "LTX-2 as released (one safetensors file at the root: the transformer under model.diffusion_model. with the "
+        "video VAE, audio VAE, vocoder, text projection and connectors)"
+    ),
+    targets=(
+        rf"model\.diffusion_model\.transformer_blocks\.\d+\.{_ATTENTIONS}",
+        rf"model\.diffusion_model\.transformer_blocks\.\d+\.{_FFS}",
+    ),
+    ignore=(rf"model\.diffusion_model\.{_EDGES}",),
+    quantized=_QUANTIZED,
+    kept=_KEPT.format(
+        embeddings="patchify_proj and audio_patchify_proj",
+        modulation=(
+            "every adaln_single (adaln_single, audio_adaln_single, the four av_ca_*_adaln_single of the audio-video "
+            "cross-attention, LTX-2.3's prompt_adaln_single)"
+        ),
+    ),
+    sensitive=(r"model\.diffusion_model\.transformer_blocks\.\d+\.(ff|audio_ff)\.net\.2",),
+    sensitive_why=_SENSITIVE_WHY,
+    note=(
+        "Every other tensor of the file is carried bit for bit, never quantized: the audio-video text connectors, "
+        "text_embedding_projection, vae., audio_vae., vocoder., and the file's metadata config (ComfyUI builds the "
+        "model and both VAEs from it)."
+    ),
+)
+DIFFUSERS_POLICY = Policy(
+    what="LTX-2 (diffusers layout, LTX2VideoTransformer3DModel in transformer/)",
+    components=("transformer",),
+    targets=(rf"transformer_blocks\.\d+\.{_ATTENTIONS}", rf"transformer_blocks\.\d+\.{_FFS}"),
+    ignore=(_EDGES,),
+    quantized=_QUANTIZED,
+    kept=_KEPT.format(
+        embeddings="proj_in and audio_proj_in",
+        modulation=(
+            "time_embed, audio_time_embed, the four av_cross_attn_* of the audio-video cross-attention and "
+            "LTX-2.3's prompt_adaln"
+        ),
+    ),
+    sensitive=(r"transformer_blocks\.\d+\.(ff|audio_ff)\.net\.2",),
+    sensitive_why=_SENSITIVE_WHY,
+    note=(
+        "The audio-video text connectors are in connectors/: a native-named file (ComfyUI's, GGUF) joins them from "
+        "there, as the release carries them."
+    ),
+)
+
+
 class Ltx2(Family):
     name = "ltx2"
     title = "LTX-2"
@@ -349,10 +415,7 @@ class Ltx2(Family):
         ),
     )
     lora = LoraNames(prefixes=("diffusion_model.", "model.diffusion_model.", "transformer."))
-    default_recipes = {
-        "ltx2": bundled_recipes("ltx2"),
-        "ltx2-diffusers": bundled_recipes("ltx2-diffusers", (*SOURCE_NAMED, *COMFY, "gguf")),
-    }
+    policies = {"ltx2": RELEASE_POLICY, "ltx2-diffusers": DIFFUSERS_POLICY}
 
     # --- running it ------------------------------------------------------------------------------------
 

@@ -49,9 +49,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import InputError
 from .family import (
-    COMFY,
     NO_GGUF_READER,
-    SOURCE_NAMED,
     Carried,
     Detection,
     Family,
@@ -59,10 +57,10 @@ from .family import (
     LoraNames,
     ModelInputs,
     PlanPolicy,
-    bundled_recipes,
     count_blocks,
 )
 from .names import BlockNames, Blocks, Rows
+from .policy import Policy, Refused
 
 if TYPE_CHECKING:
     import torch
@@ -201,6 +199,80 @@ INPUTS = ModelInputs(
 )
 
 
+# --- what the bundled recipes quantize ---------------------------------------------------------------------
+
+NO_NATIVE_FROM_DIFFUSERS = (
+    "ComfyUI's detection reads rope.inv_freq, which diffusers' class does not store; convert the original release "
+    "(Comfy-Org/MiniMax-H3) to it instead, or this model to fp8_channel, torchao_fp8, torchao_int8 or nf4"
+)
+_MODULATION_WHY = (
+    "the block's AdaLN modulation (18 x 5376 x 2688 = 260M weights a block, 39% of the model: kept in bf16 it would "
+    "leave 26 GB of the 66 GB unquantized; its input is the time embedding alone, a few rows a step, and per-row "
+    "scales keep each modulation channel's own range)"
+)
+_KEPT = (
+    "{patch} (the video and audio latent patch embeddings, float32 in the release and 0.03% of it), {text} (the "
+    "text embedding every block attends to) and time_embedder (float32 in the release: the timestep embedding "
+    "every modulation is made from), the token refiner ({refiner}: the text stream every block attends to, without "
+    "an AdaLN gate to damp an error; 2.3% of the weights), {final} (float32 in the release: they write the video "
+    "and audio velocities directly), every norm{rope}"
+)
+_FORWARD_FLOOR = {"nf4": {"min_forward_sqnr_db": 15}, "comfy_nvfp4": {"min_forward_sqnr_db": 15}}
+RELEASE_POLICY = Policy(
+    what="MiniMax-H3 as released (the single file of Comfy-Org/MiniMax-H3 at the root: the original names, no config.json)",
+    targets=(
+        r"blocks\.\d+\.attn\.(qkv_proj|out_proj)",
+        r"blocks\.\d+\.mlp\.(fc1|fc2)",
+        r"blocks\.\d+\.adaln_proj\.linear",
+    ),
+    quantized=(
+        "in each of the blocks (blocks.N; 50 in the 33B): attn.qkv_proj (q, k and v stacked, as released), "
+        f"attn.out_proj, mlp.fc1 (the SwiGLU's gate and value stacked), mlp.fc2, and adaln_proj.linear, {_MODULATION_WHY}"
+    ),
+    kept=_KEPT.format(
+        patch="video_patch_proj and audio_patch_proj",
+        text="condition_proj",
+        refiner="token_refiner.blocks",
+        final="the final layer (final_layer.adaln_proj.linear and the output heads video_out and audio_out",
+        rope=", and rope.inv_freq (carried bit for bit)",
+    )
+    .replace("audio_out (float32", "audio_out, float32")
+    .replace("directly), every", "directly)), every"),
+    sensitive=(r"blocks\.\d+\.(mlp\.fc2|adaln_proj\.linear)",),
+    sensitive_why=(
+        "mlp.fc2 (the SwiGLU's down projection takes its outliers) and adaln_proj.linear (the modulation scales the "
+        "whole residual stream: 4 bits there is the riskiest choice)"
+    ),
+    checks=_FORWARD_FLOOR,
+    note=(
+        "The output keeps the release's names; its config.json is diffusers' MiniMaxH3Transformer3DModel config read "
+        "off the tensor shapes, which our loader builds and fills through the name table."
+    ),
+)
+DIFFUSERS_POLICY = Policy(
+    what="MiniMax-H3 in diffusers layout (transformer/, MiniMaxH3Transformer3DModel)",
+    components=("transformer",),
+    targets=(
+        r"transformer_blocks\.\d+\.attn\.(to_q|to_k|to_v|to_out\.0)",
+        r"transformer_blocks\.\d+\.ff\.net\.(0\.proj|2)",
+        r"transformer_blocks\.\d+\.adaln_proj\.linear",
+    ),
+    quantized=(
+        "in each of the transformer_blocks (50 in the 33B): attn.to_q, to_k, to_v, to_out.0, ff.net.0.proj (the "
+        f"SwiGLU's value and gate), ff.net.2, and adaln_proj.linear, {_MODULATION_WHY}"
+    ),
+    kept=_KEPT.format(
+        patch="proj_in and audio_proj_in",
+        text="context_embedder",
+        refiner="token_refiner.refiner_blocks",
+        final="norm_out.linear and the output heads proj_out and audio_proj_out",
+        rope="",
+    ),
+    checks=_FORWARD_FLOOR,
+    refused=(Refused(NO_NATIVE_FROM_DIFFUSERS, names=("native", "gguf")),),
+)
+
+
 class MiniMaxH3(Family):
     name = "minimax-h3"
     title = "MiniMax-H3"
@@ -219,19 +291,12 @@ class MiniMaxH3(Family):
     plan = PlanPolicy(
         no_gguf_why=NO_GGUF_READER.format(title="MiniMax-H3"),
         carried=Carried(parts=(ROPE,)),
-        diffusers_not_native_why=(
-            "ComfyUI's detection reads rope.inv_freq, which diffusers' class does not store; convert the original "
-            "release (Comfy-Org/MiniMax-H3) to it instead, or this model to fp8_channel, torchao_fp8, torchao_int8 "
-            "or nf4"
-        ),
+        diffusers_not_native_why=NO_NATIVE_FROM_DIFFUSERS,
     )
     lora = LoraNames(
         prefixes=("transformer.", "diffusion_model.", "model.diffusion_model.", "base_model.model.")
     )
-    default_recipes = {
-        "minimax-h3": bundled_recipes("minimax-h3", (*SOURCE_NAMED, *COMFY)),
-        "minimax-h3-diffusers": bundled_recipes("minimax-h3-diffusers", SOURCE_NAMED),
-    }
+    policies = {"minimax-h3": RELEASE_POLICY, "minimax-h3-diffusers": DIFFUSERS_POLICY}
 
     # --- running it ------------------------------------------------------------------------------------
 

@@ -50,18 +50,16 @@ from typing import TYPE_CHECKING
 from ..errors import InputError
 from .encoder import TextEncoder, token_inputs
 from .family import (
-    COMFY,
-    SOURCE_NAMED,
     CardWords,
     Detection,
     Folders,
     GGUFCompanion,
     ModelInputs,
     PlanPolicy,
-    bundled_recipes,
     count_blocks,
 )
 from .names import BlockNames, Blocks, Cut
+from .policy import Policy
 
 if TYPE_CHECKING:
     from ..read.checkpoint import TensorInfo
@@ -74,6 +72,9 @@ __all__ = [
     "CLASS",
     "CLASS_PREFIXES",
     "LAYER_GGUF",
+    "layer_targets",
+    "LAYER_QUANTIZED",
+    "LAYER_CHECKS",
     "text_key_values",
     "vision_key_values",
 ]
@@ -255,6 +256,53 @@ def vision_key_values(config: dict, where: Path) -> dict[str, str | int | float 
     }
 
 
+# --- what the bundled recipes quantize (`policy.Policy`; `recipes.derive` makes one per format) ---------------
+
+
+def layer_targets(layers: str) -> tuple[str, ...]:
+    """Every Linear of the language model's layers under `layers` (a regex): attention and gated MLP."""
+    return (rf"{layers}\.\d+\.self_attn\.(q|k|v|o)_proj", rf"{layers}\.\d+\.mlp\.(gate|up|down)_proj")
+
+
+#: the Linears `layer_targets` quantizes, in words, after "every Linear of"
+LAYER_QUANTIZED = (
+    "(the attention's q, k, v, o projections, their q, k and v biases kept as they are, and the gated MLP's gate, "
+    "up and down projections)"
+)
+#: 4-bit weights compound through the layers: the output's floor
+LAYER_CHECKS = {"nf4": {"min_forward_sqnr_db": 12}, "comfy_nvfp4": {"min_forward_sqnr_db": 12}}
+_KEPT = (
+    "the token embedding and the output head (embed_tokens and lm_head: 152064 rows each, 0.55B parameters apiece "
+    "in the 7B, lookup tables where a quantization error reaches every token; the head unused by an encoder), the "
+    "vision tower and its merger (0.67B, run for image prompts only; its patch embedding a 3-D convolution) and "
+    "every norm"
+)
+
+QWEN25VL_POLICY = Policy(
+    what=f"Qwen2.5-VL text encoder ({CLASS}: Kandinsky 5's, HunyuanVideo 1.5's, Qwen-Image's) in transformers' "
+    "layout (a pipeline's text_encoder/, or that folder itself, in the names Qwen/Qwen2.5-VL-7B-Instruct stores)",
+    components=("text_encoder",),
+    targets=layer_targets(r"model\.layers"),
+    quantized=f"every Linear of the language model's layers {LAYER_QUANTIZED}",
+    kept=_KEPT,
+    checks=LAYER_CHECKS,
+    copy_other_files=False,
+)
+QWEN25VL_SINGLE_POLICY = Policy(
+    what="Qwen2.5-VL text encoder as one file given as SOURCE itself, in ComfyUI's names (Comfy-Org's "
+    "qwen_2.5_vl_7b.safetensors: the names Qwen/Qwen2.5-VL-7B-Instruct stores; no config.json)",
+    components=(".",),
+    targets=QWEN25VL_POLICY.targets,
+    quantized=QWEN25VL_POLICY.quantized,
+    kept=_KEPT,
+    checks=LAYER_CHECKS,
+    copy_other_files=False,
+    note=f"A transformers-layout output of it is written in the names the class holds (model.language_model., "
+    f"model.visual.) with {CLASS}'s config read off its shapes (what they do not say Qwen2.5-VL-7B's) as "
+    "config.json.",
+)
+
+
 class Qwen25VLFamily(TextEncoder):
     name = "qwen25vl"
     title = "Qwen2.5-VL"
@@ -292,10 +340,7 @@ class Qwen25VLFamily(TextEncoder):
         "the first file of **DualCLIPLoader (GGUF)** (`kandinsky5`, `hunyuan_video_15`): it finds the mmproj file "
         "beside it by name; ComfyUI bundles its tokenizer",
     )
-    default_recipes = {
-        "qwen25vl": bundled_recipes("qwen25vl", (*SOURCE_NAMED, *COMFY, "gguf")),
-        "qwen25vl-single": bundled_recipes("qwen25vl-single", (*SOURCE_NAMED, *COMFY, "gguf")),
-    }
+    policies = {"qwen25vl": QWEN25VL_POLICY, "qwen25vl-single": QWEN25VL_SINGLE_POLICY}
 
     # --- recognizing it ------------------------------------------------------------------------------------
 

@@ -32,17 +32,15 @@ from typing import TYPE_CHECKING
 from ..errors import InputError
 from .encoder import TextEncoder, token_inputs
 from .family import (
-    COMFY,
-    SOURCE_NAMED,
     CardWords,
     Detection,
     Folders,
     ModelInputs,
     PlanPolicy,
-    bundled_recipes,
 )
 from .names import BlockNames, Blocks
-from .qwen25vl import LAYER_GGUF, text_key_values
+from .policy import Policy
+from .qwen25vl import LAYER_CHECKS, LAYER_GGUF, LAYER_QUANTIZED, layer_targets, text_key_values
 
 if TYPE_CHECKING:
     from ..read.checkpoint import TensorInfo
@@ -64,6 +62,21 @@ NAMES = BlockNames(
 #: the class's names -> llama.cpp's ``qwen2vl`` names, what a GGUF file holds
 GGUF_NAMES = BlockNames(
     root_modules=_ROOT, root_tensors={}, blocks=(Blocks("layers", "blk", modules=LAYER_GGUF),)
+)
+
+# --- what the bundled recipes quantize (`policy.Policy`; `recipes.derive` makes one per format) ---------------
+
+QWEN25VL_TEXT_POLICY = Policy(
+    what=f"Qwen2.5-VL's text model alone ({CLASS}: a diffusers HunyuanVideo 1.5 pipeline's text encoder) in "
+    "transformers' layout (a pipeline's text_encoder/, or that folder itself: layers.N, no vision tower, no output "
+    "head)",
+    components=("text_encoder",),
+    targets=layer_targets("layers"),
+    quantized=f"every Linear of the 28 layers {LAYER_QUANTIZED}",
+    kept="the token embedding (embed_tokens: 152064 x 3584 in the 7B, 0.55B parameters, a lookup table where a "
+    "quantization error reaches every token) and every norm",
+    checks=LAYER_CHECKS,
+    copy_other_files=False,
 )
 
 # --- a forward pass's inputs ---------------------------------------------------------------------------------
@@ -97,7 +110,7 @@ class Qwen25VLTextFamily(TextEncoder):
         "node (type `hunyuan_video_15`) or **CLIPLoader (GGUF)** (type `qwen_image`); ComfyUI bundles its "
         "tokenizer, and no mmproj file is needed for text prompts",
     )
-    default_recipes = {"qwen25vl-text": bundled_recipes("qwen25vl-text", (*SOURCE_NAMED, *COMFY, "gguf"))}
+    policies = {"qwen25vl-text": QWEN25VL_TEXT_POLICY}
 
     # --- running it ------------------------------------------------------------------------------------------
 

@@ -20,14 +20,15 @@ layers; a release without fps layers and without a config is a Wan, and is detec
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .family import Folders, ModelInputs, PlanPolicy, bundled_recipes
+from .family import Folders, ModelInputs, PlanPolicy
 from .names import BlockNames
 from .wan import INPUTS as WAN_INPUTS
 from .wan import NAMES as WAN_NAMES
-from .wan import ROOT_MODULES, WAN, WanVariant
+from .wan import ROOT_MODULES, WAN, WAN_DIFFUSERS_POLICY, WAN_POLICY, WanVariant
 
 if TYPE_CHECKING:
     import torch
@@ -81,6 +82,10 @@ INPUTS = ModelInputs(
 )
 
 
+#: why the fps layers stay in high precision
+_FPS_WHY = "they add to every block's modulation, like time_projection, which Wan keeps"
+
+
 class SkyReelsV2(WanVariant):
     name = "skyreels-v2"
     title = "SkyReels-V2"
@@ -96,7 +101,18 @@ class SkyReelsV2(WanVariant):
     )
     #: the fps Embedding (2 rows): a lookup table, never a Linear (a recipe that targets it is refused by name)
     plan = PlanPolicy(gguf_architecture="wan", plain_weights=(r"fps_embedding\.",))
-    default_recipes = {layout: bundled_recipes(layout) for layout in ("skyreels-v2", "skyreels-v2-diffusers")}
+    policies = {
+        "skyreels-v2": replace(
+            WAN_POLICY,
+            what="SkyReels-V2 (Skywork's release: original Wan key names, shards at the root)",
+            kept=f"{WAN_POLICY.kept}; the DF models' fps_embedding and fps_projection ({_FPS_WHY})",
+        ),
+        "skyreels-v2-diffusers": replace(
+            WAN_DIFFUSERS_POLICY,
+            what="SkyReels-V2 (diffusers layout, SkyReelsV2Transformer3DModel in transformer/)",
+            kept=f"{WAN_DIFFUSERS_POLICY.kept}; the DF models' fps_embedding and fps_projection ({_FPS_WHY})",
+        ),
+    }
 
     @property
     def inputs(self) -> ModelInputs:

@@ -30,14 +30,53 @@ the blocks is quantized.
 
 from __future__ import annotations
 
-from .family import COMFY, SOURCE_NAMED, CardWords, Detection, Folders, PlanPolicy, bundled_recipes
-from .umt5 import GGUF_NAMES, UMT5Family
+from .family import COMFY, CardWords, Detection, Folders, PlanPolicy
+from .policy import Policy
+from .umt5 import GGUF_NAMES, QUANTIZED, TARGETS, UMT5Family, nf4_without_wo
 
 __all__ = ["T5", "T5Family", "CLASS"]
 
 CLASS = "T5EncoderModel"
 
 _ATTENTION = "layer.0.SelfAttention"
+
+
+# --- what the bundled recipes quantize (`policy.Policy`; `recipes.derive` makes one per format) ---------------
+
+_KEPT = (
+    "the shared embedding (shared: a lookup table of every token's vector, byT5's 1510 byte, color and font tokens, "
+    "where a quantization error reaches every token), block 0's relative attention bias (32 buckets x heads: plain "
+    "parameters, added to every block's attention scores) and the layer norms"
+)
+_EXCEPTIONS = {"nf4": nf4_without_wo(CLASS)}
+#: 4-bit weights compound through the blocks: the output's floor
+_CHECKS = {"nf4": {"min_forward_sqnr_db": 15}}
+
+T5_POLICY = Policy(
+    what=f"T5 encoder ({CLASS}: HunyuanVideo 1.5's byT5, a diffusers pipeline's text_encoder_2/) in transformers' "
+    "layout (the pipeline, or that folder itself)",
+    components=("text_encoder_2",),
+    targets=TARGETS,
+    quantized=QUANTIZED,
+    kept=_KEPT,
+    exceptions=_EXCEPTIONS,
+    checks=_CHECKS,
+    copy_other_files=False,
+)
+T5_SINGLE_POLICY = Policy(
+    what="T5 encoder as one file given as SOURCE itself, in ComfyUI's names (Comfy-Org's byt5_small_glyphxl_fp16.safetensors, "
+    "transformers' own)",
+    components=(".",),
+    targets=TARGETS,
+    quantized=QUANTIZED,
+    kept=_KEPT,
+    exceptions=_EXCEPTIONS,
+    checks=_CHECKS,
+    copy_other_files=False,
+    note=f"A transformers-layout output of it is model.safetensors in transformers' names with the {CLASS} config.json "
+    "read off its shapes (gated GELU, 128 as the relative attention's max distance, an epsilon of 1e-6: byT5's and "
+    "T5 v1.1's).",
+)
 
 
 class T5Family(UMT5Family):
@@ -79,10 +118,7 @@ class T5Family(UMT5Family):
         comfyui_gguf="put the file in `ComfyUI/models/text_encoders/` and load it as the second file of the "
         "**DualCLIPLoader (GGUF)** node (type `hunyuan_video_15`); ComfyUI bundles byT5's tokenizer",
     )
-    default_recipes = {
-        "t5": bundled_recipes("t5", (*SOURCE_NAMED, "gguf")),
-        "t5-single": bundled_recipes("t5-single", (*SOURCE_NAMED, "gguf")),
-    }
+    policies = {"t5": T5_POLICY, "t5-single": T5_SINGLE_POLICY}
 
 
 T5 = T5Family()

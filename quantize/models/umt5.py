@@ -38,8 +38,6 @@ from typing import TYPE_CHECKING
 from ..errors import InputError
 from .encoder import TextEncoder, token_inputs
 from .family import (
-    COMFY,
-    SOURCE_NAMED,
     Aliases,
     CardWords,
     Carried,
@@ -48,15 +46,27 @@ from .family import (
     ModelInputs,
     PlanPolicy,
     Tokenizer,
-    bundled_recipes,
     count_blocks,
 )
 from .names import BlockNames, Blocks
+from .policy import FormatTargets, Policy
 
 if TYPE_CHECKING:
     from ..read.checkpoint import TensorInfo
 
-__all__ = ["UMT5", "UMT5Family", "NAMES", "GGUF_NAMES", "WAN_NAMES", "CLASS", "TOKENIZER_TENSOR"]
+__all__ = [
+    "UMT5",
+    "UMT5Family",
+    "NAMES",
+    "GGUF_NAMES",
+    "WAN_NAMES",
+    "CLASS",
+    "TOKENIZER_TENSOR",
+    "TARGETS",
+    "NF4_TARGETS",
+    "QUANTIZED",
+    "nf4_without_wo",
+]
 
 CLASS = "UMT5EncoderModel"
 #: ComfyUI's key for the tokenizer in a text encoder's file (comfy/text_encoders/wan.py: ``spiece_model``)
@@ -115,6 +125,66 @@ WAN_NAMES = BlockNames(
     ),
 )
 
+# --- what the bundled recipes quantize (`policy.Policy`; `recipes.derive` makes one per format) ---------------
+
+#: every Linear of the encoder blocks, T5's and umT5's alike: the attention's q, k, v, o, the gated FFN's
+#: wi_0, wi_1, wo
+TARGETS = (
+    r"encoder\.block\.\d+\.layer\.0\.SelfAttention\.(q|k|v|o)",
+    r"encoder\.block\.\d+\.layer\.1\.DenseReluDense\.(wi_0|wi_1|wo)",
+)
+#: nf4's: wo left out (`nf4_without_wo`)
+NF4_TARGETS = (TARGETS[0], r"encoder\.block\.\d+\.layer\.1\.DenseReluDense\.(wi_0|wi_1)")
+QUANTIZED = (
+    "every Linear of the encoder blocks (the attention's q, k, v, o and the gated FFN's wi_0, wi_1, wo)"
+)
+
+
+def nf4_without_wo(cls: str) -> FormatTargets:
+    """nf4's targets of a T5 encoder of class `cls`: transformers keeps its wo in float32 and will not load it
+    quantized."""
+    return FormatTargets(
+        NF4_TARGETS,
+        f"wo excepted: transformers keeps T5's wo in float32 ({cls}._keep_in_fp32_modules: its outputs overflow "
+        "float16) and its bitsandbytes loader will not load it quantized",
+    )
+
+
+_KEPT = (
+    "the shared embedding (shared: a lookup table of every token's vector, a fifth of umT5-XXL's weights, that "
+    "every runtime uses as a plain embedding, where a quantization error reaches every token), each block's "
+    "relative attention bias (32 buckets x heads: plain parameters, added to every attention score) and the layer "
+    "norms"
+)
+_EXCEPTIONS = {"nf4": nf4_without_wo(CLASS)}
+#: 4-bit weights compound through the blocks: the output's floor
+_CHECKS = {"nf4": {"min_forward_sqnr_db": 15}, "comfy_nvfp4": {"min_forward_sqnr_db": 12}}
+
+UMT5_POLICY = Policy(
+    what=f"umT5 text encoder ({CLASS}) in transformers' layout (a pipeline's text_encoder/, or that folder itself)",
+    components=("text_encoder",),
+    targets=TARGETS,
+    quantized=QUANTIZED,
+    kept=_KEPT,
+    exceptions=_EXCEPTIONS,
+    checks=_CHECKS,
+    copy_other_files=False,
+)
+UMT5_SINGLE_POLICY = Policy(
+    what="umT5 text encoder as one file given as SOURCE itself: Comfy-Org's umt5_xxl_fp16.safetensors (ComfyUI's names, transformers' "
+    "own, its tokenizer inside as spiece_model) or Wan's models_t5_umt5-xxl-enc-bf16.pth (Wan's T5 names, read as "
+    "transformers')",
+    components=(".",),
+    targets=TARGETS,
+    quantized=QUANTIZED,
+    kept=_KEPT,
+    exceptions=_EXCEPTIONS,
+    checks=_CHECKS,
+    copy_other_files=False,
+    note=f"A transformers-layout output of it is model.safetensors in transformers' names with the {CLASS} config.json "
+    "read off its shapes, spiece_model (no part of the class) left out.",
+)
+
 # --- a forward pass's inputs ---------------------------------------------------------------------------------
 
 INPUTS = token_inputs(lambda config: config["vocab_size"])
@@ -166,10 +236,7 @@ class UMT5Family(TextEncoder):
         comfyui_gguf="put the file in `ComfyUI/models/text_encoders/` and load it with the **CLIPLoader (GGUF)** "
         "node, type `wan` (its tokenizer is in the file's `tokenizer.ggml` key-values)",
     )
-    default_recipes = {
-        "umt5": bundled_recipes("umt5", (*SOURCE_NAMED, *COMFY, "gguf")),
-        "umt5-single": bundled_recipes("umt5-single", (*SOURCE_NAMED, *COMFY, "gguf")),
-    }
+    policies = {"umt5": UMT5_POLICY, "umt5-single": UMT5_SINGLE_POLICY}
 
     # --- recognizing it ------------------------------------------------------------------------------------
 

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 
 from ..errors import InputError
 from .family import (
-    COMFY,
     CardWords,
     Detection,
     Family,
@@ -33,9 +32,9 @@ from .family import (
     ModelInputs,
     PlanPolicy,
     SourceLayout,
-    bundled_recipes,
 )
 from .names import BlockNames, Blocks
+from .policy import Policy, Refused
 
 if TYPE_CHECKING:
     import torch
@@ -169,6 +168,91 @@ INPUTS = ModelInputs(
 )
 
 
+# --- what the bundled recipes quantize (`policy.Policy`; `recipes.derive` makes one per format) ---------------
+
+#: the attention projections of a Wan block (and I2V's image ones), original and diffusers names
+ATTENTION = r"blocks\.\d+\.(self_attn|cross_attn)\.(q|k|v|o|k_img|v_img)"
+DIFFUSERS_ATTENTION = r"blocks\.\d+\.attn[12]\.(to_q|to_k|to_v|to_out\.0|add_k_proj|add_v_proj)"
+#: the feed-forward's up projection; with the down projection (``ffn.2``), whose input holds GELU's outliers
+FFN_UP, FFN = r"blocks\.\d+\.ffn\.0", r"blocks\.\d+\.ffn\.(0|2)"
+DIFFUSERS_FFN_UP, DIFFUSERS_FFN = r"blocks\.\d+\.ffn\.net\.0\.proj", r"blocks\.\d+\.ffn\.net\.(0\.proj|2)"
+#: the layers an NVFP4 file keeps in MXFP8: the first block and every down projection
+SENSITIVE = (r"blocks\.0\..*", r"blocks\.\d+\.ffn\.2")
+DIFFUSERS_SENSITIVE = (r"blocks\.0\..*", r"blocks\.\d+\.ffn\.net\.2")
+SENSITIVE_WHY = (
+    "the first block and every ffn.2 (the down projections, whose inputs hold GELU's outliers); "
+    "`quantize sensitivity --min-forward-sqnr` proposes a measured mix instead"
+)
+BLOCK_WHY = "ffn.2 too, where a scale per block of inputs holds GELU's outliers that a per-row scale spreads"
+KEPT = "patch, text and time embeddings, time_projection, every modulation, head, img_emb"
+DIFFUSERS_KEPT = "condition_embedder, patch_embedding, scale_shift_table, proj_out"
+
+WAN_POLICY = Policy(
+    what="Wan2.1/2.2 single-model DiT (original key names, shards at the root)",
+    targets=(ATTENTION, FFN_UP),
+    quantized="self/cross attention q, k, v, o (and I2V k_img, v_img) and ffn.0 of every block",
+    kept=f"{KEPT}; ffn.2 where a format has one scale per row or tensor",
+    block_targets=(ATTENTION, FFN),
+    block_why=BLOCK_WHY,
+    sensitive=SENSITIVE,
+    sensitive_why=SENSITIVE_WHY,
+)
+A14B_POLICY = Policy(
+    what="Wan2.2 A14B two-expert models (high_noise_model/, low_noise_model/, original key names)",
+    components=EXPERTS,
+    targets=(r"blocks\.\d+\.(self_attn|cross_attn)\.(q|k|v|o)", FFN_UP),
+    quantized="in both experts, attention q, k, v, o and ffn.0 of every block (the wan split)",
+    kept=f"{KEPT}; ffn.2 where a format has one scale per row or tensor",
+    block_targets=(r"blocks\.\d+\.(self_attn|cross_attn)\.(q|k|v|o)", FFN),
+    block_why=BLOCK_WHY,
+    sensitive=SENSITIVE,
+    sensitive_why=SENSITIVE_WHY,
+)
+LINGBOT_POLICY = Policy(
+    what="LingBot-World (Wan2.2 A14B names, high_noise_model/ + low_noise_model/, camera layers)",
+    components=EXPERTS,
+    targets=A14B_POLICY.targets,
+    ignore=(
+        r"blocks\.\d+\.cam_(injector_layer[12]|scale_layer|shift_layer)",
+        "patch_embedding_wancamctrl",
+        "c2ws_hidden_states_layer[12]",
+    ),
+    quantized="in both experts, attention q, k, v, o and ffn.0 of every block",
+    kept=f"{KEPT}; the camera/action layers (cam_*, patch_embedding_wancamctrl, c2ws_hidden_states_layer1/2)",
+    block_targets=A14B_POLICY.block_targets,
+    block_why=BLOCK_WHY,
+    refused=(
+        Refused(
+            "ComfyUI's and ComfyUI-GGUF's Wan models have no LingBot-World camera layers: they run in LingBot's "
+            "own code, from diffusers-style files",
+            names=("native", "gguf"),
+        ),
+    ),
+)
+WAN_DIFFUSERS_POLICY = Policy(
+    what="Wan2.1/2.2 in diffusers layout (transformer/)",
+    components=("transformer",),
+    targets=(DIFFUSERS_ATTENTION, DIFFUSERS_FFN_UP),
+    quantized="attn1/attn2 to_q, to_k, to_v, to_out.0 (and I2V add_k_proj, add_v_proj) and ffn.net.0.proj",
+    kept=f"{DIFFUSERS_KEPT}; ffn.net.2 where a format has one scale per row or tensor",
+    block_targets=(DIFFUSERS_ATTENTION, DIFFUSERS_FFN),
+    block_why=BLOCK_WHY.replace("ffn.2", "ffn.net.2"),
+    sensitive=DIFFUSERS_SENSITIVE,
+    sensitive_why=SENSITIVE_WHY.replace("ffn.2", "ffn.net.2"),
+)
+A14B_DIFFUSERS_POLICY = Policy(
+    what="Wan2.2 A14B in diffusers layout (transformer/ and transformer_2/)",
+    components=("transformer", "transformer_2"),
+    targets=(r"blocks\.\d+\.attn[12]\.(to_q|to_k|to_v|to_out\.0)", DIFFUSERS_FFN_UP),
+    quantized="in both experts, attn1/attn2 to_q, to_k, to_v, to_out.0 and ffn.net.0.proj",
+    kept=WAN_DIFFUSERS_POLICY.kept,
+    block_targets=(r"blocks\.\d+\.attn[12]\.(to_q|to_k|to_v|to_out\.0)", DIFFUSERS_FFN),
+    block_why=WAN_DIFFUSERS_POLICY.block_why,
+    sensitive=DIFFUSERS_SENSITIVE,
+    sensitive_why=WAN_DIFFUSERS_POLICY.sensitive_why,
+)
+
+
 class Wan(Family):
     name = "wan"
     title = "Wan"
@@ -195,12 +279,12 @@ class Wan(Family):
     card = CardWords(
         experts_note="Wan2.2 A14B: load the high-noise expert for the first steps and the low-noise one for the rest."
     )
-    default_recipes = {
-        "wan": bundled_recipes("wan"),
-        "wan2.2-a14b": bundled_recipes("wan2.2-a14b", ("fp8_channel", *COMFY, "gguf")),
-        "lingbot-world": bundled_recipes("lingbot-world", ("fp8_channel", "nf4")),
-        "wan-diffusers": bundled_recipes("wan-diffusers"),
-        "wan2.2-a14b-diffusers": bundled_recipes("wan2.2-a14b-diffusers", ("fp8_channel",)),
+    policies = {
+        "wan": WAN_POLICY,
+        "wan2.2-a14b": A14B_POLICY,
+        "lingbot-world": LINGBOT_POLICY,
+        "wan-diffusers": WAN_DIFFUSERS_POLICY,
+        "wan2.2-a14b-diffusers": A14B_DIFFUSERS_POLICY,
     }
 
     def layouts(

@@ -51,11 +51,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InputError
-from .family import SOURCE_NAMED, CardWords, Carried, Folders, ModelInputs, PlanPolicy, bundled_recipes
+from .family import CardWords, Carried, Folders, ModelInputs, PlanPolicy
 from .names import BlockNames, Blocks, Rows
+from .policy import FormatTargets, Policy, Refused
 from .wan import INPUTS as WAN_INPUTS
 from .wan import NAMES as WAN_NAMES
 from .wan import ROOT_MODULES, WanVariant
+from .wan import WAN_DIFFUSERS_POLICY as WAN_D
+from .wan import WAN_POLICY as WAN_P
 
 if TYPE_CHECKING:
     import torch
@@ -215,6 +218,79 @@ INPUTS = ModelInputs(
 )
 
 
+#: why ComfyUI's and GGUF's native names cannot be written from diffusers' names
+NOT_ONE_TO_ONE = (
+    "diffusers splits the face adapter's linear1_kv and reshapes the motion encoder's biases, which a renaming "
+    "cannot undo"
+)
+_KEPT = (
+    "patch and pose patch embeddings (5-D convolutions), {embeddings}, every modulation, {head}; the motion encoder "
+    "(LIA's convolutional face-crop encoder, its equalized Linears {fc}, scaled at run time, and the "
+    "QR-orthogonalized {direction}: 23M parameters whatever the model size), the face encoder (causal Conv1d and "
+    "out_proj: the motion signal's embedding, like the text and time embeddings) and each face adapter block's "
+    "{out} (its output is added straight into the residual stream after every fifth block, gated by no "
+    "modulation: 8 dim x dim Linears in the 14B, 1.2% of its weights; `quantize sensitivity` on the small model, "
+    "every Linear in NF4, ranks it 8th most sensitive of 65 and face_encoder.out_proj 9th)"
+)
+#: torchao's dynamic per-row FP8 activation scale of an all-zero row is 0: NaN in diffusers' forward
+_ZERO_ROWS = (
+    "the face adapter's {kv} kept: their input always holds exactly-zero rows (the all-zero face frame the model "
+    "prepends to the motion tokens, layer-normed), and torchao's dynamic per-row FP8 activation scale of a zero "
+    "row is 0, so diffusers' forward gives NaN there (measured: from_pretrained on the tiny example; TorchAO INT8 "
+    "and our loader are finite)"
+)
+_FACE = r"face_adapter\.fuser_blocks\.\d+\.(linear1_q|linear1_kv)"
+_DIFFUSERS_FACE = r"face_adapter\.\d+\.(to_q|to_k|to_v)"
+POLICY = Policy(
+    what="Wan2.2 Animate (original key names, shards at the root, WanAnimateModel)",
+    targets=(*WAN_P.targets, _FACE),
+    quantized=f"{WAN_P.quantized}; in the face adapter blocks linear1_q and linear1_kv (the fused k and v)",
+    kept=_KEPT.format(
+        embeddings="text, time and image embeddings (img_emb), time_projection",
+        head="head",
+        fc="enc.fc",
+        direction="dec.direction",
+        out="linear2",
+    )
+    + "; ffn.2 where a format has one scale per row or tensor",
+    block_targets=(*WAN_P.block_targets, _FACE),
+    block_why=WAN_P.block_why,
+    sensitive=(*WAN_P.sensitive, r"face_adapter\.fuser_blocks\.0\..*"),
+    sensitive_why=(
+        "the first block, the first face adapter block (it acts right after block 0) and every FFN down "
+        "projection (GELU's outliers)"
+    ),
+    exceptions={
+        "torchao_fp8": FormatTargets(
+            (*WAN_P.targets, r"face_adapter\.fuser_blocks\.\d+\.linear1_q"),
+            _ZERO_ROWS.format(kv="linear1_kv"),
+        )
+    },
+)
+DIFFUSERS_POLICY = Policy(
+    what="Wan2.2 Animate (diffusers layout, WanAnimateTransformer3DModel in transformer/)",
+    components=("transformer",),
+    targets=(*WAN_D.targets, _DIFFUSERS_FACE),
+    quantized=f"{WAN_D.quantized}; in the face adapter blocks to_q, to_k, to_v",
+    kept=_KEPT.format(
+        embeddings="condition_embedder",
+        head="proj_out",
+        fc="motion_network (no nn.Linear in diffusers' class)",
+        direction="motion_synthesis_weight",
+        out="to_out",
+    )
+    + "; ffn.net.2 where a format has one scale per row or tensor",
+    block_targets=(*WAN_D.block_targets, _DIFFUSERS_FACE),
+    block_why=WAN_D.block_why,
+    exceptions={
+        "torchao_fp8": FormatTargets(
+            (*WAN_D.targets, r"face_adapter\.\d+\.to_q"), _ZERO_ROWS.format(kv="to_k and to_v")
+        )
+    },
+    refused=(Refused(f"ComfyUI's and GGUF's native names: {NOT_ONE_TO_ONE}", names=("native", "gguf")),),
+)
+
+
 class WanAnimate(WanVariant):
     name = "wan-animate"
     title = "Wan Animate"
@@ -238,17 +314,10 @@ class WanAnimate(WanVariant):
         plain_weights=(r"motion_encoder\.",),
         #: the release's blur filters: the class computes them
         carried=Carried(tensors=(BLUR_KERNELS,)),
-        diffusers_not_native_why=(
-            "diffusers splits the face adapter's linear1_kv and reshapes the motion encoder's biases, which a "
-            "renaming cannot undo"
-        ),
+        diffusers_not_native_why=NOT_ONE_TO_ONE,
     )
     card = CardWords(pipeline_tag="image-to-video")
-    default_recipes = {
-        "wan-animate": bundled_recipes("wan-animate"),
-        # ComfyUI's and GGUF's native names cannot be written from diffusers' names (NOT_ONE_TO_ONE)
-        "wan-animate-diffusers": bundled_recipes("wan-animate-diffusers", SOURCE_NAMED),
-    }
+    policies = {"wan-animate": POLICY, "wan-animate-diffusers": DIFFUSERS_POLICY}
 
     def refuse_native(self, names: Sequence[str], where: str, fmt: str) -> None:
         """`Family.refuse_native`, naming first, by what it is, a diffusers tensor with no one native tensor."""

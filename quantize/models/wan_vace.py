@@ -24,11 +24,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InputError
-from .family import Folders, ModelInputs, bundled_recipes
+from .family import Folders, ModelInputs
 from .names import BlockNames, Blocks
+from .policy import Policy
 from .wan import BLOCK_MODULES, ROOT_MODULES, WanVariant
 from .wan import INPUTS as WAN_INPUTS
 from .wan import NAMES as WAN_NAMES
+from .wan import WAN_DIFFUSERS_POLICY as WAN_D
+from .wan import WAN_POLICY as WAN_P
 
 if TYPE_CHECKING:
     import torch
@@ -97,6 +100,59 @@ INPUTS = ModelInputs(
 )
 
 
+#: a VACE block is a Wan block: the same layers quantized; its before/after projections kept
+_VACE_WHY = (
+    "each VACE block's {before} (block 0: the control tokens' only way in) and {after} (its hint, scaled and added "
+    "straight into a main block's output, so its error is not averaged by any later layer: 9 dim x dim Linears in "
+    "the 14B, 1.4% of its weights)"
+)
+POLICY = Policy(
+    what="Wan2.1 VACE (original key names, shards at the root, VaceWanModel)",
+    targets=(
+        *WAN_P.targets,
+        r"vace_blocks\.\d+\.(self_attn|cross_attn)\.(q|k|v|o)",
+        r"vace_blocks\.\d+\.ffn\.0",
+    ),
+    quantized=f"{WAN_P.quantized}; in the VACE blocks the same layers (a VACE block is a Wan block)",
+    kept=(
+        "patch and VACE patch embeddings (5-D convolutions), text and time embeddings, time_projection, every "
+        f"modulation, head; {_VACE_WHY.format(before='before_proj', after='after_proj')}; ffn.2 where a format has "
+        "one scale per row or tensor"
+    ),
+    block_targets=(
+        *WAN_P.block_targets,
+        r"vace_blocks\.\d+\.(self_attn|cross_attn)\.(q|k|v|o)",
+        r"vace_blocks\.\d+\.ffn\.(0|2)",
+    ),
+    block_why=WAN_P.block_why,
+    sensitive=(*WAN_P.sensitive, r"vace_blocks\.0\..*", r"vace_blocks\.\d+\.ffn\.2"),
+    sensitive_why="the first block and the first VACE block and every FFN down projection (GELU's outliers)",
+)
+DIFFUSERS_POLICY = Policy(
+    what="Wan2.1 VACE (diffusers layout, WanVACETransformer3DModel in transformer/)",
+    components=("transformer",),
+    targets=(
+        *WAN_D.targets,
+        r"vace_blocks\.\d+\.attn[12]\.(to_q|to_k|to_v|to_out\.0)",
+        r"vace_blocks\.\d+\.ffn\.net\.0\.proj",
+    ),
+    quantized=f"{WAN_D.quantized}; in the VACE blocks the same layers (a VACE block is a Wan block)",
+    kept=(
+        "patch and VACE patch embeddings (5-D convolutions), condition_embedder, every scale_shift_table, "
+        f"proj_out; {_VACE_WHY.format(before='proj_in', after='proj_out')}; ffn.net.2 where a format has one "
+        "scale per row or tensor"
+    ),
+    block_targets=(
+        *WAN_D.block_targets,
+        r"vace_blocks\.\d+\.attn[12]\.(to_q|to_k|to_v|to_out\.0)",
+        r"vace_blocks\.\d+\.ffn\.net\.(0\.proj|2)",
+    ),
+    block_why=WAN_D.block_why,
+    sensitive=(*WAN_D.sensitive, r"vace_blocks\.0\..*", r"vace_blocks\.\d+\.ffn\.net\.2"),
+    sensitive_why=POLICY.sensitive_why,
+)
+
+
 class WanVACE(WanVariant):
     name = "wan-vace"
     title = "Wan VACE"
@@ -110,7 +166,7 @@ class WanVACE(WanVariant):
         diffusers_mark="vace_blocks.0.attn1.",
     )
     folders = Folders("wan-vace-diffusers", "wan-vace", "Wan2.1 VACE, original names, one model at the root")
-    default_recipes = {layout: bundled_recipes(layout) for layout in ("wan-vace", "wan-vace-diffusers")}
+    policies = {"wan-vace": POLICY, "wan-vace-diffusers": DIFFUSERS_POLICY}
 
     @property
     def inputs(self) -> ModelInputs:

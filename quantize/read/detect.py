@@ -2,7 +2,7 @@
 
 A *layout* is a model family in one folder arrangement and naming, told from config.json and safetensors
 headers alone: each family says which of its layouts a folder matches (`models.Family.layouts`), and names
-one bundled recipe per layout and format (`Family.default_recipes`); variants (``wan-fp8-all``, the other
+one bundled recipe per layout and format (`recipes.default_recipes`, derived from `Family.policies`); variants (``wan-fp8-all``, the other
 GGUF types) are chosen by name with ``--recipe``. `recipe_for_format` picks it, or explains in one line
 why there is none (listing what there is).
 
@@ -17,7 +17,8 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..formats import FORMAT_INFO
-from ..models import FAMILIES, SourceLayout, default_recipes, get_family, registered_classes
+from ..models import FAMILIES, SourceLayout, get_family, registered_classes
+from ..recipes import default_recipes
 from .checkpoint import Component, open_component
 from .files import component_class
 from .source import under_own_names
@@ -31,7 +32,7 @@ __all__ = [
     "encoder_recipes",
 ]
 
-#: layout -> format -> the bundled recipe `--format` takes (every family's `default_recipes`)
+#: layout -> format -> the bundled recipe `--format` takes (`recipes.default_recipes`)
 DEFAULT_RECIPES: dict[str, dict[str, str]] = default_recipes()
 
 

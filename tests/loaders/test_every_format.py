@@ -46,6 +46,7 @@ from quantize.formats import format_for, format_info, get_format
 from quantize.formats.options import GgufOptions
 from quantize.models import FAMILIES, get_family
 from quantize.read.checkpoint import open_component, read_tensor
+from quantize.recipes import default_recipes
 from quantize.run.forward import forward_sqnr_db, load_inputs
 from tests import diffusers_models as models
 from tests.conftest import run_cli, skip_without_kernel
@@ -64,8 +65,8 @@ Wan = diffusers.WanTransformer3DModel
 
 #: the bundled recipe for each format (what `--format` takes), for an original-layout Wan source (native names,
 #: the model at the root), and for Wan2.2 A14B's two experts (high_noise_model/, low_noise_model/)
-NATIVE_RECIPES = dict(WAN.default_recipes["wan"])
-A14B_RECIPES = dict(WAN.default_recipes["wan2.2-a14b"])
+NATIVE_RECIPES = dict(default_recipes()["wan"])
+A14B_RECIPES = dict(default_recipes()["wan2.2-a14b"])
 assert set(NATIVE_RECIPES) == set(FORMATS) and {"comfy_fp8", "comfy_int8", "gguf"} <= set(A14B_RECIPES)
 #: a GGUF Q4_K_M mix (Q4_K, Q6_K for attn1.to_v and ffn.net.2) needs in_features a multiple of 256: a wider model
 Q4_K_M = "gguf-q4_k_m"
