@@ -54,6 +54,7 @@ __all__ = [
     "SOURCE_NAMED",
     "COMFY",
     "count_blocks",
+    "shape_reader",
     "NO_GGUF_READER",
 ]
 
@@ -190,6 +191,21 @@ class Carried:
 SOURCE_NAMED = ("fp8_channel", "torchao_fp8", "torchao_int8", "nf4")
 #: ComfyUI's formats
 COMFY = ("comfy_fp8", "comfy_int8", "comfy_nvfp4", "comfy_mxfp8")
+
+
+def shape_reader(
+    tensors: Mapping[str, TensorInfo], where: Path, what: str, prefix: str = ""
+) -> Callable[[str], tuple[int, ...]]:
+    """A function giving the shape of tensor ``prefix + name`` of `tensors`, or `InputError` naming the model
+    (`where`), the tensor and what a model lacking it is not (`what`: "a Wan DiT"): how a family reads its config
+    off the shapes of a release that ships none."""
+
+    def shape(name: str) -> tuple[int, ...]:
+        if prefix + name not in tensors:
+            raise InputError(f"{where}: no tensor {prefix + name!r}: not {what}")
+        return tuple(tensors[prefix + name].shape)
+
+    return shape
 
 
 def count_blocks(tensors: Mapping[str, object], prefix: str) -> int:
@@ -664,4 +680,3 @@ class Family(abc.ABC):
         )
         stacked = self.runnable_stacks(runs)  # cut into the class's tensors instead (`runnable_stacks`)
         return renamed([n for n in runs if n not in stacked], self.diffusers_name, where, lacking)
-

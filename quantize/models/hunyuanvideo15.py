@@ -61,6 +61,7 @@ from .family import (
     ModelInputs,
     PlanPolicy,
     count_blocks,
+    shape_reader,
 )
 from .names import _LEAVES, BlockNames, Blocks, Rows, Stack
 from .policy import Policy
@@ -375,10 +376,7 @@ class HunyuanVideo15(Family):
         none), the widths read off the tensors as ComfyUI reads them; the head width from ``heads_num`` (else
         ComfyUI's 128), the RoPE axes from ``rope_dim_list`` (else ComfyUI's)."""
 
-        def shape(name: str) -> tuple[int, ...]:
-            if name not in tensors:
-                raise InputError(f"{where}: no tensor {name!r}: not a {self.title} DiT")
-            return tuple(tensors[name].shape)
+        shape = shape_reader(tensors, where, f"a {self.title} DiT")
 
         img_in = shape("img_in.proj.weight")
         hidden = img_in[0]

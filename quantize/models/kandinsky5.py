@@ -45,6 +45,7 @@ from .family import (
     PlanPolicy,
     SourceLayout,
     count_blocks,
+    shape_reader,
 )
 from .names import BlockNames, Blocks
 from .policy import Policy
@@ -244,10 +245,7 @@ class Kandinsky5(Family):
         tensor shapes as ComfyUI reads them; what the shapes do not say is what ComfyUI assumes (see the module's
         docstring), and a head width other than ComfyUI's is an error naming the tensor."""
 
-        def shape(name: str) -> tuple[int, ...]:
-            if name not in tensors:
-                raise InputError(f"{where}: no tensor {name!r}: not an original {self.title} DiT")
-            return tuple(tensors[name].shape)
+        shape = shape_reader(tensors, where, f"an original {self.title} DiT")
 
         patch = (1, 2, 2)
         model_dim = shape("visual_embeddings.in_layer.bias")[0]

@@ -79,6 +79,7 @@ from .family import (
     ModelInputs,
     PlanPolicy,
     count_blocks,
+    shape_reader,
 )
 from .names import BlockNames, Blocks
 from .policy import Policy
@@ -429,10 +430,7 @@ class Ltx2(Family):
         generation's structure off which tensors exist (2.3: gates, 9 modulation rows, the prompt adaLN, no caption
         projection); what the shapes do not say is what the releases fix (`RELEASE_CONSTANTS`)."""
 
-        def shape(name: str) -> tuple[int, ...]:
-            if f"{PREFIX}{name}" not in tensors:
-                raise InputError(f"{where}: no tensor {PREFIX + name!r}: not an {self.title} release")
-            return tuple(tensors[f"{PREFIX}{name}"].shape)
+        shape = shape_reader(tensors, where, f"an {self.title} release", PREFIX)
 
         def has(name: str) -> bool:
             return f"{PREFIX}{name}" in tensors

@@ -58,6 +58,7 @@ from .family import (
     ModelInputs,
     PlanPolicy,
     count_blocks,
+    shape_reader,
 )
 from .names import BlockNames, Blocks, Rows
 from .policy import Policy, Refused
@@ -309,10 +310,7 @@ class MiniMaxH3(Family):
         tensor shapes as ComfyUI reads them; the rest (rope theta, norm epsilons) are the class's defaults, which
         ComfyUI's are too. A pruned file (``adaln_t_table``, no time embedder) is refused, naming the tensor."""
 
-        def shape(name: str) -> tuple[int, ...]:
-            if name not in tensors:
-                raise InputError(f"{where}: no tensor {name!r}: not a {self.title} release file")
-            return tuple(tensors[name].shape)
+        shape = shape_reader(tensors, where, f"a {self.title} release file")
 
         if "adaln_t_table" in tensors:
             raise InputError(

@@ -57,6 +57,7 @@ from .family import (
     ModelInputs,
     PlanPolicy,
     count_blocks,
+    shape_reader,
 )
 from .names import BlockNames, Blocks, Cut
 from .policy import Policy
@@ -366,10 +367,7 @@ class Qwen25VLFamily(TextEncoder):
         if config:
             return dict(config)
 
-        def shape(name: str) -> tuple[int, ...]:
-            if name not in tensors:
-                raise InputError(f"{where}: no tensor {name!r}: not a {self.title} encoder")
-            return tuple(tensors[name].shape)
+        shape = shape_reader(tensors, where, f"a {self.title} encoder")
 
         vocab, hidden = shape("model.embed_tokens.weight")
         depth = count_blocks(tensors, "visual.blocks.")

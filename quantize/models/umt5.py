@@ -35,7 +35,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import InputError
 from .encoder import TextEncoder, token_inputs
 from .family import (
     Aliases,
@@ -47,6 +46,7 @@ from .family import (
     PlanPolicy,
     Tokenizer,
     count_blocks,
+    shape_reader,
 )
 from .names import BlockNames, Blocks
 from .policy import FormatTargets, Policy
@@ -256,10 +256,7 @@ class UMT5Family(TextEncoder):
         if config:
             return dict(config)
 
-        def shape(name: str) -> tuple[int, ...]:
-            if name not in tensors:
-                raise InputError(f"{where}: no tensor {name!r}: not a {self.title} encoder")
-            return tuple(tensors[name].shape)
+        shape = shape_reader(tensors, where, f"a {self.title} encoder")
 
         vocab, d_model = shape("shared.weight")
         buckets, heads = shape(f"encoder.block.0.{_ATTENTION}.relative_attention_bias.weight")

@@ -218,8 +218,8 @@ INPUTS = ModelInputs(
 )
 
 
-#: why ComfyUI's and GGUF's native names cannot be written from diffusers' names
-NOT_ONE_TO_ONE = (
+#: why ComfyUI's and GGUF's native names cannot be written from diffusers' names (`NOT_ONE_TO_ONE`)
+NO_NATIVE_FROM_DIFFUSERS = (
     "diffusers splits the face adapter's linear1_kv and reshapes the motion encoder's biases, which a renaming "
     "cannot undo"
 )
@@ -287,7 +287,9 @@ DIFFUSERS_POLICY = Policy(
             (*WAN_D.targets, r"face_adapter\.\d+\.to_q"), _ZERO_ROWS.format(kv="to_k and to_v")
         )
     },
-    refused=(Refused(f"ComfyUI's and GGUF's native names: {NOT_ONE_TO_ONE}", names=("native", "gguf")),),
+    refused=(
+        Refused(f"ComfyUI's and GGUF's native names: {NO_NATIVE_FROM_DIFFUSERS}", names=("native", "gguf")),
+    ),
 )
 
 
@@ -314,7 +316,7 @@ class WanAnimate(WanVariant):
         plain_weights=(r"motion_encoder\.",),
         #: the release's blur filters: the class computes them
         carried=Carried(tensors=(BLUR_KERNELS,)),
-        diffusers_not_native_why=NOT_ONE_TO_ONE,
+        diffusers_not_native_why=NO_NATIVE_FROM_DIFFUSERS,
     )
     card = CardWords(pipeline_tag="image-to-video")
     policies = {"wan-animate": POLICY, "wan-animate-diffusers": DIFFUSERS_POLICY}
