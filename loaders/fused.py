@@ -8,11 +8,11 @@ through Triton's interpreter, and on CUDA. Each quantizer returns (values, scale
 
 | function | its eager reference |
 |---|---|
-| `fp8_rows` | `quantize.formats.fp8_channel.quantize_rows` (per-row float8 activations, `FP8Linear`) |
+| `fp8_rows` | `quantize.formats.fp8_channel.quantize_rows` (per-row float8 activations, `FP8ChannelLinear`) |
 | `fp8_tensor` | `quantize.formats.comfy_fp8.quantize_tensor` (per-tensor float8 activations, `ComfyFP8Linear`) |
-| `int8_rows` | `quantize.formats.comfy_int8.quantize_rows` (comfy-kitchen's per-row int8, `Int8Linear`) |
+| `int8_rows` | `quantize.formats.comfy_int8.quantize_rows` (comfy-kitchen's per-row int8, `ComfyInt8Linear`) |
 | `int8_rows_torchao` | `quantize.formats.torchao_int8.quantize_rows` (torchao's per-row int8, `TorchaoInt8Linear`) |
-| `int8_epilogue` | the scaling in `Int8Linear.fast_forward` / `TorchaoInt8Linear.fast_forward` |
+| `int8_epilogue` | the scaling in `ComfyInt8Linear.fast_forward` / `TorchaoInt8Linear.fast_forward` |
 | `int8_mm` | `int8_epilogue(torch._int_mm(x_q, w_q.t()), ...)`: the GEMM and the epilogue in one kernel |
 | `q8_0_decode` | `quantize.formats._q8_0.dequantize(blocks).to(dtype)` |
 
@@ -69,7 +69,7 @@ __all__ = [
     "q8_0_decode",
 ]
 
-#: the two int8 epilogues: comfy-kitchen's (`Int8Linear`) and torchao's (`TorchaoInt8Linear`)
+#: the two int8 epilogues: comfy-kitchen's (`ComfyInt8Linear`) and torchao's (`TorchaoInt8Linear`)
 STYLES = ("comfy", "torchao")
 # the formats' own constants, handed to the kernels as constexprs (float8's largest value, comfy-kitchen's and
 # torchao's divisors and scale floors, Q8_0's block): the formats' modules own them
@@ -652,7 +652,7 @@ def int8_epilogue(
     epilogue of `style` (`x_scale` float32 [M, 1], `w_scale` float32 [N] or [N, 1], `bias` [N] of any float
     dtype or None):
 
-    - "comfy", ``Int8Linear.fast_forward``: ``y = acc.float().mul_(x_scale * w_scale.reshape(1,
+    - "comfy", ``ComfyInt8Linear.fast_forward``: ``y = acc.float().mul_(x_scale * w_scale.reshape(1,
       -1)).to(dtype)``, then ``y + bias.to(dtype)`` (in dtype);
     - "torchao", ``TorchaoInt8Linear.fast_forward``: ``y = (acc.float() * x_scale).to(dtype) *
       w_scale.reshape(-1)`` (float32), ``y + bias.to(dtype)`` (float32), ``.to(dtype)``.

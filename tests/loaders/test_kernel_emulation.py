@@ -143,7 +143,7 @@ class _Raising(ComfyFP8Linear):
 
 
 def test_the_probe_checks_the_kernels_result_and_kernel_raises_one_line_where_it_fails(monkeypatch):
-    monkeypatch.setattr(modules, "_PROBED", {})
+    monkeypatch.setattr(modules.base, "_PROBED", {})  # the probe's cache, in the base module
     w, b, x = _layer(64, 128, 4, torch.float32)
     wrong = _ScaledWrong.from_weight(w, b, compute="kernel")
     skip_without_kernel(FP8Linear.from_weight(w, b, compute="kernel"), x)

@@ -26,4 +26,4 @@ def test_the_readme_loaders_example_runs(tmp_path):
         [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "FP8Linear (1, 16, 2, 16, 16) OffloadStats(block_copies=" in proc.stdout
+    assert "FP8ChannelLinear (1, 16, 2, 16, 16) OffloadStats(block_copies=" in proc.stdout
