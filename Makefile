@@ -12,7 +12,7 @@ DEMO := demo-data
 FLOOR_TORCH := 2.11.0
 FLOOR := .venv-floor
 
-.PHONY: setup demo test test-floor bench bench-large bench-peers gpu-check lint clean
+.PHONY: setup demo test test-floor bench bench-large bench-peers gpu-check docs lint clean
 
 setup: $(VENV)/.installed
 
@@ -93,9 +93,14 @@ bench-peers:
 gpu-check: setup
 	$(BIN)/python benchmarks/gpu_check.py --write docs/BENCHMARKS.md
 
+# the generated parts of README.md and docs/ (tables from the registries, the CLI's help), rewritten in place;
+# tests/test_docs.py fails while they are stale
+docs: setup
+	$(BIN)/python docs/make_docs.py
+
 lint: setup
-	$(BIN)/ruff check quantize loaders tests benchmarks
-	$(BIN)/ruff format --check quantize loaders tests benchmarks
+	$(BIN)/ruff check quantize loaders tests benchmarks docs
+	$(BIN)/ruff format --check quantize loaders tests benchmarks docs
 
 clean:
 	rm -rf $(DEMO) bench-data .pytest_cache $(FLOOR)
