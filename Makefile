@@ -99,8 +99,8 @@ docs: setup
 	$(BIN)/python docs/make_docs.py
 
 lint: setup
-	$(BIN)/ruff check quantize loaders tests benchmarks docs
-	$(BIN)/ruff format --check quantize loaders tests benchmarks docs
+	$(BIN)/ruff check quantize loaders tests benchmarks docs/make_docs.py
+	$(BIN)/ruff format --check quantize loaders tests benchmarks docs/make_docs.py
 
 clean:
 	rm -rf $(DEMO) bench-data .pytest_cache $(FLOOR)
