@@ -128,12 +128,16 @@ def test_the_format_facts_reach_every_layout_alike(layout):
         assert tuple(recipe.targets) == policy.targets_for(fmt, info.block_scaled)
         if fmt not in policy.exceptions and info.block_scaled and policy.block_targets:
             assert tuple(recipe.targets) == policy.block_targets
-        assert recipe.types == (dict.fromkeys(policy.sensitive, info.sensitive_type) if info.sensitive_type else {})
+        assert recipe.types == (
+            dict.fromkeys(policy.sensitive, info.sensitive_type) if info.sensitive_type else {}
+        )
         assert recipe.type == info.recipe_type
         assert recipe.copy_other_files == (policy.copy_other_files and info.diffusers_layout)
         assert recipe.components == list(policy.components or ["."])
         checks = recipe.checks.model_dump(exclude_none=True)
-        expected = dict(info.checks) | dict(family.recipe_checks.get(fmt, {})) | dict(policy.checks.get(fmt, {}))
+        expected = (
+            dict(info.checks) | dict(family.recipe_checks.get(fmt, {})) | dict(policy.checks.get(fmt, {}))
+        )
         assert checks == expected
 
 
@@ -149,7 +153,9 @@ def test_a_new_format_fact_changes_every_layout_at_once(monkeypatch):
 
     from quantize.recipes import derive
 
-    info = dataclasses.replace(FORMAT_INFO["fp8_channel"], checks=(("min_sqnr_db", 31.0), ("min_cosine", 0.9)))
+    info = dataclasses.replace(
+        FORMAT_INFO["fp8_channel"], checks=(("min_sqnr_db", 31.0), ("min_cosine", 0.9))
+    )
     monkeypatch.setitem(FORMAT_INFO, "fp8_channel", info)
     derive.derived_recipe.cache_clear()
     try:
