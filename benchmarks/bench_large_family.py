@@ -167,7 +167,7 @@ def convert(src: Path, scratch: Path, fmt: str, family: str) -> list[str]:
     )
     if probe.returncode == 2:  # refused before anything is read: not a measurement
         reason = (
-            get_family(family).why_no(fmt, format_info(fmt).names == "native")
+            get_family(family).why_no(format_info(fmt), format_info(fmt).names == "native")
             or (probe.stderr.strip().splitlines() or [""])[-1]
         )
         return [f"convert --format {fmt}", "refused at plan time", "-", "-", reason.removeprefix("error: ")]

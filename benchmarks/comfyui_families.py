@@ -344,7 +344,8 @@ def main() -> int:
                 if p.returncode:
                     text = (p.stdout + p.stderr).strip().splitlines()[-1:] or [""]
                     refusal = (
-                        p.returncode == 2 and fam.why_no(fmt, format_info(fmt).names != "source") is not None
+                        p.returncode == 2
+                        and fam.why_no(format_info(fmt), format_info(fmt).names != "source") is not None
                     )  # the family says why
                     r = dict(id=cid, ok=refusal, refused=text[0][:300])
                     results.append(r)

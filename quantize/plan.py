@@ -624,7 +624,7 @@ def make_plan(source: Path | SourceFolder, recipe: Recipe, *, steps: Sequence[Te
     for rel in recipe.components:
         comp = src.component(rel)
         family = src.family(rel)
-        names = names_for(role, family, recipe.format, str(comp.where))
+        names = names_for(role, family, format_info(recipe.format), str(comp.where))
         if comp.config is None and family is not None:
             # the config.json every container writes for a release that ships none, read off its shapes now: a
             # file it cannot be read off is refused before any work (`containers.write_config`)

@@ -113,7 +113,7 @@ def test_a_layout_has_every_format_its_family_and_policy_allow(layout):
             assert recipe.format == fmt and recipe.description.startswith(policy.what)
             assert default_recipes()[layout][fmt] == recipe.name
         else:
-            assert why == (family.why_no(fmt) or policy.refusal(fmt, info.names))
+            assert why == (family.why_no(info) or policy.refusal(fmt, info.names))
             with pytest.raises(InputError, match=f"layout {layout} has no bundled {fmt} recipe"):
                 derived_recipe(layout, fmt)
 

@@ -101,7 +101,7 @@ def chosen_recipes(
     nested = {}
     for rel, (encoder, lay) in found.items():
         if encoder is None:
-            why = get_family(lay.family).why_no(fmt)
+            why = get_family(lay.family).why_no(FORMAT_INFO[fmt])
             fate = "copied as it is" if copies else "left out"
             say(f"{rel}/: no bundled {fmt} recipe for {lay.why}{f' ({why})' if why else ''}: {fate}")
         else:

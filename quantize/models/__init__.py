@@ -18,8 +18,9 @@ from ..errors import InputError
 from ..read.files import config_class
 from .clip_text import CLIP_TEXT
 from .clip_vision import CLIP_VISION
-from .family import Family, ModelInputs, SourceLayout
+from .family import HOOKS, Family, FormatFacts, ModelInputs, SourceLayout
 from .gemma3 import GEMMA3
+from .gemma3_text import GEMMA3_TEXT
 from .hunyuanvideo15 import HUNYUANVIDEO15
 from .kandinsky5 import KANDINSKY5
 from .ltx2 import LTX2
@@ -42,6 +43,7 @@ from .qwen25vl import QWEN25VL
 from .qwen25vl_text import QWEN25VL_TEXT
 from .skyreels_v2 import SKYREELS_V2
 from .t5 import T5
+from .tables import name_table, runnable_names, runnable_stacks
 from .umt5 import UMT5
 from .wan import WAN
 from .wan_animate import WAN_ANIMATE
@@ -56,6 +58,10 @@ __all__ = [
     "ROLES",
     "IDENTITY",
     "Family",
+    "FormatFacts",
+    "HOOKS",
+    "runnable_names",
+    "runnable_stacks",
     "NameTable",
     "Rows",
     "Stack",
@@ -96,6 +102,7 @@ FAMILIES: tuple[Family, ...] = (
     UMT5,
     T5,
     GEMMA3,
+    GEMMA3_TEXT,
     QWEN25VL,
     QWEN25VL_TEXT,
     CLIP_TEXT,
@@ -142,20 +149,20 @@ def own_names(names: Iterable[str], where: str) -> dict[str, str] | None:
     return next((m for f in FAMILIES if (m := f.own_names(names, where)) is not None), None)
 
 
-def names_for(role: str, family: Family | None, fmt: str, where: str) -> NameTable:
+def names_for(role: str, family: Family | None, fmt: FormatFacts, where: str) -> NameTable:
     """The name table format `fmt` (which asks for `role`) writes a model of `family` under; `InputError` when
     the model is of no known family and the role needs one, or the family has no names of that role."""
     if role not in ROLES:
-        raise InputError(f"{fmt}: unknown role of names {role!r} (roles: {', '.join(ROLES)})")
+        raise InputError(f"{fmt.name}: unknown role of names {role!r} (roles: {', '.join(ROLES)})")
     if role == "source" and (family is None or not family.class_prefixes):
         return IDENTITY
     if family is None:
         known = ", ".join(f.title for f in FAMILIES if f.names is not None)
         raise InputError(
-            f"{where}: the tensor names are of no model family this tool knows ({known}): {fmt} writes a "
+            f"{where}: the tensor names are of no model family this tool knows ({known}): {fmt.name} writes a "
             f"family's {role} names, so it takes only one of those"
         )
-    return family.name_table(role, fmt, where)
+    return name_table(family, role, fmt, where)
 
 
 def lora_prefixes() -> tuple[str, ...]:

@@ -10,7 +10,7 @@ Names: transformers' own, which ComfyUI's CLIP (``comfy/clip_model.py``) holds t
 table all the same, so a tensor it does not list is refused.
 
 Formats: transformers' (`from_pretrained`, our loader) alone. ComfyUI's are refused at plan time
-(`PlanPolicy.unread_formats`): its CLIP-L loaders (Load CLIP; DualCLIPLoader's ``kandinsky5`` and ``hunyuan_video``
+(`PlanPolicy.unread_by`): its CLIP-L loaders (Load CLIP; DualCLIPLoader's ``kandinsky5`` and ``hunyuan_video``
 types) build the tower with plain cast ops and take no quantization from the file, so a quantized weight would be
 read without its scale. GGUF too: ComfyUI-GGUF's CLIP loader reads only the text architectures of its
 ``TXT_ARCH_LIST``, and CLIP is not one.
@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING
 from ..errors import InputError
 from .encoder import TextEncoder, token_inputs
 from .family import (
-    COMFY,
     CardWords,
     Carried,
     Detection,
@@ -144,7 +143,7 @@ class CLIPTower:
             carried=Carried(
                 tensors=(rf"{self.projection}\.weight", rf"{self.prefix}\.embeddings\.position_ids")
             ),
-            unread_formats=COMFY,
+            unread_by=("comfyui",),
             unread_why=f"{self.loaders} {NO_COMFY_QUANT}",
         )
 

@@ -4,17 +4,22 @@
   are diffusers' own.
 - **detection** (`Detection`): the config classes a model is registered by and the tensor-name marks of each
   naming; a variant's own marks and the marks that make a model another family's.
-- **folders** (`Folders`): the layouts a source folder may have (a key of `default_recipes` each), and why.
-- **plan** (`PlanPolicy`): what a plan must know beyond the names: the formats it has no output in and why, the
-  2-D weights that are plain parameters, the parts of a release carried as stored.
+- **folders** (`Folders`): the layouts a source folder may have (a key of `policies` each), and why.
+- **policies** (`policy.Policy`, one per layout): what its bundled recipes quantize and keep, and why
+  (`recipes.derive` makes one per format).
+- **plan** (`PlanPolicy`): what a plan must know beyond the names: the formats it has no output in and why (by
+  the formats' facts, `FormatFacts`), the 2-D weights that are plain parameters, the parts of a release carried
+  as stored.
 - **lora** (`LoraNames`): the key prefixes its LoRAs carry in the wild, its modulation tables' names.
 - **card** (`CardWords`): what the model card says of it.
 - **running it**: the diffusers class (`detection.diffusers_class`), a pass's inputs (`inputs`) and the class's
   config derived from an original one (`diffusers_config`), abstract, as `formats.base.Format`'s hooks are.
 
-A family is a subclass that sets these parts and overrides the few hooks it truly needs (each declared below
-with its default). Its example checkpoints live apart, in `models.examples`. Converter, verify, forward, the card
-and the loaders ask the family of a component (`models.family_of`) and spell none of its names.
+A family is a subclass that sets these parts and overrides the few hooks it truly needs: `HOOKS`, declared in one
+block of `Family`, each abstract or with its default; everything else of the base is final (a subclass that
+overrides it is refused when it is defined). The name tables are functions of the parts (`tables.name_table`,
+`tables.runnable_names`). Its example checkpoints live apart, in `models.examples`. Converter, verify, forward, the
+card and the loaders ask the family of a component (`models.family_of`) and spell none of its names.
 
 No torch at import: recipes, detection and the card read families before torch is loaded.
 """
@@ -26,11 +31,11 @@ import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import InputError
 from ..read.files import config_class
-from .names import IDENTITY, BlockNames, NameTable, Renamer, Split, Stack, renamed
+from .names import BlockNames, Stack, renamed
 from .policy import Policy
 
 if TYPE_CHECKING:
@@ -51,12 +56,21 @@ __all__ = [
     "LoraNames",
     "CardWords",
     "Family",
-    "SOURCE_NAMED",
-    "COMFY",
+    "FormatFacts",
+    "HOOKS",
     "count_blocks",
     "shape_reader",
-    "NO_GGUF_READER",
 ]
+
+
+class FormatFacts(Protocol):
+    """What a family asks of a format (`formats.FormatInfo` answers): its name, the role of names it writes
+    (``source``, ``native``, ``gguf``) and the library whose on-disk layout it is (``comfyui``). Families know formats
+    by these facts, never by a list of names."""
+
+    name: str
+    names: str
+    layout_library: str
 
 
 @dataclass(frozen=True)
@@ -187,12 +201,6 @@ class Carried:
         return any(re.fullmatch(p, name) for p in self.tensors)
 
 
-#: the formats that keep the source's names (what a model in diffusers' names always converts to)
-SOURCE_NAMED = ("fp8_channel", "torchao_fp8", "torchao_int8", "nf4")
-#: ComfyUI's formats
-COMFY = ("comfy_fp8", "comfy_int8", "comfy_nvfp4", "comfy_mxfp8")
-
-
 def shape_reader(
     tensors: Mapping[str, TensorInfo], where: Path, what: str, prefix: str = ""
 ) -> Callable[[str], tuple[int, ...]]:
@@ -215,13 +223,6 @@ def count_blocks(tensors: Mapping[str, object], prefix: str) -> int:
     while any(k.startswith(f"{prefix}{n}.") for k in tensors):
         n += 1
     return n
-
-
-#: ComfyUI-GGUF's loader reads only these architectures (its IMG_ARCH_LIST): why a family outside it has no GGUF
-NO_GGUF_READER = (
-    "ComfyUI-GGUF's loader reads only the architectures of its IMG_ARCH_LIST (flux, sd1, sdxl, sd3, aura, "
-    "hidream, cosmos, ltxv, hyvid, wan, lumina2, qwen_image), none of them {title}"
-)
 
 
 @dataclass(frozen=True)
@@ -293,9 +294,10 @@ class PlanPolicy:
     tokenizer: Tokenizer | None = None
     #: the stem of a one-file output of a model converted at the root (``diffusion_model_comfy_fp8.safetensors``)
     root_stem: str = "diffusion_model"
-    #: formats whose files no runtime of the family reads as they are (ComfyUI's for byT5: its loader takes the
-    #: quantization of the other file of the pair only), refused at plan time saying `unread_why`
-    unread_formats: tuple[str, ...] = ()
+    #: the libraries whose layouts (a format's `layout_library`: ``comfyui``) no runtime of the family reads as
+    #: they are (ComfyUI's for byT5: its loader takes the quantization of the other file of the pair only),
+    #: refused at plan time saying `unread_why`
+    unread_by: tuple[str, ...] = ()
     unread_why: str = ""
 
 
@@ -359,7 +361,7 @@ class Family(abc.ABC):
     #: (one holding that tensor) names them as kept, so that transformers' quantizers leave them tied
     tied_linears: Mapping[str, str] = {}
 
-    # --- running it (abstract: every family runs as its diffusers class) -------------------------
+    # --- hooks: the methods a family may override (`HOOKS`), each abstract or with its default -----------------
 
     @property
     @abc.abstractmethod
@@ -372,12 +374,122 @@ class Family(abc.ABC):
         that has none (`config` empty), what the config does not say read off the tensor shapes."""
 
     def build_model(self, config: dict):
-        """Hook: the class that runs it (`Detection.diffusers_class`) built from `config`, its parameters where
+        """the class that runs it (`Detection.diffusers_class`) built from `config`, its parameters where
         the caller's context puts them (the meta device, `models.meta.parameters_on_meta`). Default: the
         diffusers class's ``from_config``."""
         import diffusers
 
         return getattr(diffusers, self.diffusers_class).from_config(config)
+
+    def release_config(self, tensors: Mapping[str, TensorInfo], where: Path) -> dict | None:
+        """The config.json of a release that ships none (the diffusers class's, read off the tensor shapes): what
+        a checkpoint converted from it is written with, so that it loads as that class. None: no such release."""
+        return None
+
+    def pipeline_tag(self, config: dict) -> str | None:
+        """The Hub pipeline tag of a model with this config (text-to-video, image-to-video), or None."""
+        return self.card.pipeline_tag
+
+    def layouts(
+        self, folder: Path, open_: Callable[[str], Component | None], registered: Collection[str] = ()
+    ) -> list[SourceLayout]:
+        """Every layout of this family that `folder` matches (`Folders`); `open_(rel)` opens a component folder
+        (None where there is no readable one); `registered`: every config class a family is registered by
+        (`models.registered_classes`), what `is_diffusers` tells another family's model by."""
+        found, f = [], self.folders
+        transformer = open_("transformer")
+        if transformer is not None and self.is_diffusers(transformer, registered):
+            why = f"{self.title}, diffusers layout ({self.diffusers_class} in transformer/)"
+            found.append(self.layout(why, f.diffusers))
+        root = open_(".")
+        if root is not None:
+            if f.release is not None and self.is_release(root):
+                found.append(self.layout(f.release_why, f.release))
+            elif config_class(root.config) == self.diffusers_class:
+                why = f"{self.title}, a bare {self.diffusers_class} folder (diffusers names)"
+                found.append(self.layout(why, f.diffusers))
+        return found
+
+    def diffusers_name(self, native_name: str) -> str | None:
+        return None if self.names is None else self.names.diffusers(native_name)
+
+    def gguf_key_values(
+        self, config: dict, tensors: Mapping[str, TensorInfo]
+    ) -> dict[str, str | int | float | tuple[int, ...]]:
+        """the key-values a GGUF file of one of its models holds beside the general ones and the tokenizer's
+        (llama.cpp's ``<architecture>.*`` hyperparameters of a text encoder; a tuple of ints is an int32 array),
+        from its config and tensors.
+        Default: none (ComfyUI-GGUF reads a DiT's off its tensors)."""
+        return {}
+
+    def beside_metadata(self, config: dict, beside_config: dict, where: Path) -> dict[str, str]:
+        """the release's file metadata a native file of a diffusers model joined with its `PlanPolicy.beside`
+        model carries (LTX-2's ``config``, which ComfyUI builds its model from), from the two configs.
+        Default: none."""
+        return {}
+
+    def gguf_companion_key_values(
+        self, config: dict, tensors: Mapping[str, TensorInfo], where: Path
+    ) -> dict[str, str | int | float | bool | tuple[int | float, ...]]:
+        """the key-values of its GGUF companion file (`PlanPolicy.gguf_companion`) beside the general ones,
+        from the config and tensors of the model at `where` (which an `InputError` names). Default: none."""
+        return {}
+
+    def refuse_native(self, names: Sequence[str], where: str, fmt: str) -> None:
+        """`InputError` for a diffusers-named model when the family has no native output of one
+        (`PlanPolicy.diffusers_not_native_why`), naming the model and the format; not where it comes with what
+        the release carries beside it (its `PlanPolicy.beside` model, joined as the release's: `read.source`)."""
+        joined = self.plan.beside is not None and any(self.carried(n) for n in names)
+        if (
+            self.plan.diffusers_not_native_why is not None
+            and self.naming(names) == "diffusers"
+            and not joined
+        ):
+            raise InputError(
+                f"{where}: {fmt} writes {self.title}'s native names, which ComfyUI reads, and this model has "
+                f"diffusers' {self.diffusers_class} names: {self.plan.diffusers_not_native_why}"
+            )
+
+    def native_stacks(self, names: Sequence[str], where: str) -> dict[str, Stack]:
+        """The native tensors a model's tensors stack into (a diffusers-named model's fused projections,
+        `Blocks.stacked`), each with its `Stack`; `InputError` naming one a stack lacks. Default: from the
+        table (`BlockNames.stacked_into`)."""
+        if self.names is None or self.detection.marks_naming(list(names)) != "diffusers":
+            return {}
+        present, stacks = set(names), {}
+        for name in names:
+            native = self.names.stacked_into(name)
+            if native is None or native in stacks:
+                continue
+            stack = self.names.native_stack(native)
+            lacking = next((n for n, _, _ in stack if n not in present), None)
+            if lacking is not None:
+                raise InputError(
+                    f"{where}: tensor {lacking!r} is missing: {self.title}'s native {native!r} stacks it with "
+                    f"{name!r}"
+                )
+            stacks[native] = stack
+        return stacks
+
+    # --- final: what callers ask, made of the declared parts (a family overrides none of it) ---------------------
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        """A family overrides its hooks only (`HOOKS`): anything else of the base is final, so that what a family
+        changes is declared in one place."""
+        super().__init_subclass__(**kwargs)
+        final = [
+            n
+            for n, v in vars(cls).items()
+            if n not in HOOKS
+            and callable(getattr(Family, n, None))
+            and not n.startswith("__")
+            and v is not None
+        ]
+        if final:
+            raise TypeError(
+                f"{cls.__name__} overrides {', '.join(final)} of Family, which is final: a family overrides only "
+                f"its hooks ({', '.join(sorted(HOOKS))}) and declares the rest as data"
+            )
 
     def class_name(self, name: str) -> str:
         """The name the class's module holds tensor `name` under (`class_prefixes`: a stored name's prefix
@@ -395,11 +507,6 @@ class Family(abc.ABC):
         """Each of `names` (tensors of the class under the family's names, as its checkpoints store them) -> the
         parameter of the built class it fills (`class_name`)."""
         return {n: self.class_name(n) for n in names}
-
-    def release_config(self, tensors: Mapping[str, TensorInfo], where: Path) -> dict | None:
-        """The config.json of a release that ships none (the diffusers class's, read off the tensor shapes): what
-        a checkpoint converted from it is written with, so that it loads as that class. None: no such release."""
-        return None
 
     # --- the parts, as callers ask for them --------------------------------------------------------
 
@@ -439,35 +546,6 @@ class Family(abc.ABC):
     def native_name(self, diffusers_name: str) -> str | None:
         return None if self.names is None else self.names.native(diffusers_name)
 
-    def diffusers_name(self, native_name: str) -> str | None:
-        return None if self.names is None else self.names.diffusers(native_name)
-
-    def pipeline_tag(self, config: dict) -> str | None:
-        """The Hub pipeline tag of a model with this config (text-to-video, image-to-video), or None."""
-        return self.card.pipeline_tag
-
-    # --- recognizing a folder -----------------------------------------------------------------------
-
-    def layouts(
-        self, folder: Path, open_: Callable[[str], Component | None], registered: Collection[str] = ()
-    ) -> list[SourceLayout]:
-        """Every layout of this family that `folder` matches (`Folders`); `open_(rel)` opens a component folder
-        (None where there is no readable one); `registered`: every config class a family is registered by
-        (`models.registered_classes`), what `is_diffusers` tells another family's model by."""
-        found, f = [], self.folders
-        transformer = open_("transformer")
-        if transformer is not None and self.is_diffusers(transformer, registered):
-            why = f"{self.title}, diffusers layout ({self.diffusers_class} in transformer/)"
-            found.append(self.layout(why, f.diffusers))
-        root = open_(".")
-        if root is not None:
-            if f.release is not None and self.is_release(root):
-                found.append(self.layout(f.release_why, f.release))
-            elif config_class(root.config) == self.diffusers_class:
-                why = f"{self.title}, a bare {self.diffusers_class} folder (diffusers names)"
-                found.append(self.layout(why, f.diffusers))
-        return found
-
     def is_release(self, comp: Component) -> bool:
         """A model of the original release (`Folders`): in its native names, its config naming one of
         `release_classes` when they are given."""
@@ -490,193 +568,37 @@ class Family(abc.ABC):
             return cls == self.diffusers_class
         return self.naming(comp.tensors) == "diffusers"
 
-    # --- names a format writes ----------------------------------------------------------------------
-
-    def name_table(self, role: str, fmt: str, where: str = "") -> NameTable:
-        """The names format `fmt` writes this family's tensors under; `InputError` in one line naming the model
-        (`where`), the family and the format when it has no file of that format (GGUF without an architecture:
-        refused here, at plan time) or no names of that role."""
-        at = f"{where}: " if where else ""
-        no_file = self.why_no(fmt)
-        if no_file is not None:
-            raise InputError(
-                f"{at}{no_file}: convert it to another format (quantize recipes --for lists them)"
-            )
-        if role == "source":
-            return self._class_table() if self.class_prefixes else IDENTITY
-        if role == "gguf" and self.plan.gguf_names is not None:
-            return self._gguf_table()
-        if role in ("native", "gguf") and self.names is not None:
-
-            def refusing(make: Callable) -> Callable:
-                def checked(names: Sequence[str], where: str):
-                    self.refuse_native(names, where, fmt)
-                    return make(names, where)
-
-                return checked
-
-            return NameTable(
-                f"{self.name}_native",
-                refusing(self.native_renamer),
-                f"{self.title}'s original names",
-                refusing(self.native_stacks),
-            )
-        raise InputError(
-            f"{at}{fmt} writes a model's {role} names, and {self.title} has none in this tool yet: "
-            f"convert {self.title} to another format (quantize recipes lists them)"
-        )
-
-    def _class_table(self) -> NameTable:
-        """The source's names as the class holds them (`class_prefixes`): what its library's loader and its
-        quantization config (the modules it converts or leaves) read. A release in the native names (ComfyUI's
-        Gemma 3 file) is read as the stored names first (its table read the other way); what the family carries
-        beside the model (a file's tokenizer) keeps its name."""
-
-        def renamer(names: Sequence[str], where: str) -> Renamer:
-            if not (self.detection.native_marks and self.naming(names) == "native"):
-                return self.class_name
-            lacking = f"has no name in {self.diffusers_class}: it is no part of {self.title}"
-            stored = renamed([n for n in names if not self.carried(n)], self.diffusers_name, where, lacking)
-            return lambda name: self.class_name(stored[name]) if name in stored else name
-
-        return NameTable(f"{self.name}_class", renamer, f"the names {self.diffusers_class} holds")
-
-    def _gguf_table(self) -> NameTable:
-        """llama.cpp's names (`PlanPolicy.gguf_names`), from the source's: each tensor renamed, or refused naming it."""
-        table, arch = self.plan.gguf_names, self.plan.gguf_architecture
-        lacking = (
-            f"has no name among llama.cpp's {arch} tensors, which a {self.title} GGUF file holds: it is no part "
-            f"of {self.title}"
-        )
-
-        def renamer(names: Sequence[str], where: str) -> Renamer:
-            return renamed(names, table.native, where, lacking).__getitem__
-
-        def splitter(names: Sequence[str], where: str) -> dict[str, Split]:
-            return {out: split for n in names for out, split in (table.splits(n) or {}).items()}
-
-        return NameTable(f"{self.name}_gguf", renamer, f"llama.cpp's {arch} names", splitter=splitter)
-
-    def gguf_key_values(
-        self, config: dict, tensors: Mapping[str, TensorInfo]
-    ) -> dict[str, str | int | float | tuple[int, ...]]:
-        """Hook: the key-values a GGUF file of one of its models holds beside the general ones and the tokenizer's
-        (llama.cpp's ``<architecture>.*`` hyperparameters of a text encoder; a tuple of ints is an int32 array),
-        from its config and tensors.
-        Default: none (ComfyUI-GGUF reads a DiT's off its tensors)."""
-        return {}
-
-    def beside_metadata(self, config: dict, beside_config: dict, where: Path) -> dict[str, str]:
-        """Hook: the release's file metadata a native file of a diffusers model joined with its `PlanPolicy.beside`
-        model carries (LTX-2's ``config``, which ComfyUI builds its model from), from the two configs.
-        Default: none."""
-        return {}
-
-    def gguf_companion_key_values(
-        self, config: dict, tensors: Mapping[str, TensorInfo], where: Path
-    ) -> dict[str, str | int | float | bool | tuple[int | float, ...]]:
-        """Hook: the key-values of its GGUF companion file (`PlanPolicy.gguf_companion`) beside the general ones,
-        from the config and tensors of the model at `where` (which an `InputError` names). Default: none."""
-        return {}
-
-    def why_no(self, fmt: str, native_names: bool = False) -> str | None:
+    def why_no(self, fmt: FormatFacts, native_names: bool = False) -> str | None:
         """Why this family has no output in format `fmt` (which writes native names when `native_names`), in
-        words (None: no such reason): GGUF without an architecture; a native-named format from diffusers' layout
+        words (None: no such reason): a GGUF file without an architecture; a runtime library that reads none of
+        its files (`PlanPolicy.unread_by`); a native-named format from diffusers' layout
         (`PlanPolicy.diffusers_not_native_why`)."""
-        if fmt == "gguf" and self.plan.gguf_architecture is None:
+        if fmt.names == "gguf" and self.plan.gguf_architecture is None:
             return f"{self.title} has no GGUF architecture ({self.plan.no_gguf_why})"
-        if fmt in self.plan.unread_formats:
-            return f"no runtime reads {self.title}'s {fmt} files: {self.plan.unread_why}"
+        if fmt.layout_library in self.plan.unread_by:
+            return f"no runtime reads {self.title}'s {fmt.name} files: {self.plan.unread_why}"
         if self.plan.diffusers_not_native_why is not None and native_names:
-            return f"{self.title}'s {fmt} files are written from the original release only: {self.plan.diffusers_not_native_why}"
+            return (
+                f"{self.title}'s {fmt.name} files are written from the original release only: "
+                f"{self.plan.diffusers_not_native_why}"
+            )
         return None
 
-    def refuse_native(self, names: Sequence[str], where: str, fmt: str) -> None:
-        """Hook: `InputError` for a diffusers-named model when the family has no native output of one
-        (`PlanPolicy.diffusers_not_native_why`), naming the model and the format; not where it comes with what
-        the release carries beside it (its `PlanPolicy.beside` model, joined as the release's: `read.source`)."""
-        joined = self.plan.beside is not None and any(self.carried(n) for n in names)
-        if (
-            self.plan.diffusers_not_native_why is not None
-            and self.naming(names) == "diffusers"
-            and not joined
-        ):
-            raise InputError(
-                f"{where}: {fmt} writes {self.title}'s native names, which ComfyUI reads, and this model has "
-                f"diffusers' {self.diffusers_class} names: {self.plan.diffusers_not_native_why}"
-            )
 
-    def native_renamer(self, names: Sequence[str], where: str) -> Renamer:
-        """Each tensor's native name, for a model in either naming (its marks say which); `InputError` naming a
-        tensor with none, or a model of both namings."""
-        naming = self.detection.marks_naming(list(names))
-        if naming == "mixed":
-            mixed = next(n for n in names if n.startswith(self.detection.diffusers_marks))
-            raise InputError(
-                f"{where}: tensor {mixed!r} has a diffusers name among {self.title}'s native names: "
-                "one naming per model"
-            )
-        if naming == "native":
-            return lambda name: name
-        if naming is None:
-            raise InputError(
-                f"{where}: the tensor names are neither {self.title}'s native names nor diffusers' "
-                f"{self.diffusers_class} names: this format writes native {self.title} names"
-            )
-        lacking = (
-            f"has no native {self.title} name (not a {self.diffusers_class} tensor diffusers maps from the "
-            f"original {self.title} names): this format writes native {self.title} names"
-        )
-        stacked = {n for stack in self.native_stacks(names, where).values() for n, _, _ in stack}
-        # what the release carries, joined from beside the model (`PlanPolicy.beside`), has its native name already
-        carried = {n for n in names if self.carried(n)} if self.plan.beside is not None else set()
-        table = renamed([n for n in names if n not in stacked | carried], self.native_name, where, lacking)
-        return lambda name: name if name in carried else table[name]
-
-    def native_stacks(self, names: Sequence[str], where: str) -> dict[str, Stack]:
-        """Hook: the native tensors a model's tensors stack into (a diffusers-named model's fused projections,
-        `Blocks.stacked`), each with its `Stack` of those tensors; `InputError` naming one a stack lacks."""
-        if self.names is None or self.detection.marks_naming(list(names)) != "diffusers":
-            return {}
-        present, stacks = set(names), {}
-        for name in names:
-            native = self.names.stacked_into(name)
-            if native is None or native in stacks:
-                continue
-            stack = self.names.native_stack(native)
-            lacking = next((n for n, _, _ in stack if n not in present), None)
-            if lacking is not None:
-                raise InputError(
-                    f"{where}: tensor {lacking!r} is missing: {self.title}'s native {native!r} stacks it with "
-                    f"{name!r}"
-                )
-            stacks[native] = stack
-        return stacks
-
-    # --- names a forward pass runs under ------------------------------------------------------------
-
-    def runnable_stacks(self, names: Sequence[str]) -> dict[str, Stack]:
-        """Each native tensor of `names` that stacks several of the diffusers class's (a fused projection) ->
-        its `Stack`: what a forward pass cuts it into."""
-        if self.names is None:
-            return {}
-        return {n: stack for n in names if (stack := self.names.native_stack(n)) is not None}
-
-    def runnable_names(self, names: Sequence[str], where: Path) -> dict[str, str]:
-        """Native tensor name -> the diffusers class's parameter name, or `InputError` naming one it lacks; the
-        stacked ones are left out (`runnable_stacks` says what they are cut into), and so are the carried ones
-        (`carried`: no part of the class). A family whose release has diffusers' names (no native marks) maps
-        each to itself through its table."""
-        runs = [n for n in names if not self.carried(n)]
-        wanted = "native" if self.detection.native_marks else "diffusers"
-        if self.naming(runs) != wanted:
-            raise InputError(
-                f"{where}: config.json names {'/'.join(self.native_classes) or 'no class'} but the tensors do not "
-                f"have {self.title}'s original names: a forward pass cannot run it"
-            )
-        lacking = (
-            f"has no counterpart in diffusers' {self.diffusers_class} (a {self.title} variant it does not "
-            "implement): this model cannot be run for a forward pass"
-        )
-        stacked = self.runnable_stacks(runs)  # cut into the class's tensors instead (`runnable_stacks`)
-        return renamed([n for n in runs if n not in stacked], self.diffusers_name, where, lacking)
+#: the methods a family may override (`Family.__init_subclass__` refuses any other)
+HOOKS = frozenset(
+    {
+        "inputs",
+        "diffusers_config",
+        "build_model",
+        "release_config",
+        "pipeline_tag",
+        "layouts",
+        "diffusers_name",
+        "gguf_key_values",
+        "beside_metadata",
+        "gguf_companion_key_values",
+        "refuse_native",
+        "native_stacks",
+    }
+)

@@ -59,7 +59,18 @@ from .policy import Policy
 if TYPE_CHECKING:
     from ..read.checkpoint import TensorInfo
 
-__all__ = ["GEMMA3", "Gemma3Family", "NAMES", "CLASS", "CLASS_PREFIXES", "TOKENIZER_TENSOR"]
+__all__ = [
+    "GEMMA3",
+    "Gemma3Family",
+    "NAMES",
+    "CLASS",
+    "CLASS_PREFIXES",
+    "TOKENIZER_TENSOR",
+    "LAYER",
+    "LAYER_QUANTIZED",
+    "LAYER_CHECKS",
+    "layer_targets",
+]
 
 CLASS = "Gemma3ForConditionalGeneration"
 #: ComfyUI's key for the tokenizer in a text encoder's file (comfy/sd.py: ``spiece_model``)
@@ -140,6 +151,9 @@ _KEPT = (
 )
 #: 4-bit weights compound through the layers: the output's floor
 _CHECKS = {"nf4": {"min_forward_sqnr_db": 12}, "comfy_nvfp4": {"min_forward_sqnr_db": 12}}
+
+#: what Gemma 3's text model alone (`gemma3_text`) shares: a layer's modules, its targets, in words, the floors
+LAYER, layer_targets, LAYER_QUANTIZED, LAYER_CHECKS = _LAYER, _targets, _QUANTIZED, _CHECKS
 
 GEMMA3_POLICY = Policy(
     what=f"Gemma 3 text encoder ({CLASS}, LTX-2's) in transformers' layout (a pipeline's text_encoder/, or that "

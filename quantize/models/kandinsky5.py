@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING
 
 from ..errors import InputError
 from .family import (
-    NO_GGUF_READER,
     Detection,
     Family,
     Folders,
@@ -49,6 +48,7 @@ from .family import (
 )
 from .names import BlockNames, Blocks
 from .policy import Policy
+from .readers import no_gguf_reader
 
 if TYPE_CHECKING:
     import torch
@@ -203,7 +203,7 @@ class Kandinsky5(Family):
     #: the release (in ``model/``, no config.json) is told apart by `layouts`
     folders = Folders("kandinsky5")
     plan = PlanPolicy(
-        no_gguf_why=NO_GGUF_READER.format(title="Kandinsky 5")
+        no_gguf_why=no_gguf_reader("Kandinsky 5")
         + ", and diffusers has no single-file loader for Kandinsky5Transformer3DModel"
     )
     lora = LoraNames(

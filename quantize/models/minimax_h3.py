@@ -49,7 +49,6 @@ from typing import TYPE_CHECKING
 
 from ..errors import InputError
 from .family import (
-    NO_GGUF_READER,
     Carried,
     Detection,
     Family,
@@ -62,6 +61,7 @@ from .family import (
 )
 from .names import BlockNames, Blocks, Rows
 from .policy import Policy, Refused
+from .readers import no_gguf_reader
 
 if TYPE_CHECKING:
     import torch
@@ -290,7 +290,7 @@ class MiniMaxH3(Family):
         "MiniMax-H3 release: one file, the original names (Comfy-Org/MiniMax-H3), no config.json",
     )
     plan = PlanPolicy(
-        no_gguf_why=NO_GGUF_READER.format(title="MiniMax-H3"),
+        no_gguf_why=no_gguf_reader("MiniMax-H3"),
         carried=Carried(parts=(ROPE,)),
         diffusers_not_native_why=NO_NATIVE_FROM_DIFFUSERS,
     )

@@ -12,7 +12,7 @@ such a folder itself (config.json ``architectures: ["T5EncoderModel"]``); ``t5-s
 those names, no config.json (Comfy-Org's ``byt5_small_glyphxl_fp16.safetensors``).
 
 Formats: transformers' (`from_pretrained`) and GGUF, which ComfyUI-GGUF's DualCLIPLoader (GGUF) reads beside the
-Qwen2.5-VL file. ComfyUI's own are refused at plan time (`PlanPolicy.unread_formats`): ComfyUI takes the quantization
+Qwen2.5-VL file. ComfyUI's own are refused at plan time (`PlanPolicy.unread_by`): ComfyUI takes the quantization
 of a hunyuan_video_15 pair from its Qwen2.5-VL file alone, and reads a quantized byT5's weights without their scales.
 
 The tokenizer: ComfyUI bundles byT5's (and T5's); a byte-level tokenizer has no pieces for ``tokenizer.ggml``: the
@@ -30,7 +30,7 @@ the blocks is quantized.
 
 from __future__ import annotations
 
-from .family import COMFY, CardWords, Detection, Folders, PlanPolicy
+from .family import CardWords, Detection, Folders, PlanPolicy
 from .policy import Policy
 from .umt5 import GGUF_NAMES, QUANTIZED, TARGETS, UMT5Family, nf4_without_wo
 
@@ -102,7 +102,7 @@ class T5Family(UMT5Family):
         gguf_architecture="t5encoder",
         gguf_names=GGUF_NAMES,
         plain_weights=(rf"encoder\.block\.\d+\.{_ATTENTION}\.relative_attention_bias\.",),
-        unread_formats=COMFY,
+        unread_by=("comfyui",),
         unread_why=(
             "ComfyUI reads a byT5 only as the second file of its hunyuan_video_15 and hunyuan_image loaders, which "
             "take the quantization of the first (Qwen2.5-VL) file alone and would read a quantized byT5's weights "

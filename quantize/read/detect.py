@@ -142,8 +142,8 @@ def recipe_for_format(folder: Path, fmt: str) -> tuple[str, SourceLayout]:
             parameters=("recipe",),
         )
     there = sorted({f"{r} ({f})" for lay in layouts for f, r in DEFAULT_RECIPES[lay.name].items()})
-    native = fmt in FORMAT_INFO and FORMAT_INFO[fmt].names != "source"
-    reasons = {why for lay in layouts if (why := get_family(lay.family).why_no(fmt, native))}
+    info = FORMAT_INFO[fmt]
+    reasons = {why for lay in layouts if (why := get_family(lay.family).why_no(info, info.names != "source"))}
     raise InputError(
         f"{folder}: no bundled {fmt} recipe for {_layout_words(layouts)}"
         f"{''.join(f' ({why})' for why in sorted(reasons))}; for this layout there are: "

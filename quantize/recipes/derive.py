@@ -42,7 +42,7 @@ def layout_policies() -> dict[str, tuple[Family, Policy]]:
 
 def _why_not(family: Family, policy: Policy, info: FormatInfo) -> str | None:
     """Why the layout has no bundled recipe of format `info` (None: it has one)."""
-    return family.why_no(info.name) or policy.refusal(info.name, info.names)
+    return family.why_no(info) or policy.refusal(info.name, info.names)
 
 
 def layout_formats(layout: str) -> dict[str, str | None]:

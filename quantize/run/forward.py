@@ -4,8 +4,8 @@ A component is run as its model family's diffusers class (`models.Family.diffuse
 its config names; a model of the family's original release (`Family.native_classes`) is run as that class too, its
 config derived from the original one and the tensor shapes (`Family.diffusers_config`), its tensors renamed
 through the family's one name table as the loader renames them (`names.class_names`), once the family has refused
-what its class lacks (`Family.runnable_names`). A stacked tensor (a native fused projection,
-`Family.runnable_stacks`; or one a conversion stacks from diffusers' separate ones, `read.StackedSource`) is cut
+what its class lacks (`models.runnable_names`). A stacked tensor (a native fused projection,
+`models.runnable_stacks`; or one a conversion stacks from diffusers' separate ones, `read.StackedSource`) is cut
 into the class's parameters by row ranges (`Runnable.rows`); a tensor stored with other size-1 dimensions than its
 parameter is viewed to its shape (`models.same_but_size_one_dims`); the carried ones (`Family.carried`) are no part
 of the class and left out.
@@ -47,6 +47,7 @@ from ..models import (
     ModelInputs,
     family_of,
     family_of_class,
+    runnable_names,
     same_but_size_one_dims,
     stack_rows,
 )
@@ -211,7 +212,7 @@ def require_known_models(source: SourceFolder, inputs: Path | None = None) -> No
         component = source.component(rel)
         family = _runnable_family(component.config, component.dir, component.tensors)
         if config_class(component.config) != family.diffusers_class:
-            family.runnable_names(list(component.tensors), component.dir)
+            runnable_names(family, list(component.tensors), component.dir)
         families[family.name] = family
     if inputs is not None:
         for name in sorted(families):
@@ -246,7 +247,7 @@ def runnable(cp: ComponentPlan) -> Runnable:
                 plans[tp.name] = tp
         return Runnable(family, config, plans, rows, _in_order(cuts))
     names = [*(tp.name for tp in whole), *cuts]
-    family.runnable_names(names, where)  # the family refuses what its class lacks, naming the tensor
+    runnable_names(family, names, where)  # the family refuses what its class lacks, naming the tensor
     native = class_names(family, names)
     for tp in whole:
         if tp.name in native.stacks:  # a native fused tensor: the class's tensors are its row ranges

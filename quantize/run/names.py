@@ -2,9 +2,9 @@
 pass (`forward.runnable`) and the loader (`loaders.materialize`) read a checkpoint in the family's native names.
 
 Each stored tensor is one of: carried (no part of the class: `Family.carried`), left out; a stack of several of the
-class's tensors (a fused projection: `Family.runnable_stacks`, cut by `models.stack_rows`); one of the class's
+class's tensors (a fused projection: `models.runnable_stacks`, cut by `models.stack_rows`); one of the class's
 tensors under its other name (`Family.diffusers_name`); or none of the class's (a variant's layer the class does not
-implement), left out too: the family refuses it for a forward pass (`Family.runnable_names`), the loader as a tensor
+implement), left out too: the family refuses it for a forward pass (`models.runnable_names`), the loader as a tensor
 that fits nothing. It imports nothing of `quantize` but the families, so that the loader takes it without the
 converter.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..models import Family, Stack
+from ..models import Family, Stack, runnable_stacks
 
 __all__ = ["ClassNames", "class_names"]
 
@@ -38,7 +38,7 @@ def class_names(family: Family, stored: Iterable[str]) -> ClassNames:
     renamed through the family's table both ways, a tensor the class lacks left out (tests/run/test_class_names.py
     shows it on a family)."""
     runs = [n for n in stored if not family.carried(n)]
-    stacks = family.runnable_stacks(runs)
+    stacks = runnable_stacks(family, runs)
     renamed = {n: own for n in runs if n not in stacks and (own := family.diffusers_name(n)) is not None}
     return ClassNames(
         renamed,

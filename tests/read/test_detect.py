@@ -157,6 +157,9 @@ def test_recipes_for_lists_what_fits(sources):
         "wan2.2-a14b-comfy-nvfp4.yaml",
         "wan2.2-a14b-fp8.yaml",
         "wan2.2-a14b-gguf-q8_0.yaml",
+        "wan2.2-a14b-nf4.yaml",
+        "wan2.2-a14b-torchao-fp8.yaml",
+        "wan2.2-a14b-torchao-int8.yaml",
     ]
     assert "--format fp8_channel" in proc.stdout
     kandinsky = run_cli("recipes", "--for", sources["bare-kandinsky5"], check=True)

@@ -12,6 +12,7 @@ from .base import ExampleModel, Examples, LoraTensor, diffusers_example, linear
 from .clip_text import CLIP_TEXT_EXAMPLES
 from .clip_vision import CLIP_VISION_EXAMPLES
 from .gemma3 import GEMMA3_EXAMPLES
+from .gemma3_text import GEMMA3_TEXT_EXAMPLES
 from .hunyuanvideo15 import HUNYUANVIDEO15_EXAMPLES
 from .kandinsky5 import KANDINSKY5_EXAMPLES
 from .ltx2 import LTX2_EXAMPLES
@@ -42,6 +43,7 @@ EXAMPLES: dict[str, Examples] = {
         UMT5_EXAMPLES,
         T5_EXAMPLES,
         GEMMA3_EXAMPLES,
+        GEMMA3_TEXT_EXAMPLES,
         QWEN25VL_EXAMPLES,
         QWEN25VL_TEXT_EXAMPLES,
         CLIP_TEXT_EXAMPLES,
