@@ -1,4 +1,4 @@
-"""How fast `quantize convert` says no, and how fast it stops: the costs behind the README's "What happens when ...".
+"""How fast `quantize convert` says no, and how fast it stops: the costs behind docs/cli.md's "What happens when ...".
 
 `make bench` runs::
 

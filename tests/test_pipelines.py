@@ -1,4 +1,4 @@
-"""A converted model in a whole diffusers pipeline, each way the README shows, against the bf16 pipeline.
+"""A converted model in a whole diffusers pipeline, each way docs/loaders.md shows, against the bf16 pipeline.
 
 A tiny `WanPipeline` (transformer, `AutoencoderKLWan`, scheduler; no text encoder: prompts are given as
 embeddings) is saved as a source; each way of running a converted transformer in it denoises two steps and

@@ -27,7 +27,7 @@ Every part but the marker is per row: a weight is encoded in row chunks (`ROW_SE
 once (`WEIGHT_PARTS`). Nothing goes into the file's metadata: ComfyUI reads the per-layer markers.
 
 ComfyUI multiplies int8 by int8: each call's input is quantized per row the same way, in its own dtype
-(`quantize_rows`), after a ConvRot layer's rotates it (`rotate_activations`); the loader's `Int8Linear` calls both.
+(`quantize_rows`), after a ConvRot layer's rotates it (`rotate_activations`); the loader's `ComfyInt8Linear` calls both.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     ``quantize_int8_rowwise(x)`` bit for bit: scale = max(rowmax|x| / 127 in float32, 1e-30); q = clamp(round(x /
     divisor), -128, 127), half to even, the divisor the scale in x's dtype (a scale that is 0 there taken as its
     smallest normal) and the division in x's dtype. The weights (in float32: the divisor is the scale) and, in the
-    loader's `Int8Linear`, each call's input.
+    loader's `ComfyInt8Linear`, each call's input.
 
     >>> q, scale = quantize_rows(torch.tensor([[254.0, -1.0, 3.0]]))
     >>> q.tolist(), scale.tolist()

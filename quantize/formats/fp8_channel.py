@@ -11,7 +11,7 @@ so it stays finite and its values are exact zeros.
 
 `quantization_config` follows the compressed-tensors schema (`float-quantized`): weights
 float/8-bit/channel/symmetric/static, input activations float/8-bit/token/dynamic: each call's input
-is quantized per row (per token) by the same arithmetic (`quantize_rows`), which the loader's `FP8Linear` calls.
+is quantized per row (per token) by the same arithmetic (`quantize_rows`), which the loader's `FP8ChannelLinear` calls.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ class Fp8Channel(Format):
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(float8_e4m3fn values, float32 scales [rows, 1]) of 2-D `x` quantized per row in float32 (from its values
     as they are): scale = rowmax|x| / 448 (0 taken as 1), q = e4m3(clamp(x / scale, ±448)), to nearest even. The
-    weights (per output channel) and, in the loader's `FP8Linear`, each call's input (per token).
+    weights (per output channel) and, in the loader's `FP8ChannelLinear`, each call's input (per token).
 
     >>> q, scale = quantize_rows(torch.tensor([[896.0, -1.0], [0.0, 0.0]]))
     >>> q.float().tolist(), scale.flatten().tolist()

@@ -133,7 +133,7 @@ COMFY_LAYOUTS: dict[str, str] = {
 }
 
 #: layout -> (the ComfyUI that reads it: the first version after the commit that added it, and what else it needs;
-#: the GPUs that run it fast): what the card and the README say. Elsewhere ComfyUI decodes the weight per layer.
+#: the GPUs that run it fast): what the card and docs/formats.md say. Elsewhere ComfyUI decodes the weight per layer.
 COMFY_RUNTIMES: dict[str, tuple[str, str]] = {
     "nvfp4": (
         "ComfyUI 0.8 or later, with comfy-kitchen",

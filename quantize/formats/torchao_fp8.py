@@ -118,7 +118,7 @@ def to_float8_tensor(parts: dict[str, torch.Tensor]) -> torch.Tensor:
     """The stored parts as torchao's `Float8Tensor`, with the config's mm_config and activation quantization.
 
     The format's own view of its parts, as torchao serializes them: `checkpoint_metadata` writes the JSON torchao
-    encodes one into (tested string for string), and the loader's `Float8Linear` wraps its buffers in one (no
+    encodes one into (tested string for string), and the loader's `TorchaoFP8Linear` wraps its buffers in one (no
     copy) on each call."""
     ao, cfg = torchao(), _config()
     act_granularity, _ = cfg.granularity

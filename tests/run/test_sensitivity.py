@@ -413,7 +413,7 @@ def test_the_table(planted):
 
 
 def capture_inputs(pipe, path: Path, **call) -> None:
-    """README's recipe: keep the transformer's first call's inputs, then save them (what --inputs reads)."""
+    """docs/sensitivity.md's recipe: keep the transformer's first call's inputs, then save them (what --inputs reads)."""
     keys = ("hidden_states", "timestep", "encoder_hidden_states", "encoder_hidden_states_image")
     captured: dict[str, torch.Tensor] = {}
 
