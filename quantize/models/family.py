@@ -374,7 +374,7 @@ class Family(abc.ABC):
         that has none (`config` empty), what the config does not say read off the tensor shapes."""
 
     def build_model(self, config: dict):
-        """the class that runs it (`Detection.diffusers_class`) built from `config`, its parameters where
+        """The class that runs it (`Detection.diffusers_class`) built from `config`, its parameters where
         the caller's context puts them (the meta device, `models.meta.parameters_on_meta`). Default: the
         diffusers class's ``from_config``."""
         import diffusers
@@ -411,19 +411,20 @@ class Family(abc.ABC):
         return found
 
     def diffusers_name(self, native_name: str) -> str | None:
+        """The diffusers class's name of native tensor `native_name` (None: it has none). Default: the table's."""
         return None if self.names is None else self.names.diffusers(native_name)
 
     def gguf_key_values(
         self, config: dict, tensors: Mapping[str, TensorInfo]
     ) -> dict[str, str | int | float | tuple[int, ...]]:
-        """the key-values a GGUF file of one of its models holds beside the general ones and the tokenizer's
+        """The key-values a GGUF file of one of its models holds beside the general ones and the tokenizer's
         (llama.cpp's ``<architecture>.*`` hyperparameters of a text encoder; a tuple of ints is an int32 array),
         from its config and tensors.
         Default: none (ComfyUI-GGUF reads a DiT's off its tensors)."""
         return {}
 
     def beside_metadata(self, config: dict, beside_config: dict, where: Path) -> dict[str, str]:
-        """the release's file metadata a native file of a diffusers model joined with its `PlanPolicy.beside`
+        """The release's file metadata a native file of a diffusers model joined with its `PlanPolicy.beside`
         model carries (LTX-2's ``config``, which ComfyUI builds its model from), from the two configs.
         Default: none."""
         return {}
@@ -431,7 +432,7 @@ class Family(abc.ABC):
     def gguf_companion_key_values(
         self, config: dict, tensors: Mapping[str, TensorInfo], where: Path
     ) -> dict[str, str | int | float | bool | tuple[int | float, ...]]:
-        """the key-values of its GGUF companion file (`PlanPolicy.gguf_companion`) beside the general ones,
+        """The key-values of its GGUF companion file (`PlanPolicy.gguf_companion`) beside the general ones,
         from the config and tensors of the model at `where` (which an `InputError` names). Default: none."""
         return {}
 
