@@ -39,9 +39,10 @@ from .formats import (
 )
 from .models import IDENTITY, Family, NameTable, Split, names_for
 from .names import WEIGHT_SUFFIX, manifest_key, module_name
-from .read.checkpoint import Component, TensorInfo
+from .read.checkpoint import Component, TensorInfo, read_rows
 from .read.source import SourceFolder, local_source
-from .read.tensor_source import SlicedSource, StackedSource, TensorSource
+from .read.spiece import read_spiece_bytes, tokenizer_model_bytes
+from .read.tensor_source import BytesSource, SlicedSource, StackedSource, TensorSource
 from .recipes import Recipe
 from .steps import TensorStep, check_order
 
@@ -152,9 +153,10 @@ class ComponentPlan:
     tensors: tuple[TensorPlan, ...]  # source order
     pattern_matches: dict[str, int]  # pattern -> number of tensors whose match key it matches
     family: Family | None = None  # the model family of the component (None: one the tool does not know)
-    #: a text encoder's tokenizer (a uint8 tensor: a source tensor or a file's bytes) that a format holding it as
-    #: key-values writes there (`FormatInfo.tokenizer`, `models.family.Tokenizer`); None: none
-    tokenizer: TensorInfo | None = None
+    #: a text encoder's tokenizer (a uint8 tensor: a source tensor, a file's bytes, or a model rebuilt from a
+    #: tokenizer.json) that a format holding it as key-values writes there (`FormatInfo.tokenizer`,
+    #: `models.family.Tokenizer`); None: none
+    tokenizer: TensorSource | None = None
 
     @property
     def rel(self) -> str:
@@ -350,7 +352,7 @@ def plan_component(
     # a tokenizer the format holds as key-values is no tensor of its file; nor is a release file's tokenizer tensor
     # in a format that holds none (transformers' loaders read the model's tensors alone: torchao's fails on another)
     policy = None if family is None else family.plan.tokenizer
-    dropped = tokenizer if held_as == "key_values" else None
+    dropped = tokenizer.info if held_as == "key_values" and tokenizer is not None else None
     if held_as is None and policy is not None:
         dropped = component.tensors.get(policy.tensor)
     infos = [i for i in component.tensors.values() if dropped is None or i is not dropped]
@@ -411,8 +413,8 @@ def plan_component(
             target, ignored, type_ = fate(info)
             source, out_name = source_of(info), rename(info.name)
         plans.append(_planned(source, out_name, target, ignored, type_, recipe, fmt, family, where))
-    if held_as == "tensor" and tokenizer is not None and tokenizer.name not in component.tensors:
-        plans.append(_kept_plan(TensorSource(tokenizer), None, tokenizer.name, fmt, "source", False))
+    if held_as == "tensor" and tokenizer is not None and tokenizer.info.name not in component.tensors:
+        plans.append(_kept_plan(tokenizer, None, tokenizer.info.name, fmt, "source", False))
     for options in dict.fromkeys(t.options for t in plans if t.quantize):
         fmt.check_available(options)  # an optional library a type needs (gguf's K-quants: ggml)
     _check_every_pattern_matches(component, recipe, matches)
@@ -469,23 +471,35 @@ def _split_source(source: TensorSource, split: Split, out_name: str, where: str)
     return SlicedSource.of(out_name, source, dim, part * n, (part + 1) * n)
 
 
-def _tokenizer(component: Component, family: Family | None, held_as: str | None) -> TensorInfo | None:
+def _tokenizer(component: Component, family: Family | None, held_as: str | None) -> TensorSource | None:
     """The tokenizer a format that holds one (`held_as`: `FormatInfo.tokenizer`) writes into the file of a model
     whose runtimes read it from there (`models.family.Tokenizer`), as a uint8 tensor: the source's own, else the
-    first of the family's tokenizer files beside the component; `InputError` naming every place looked in when
-    there is none. None where the format or the family has no tokenizer."""
+    first of the family's tokenizer files beside the component (a tokenizer.json: the SentencePiece model rebuilt
+    from it, `read.spiece.tokenizer_model_bytes`). Each is read as a SentencePiece model here, before anything is
+    written: `InputError` in one line naming the file or tensor that is none (ComfyUI would fail to load the
+    output), and naming every place looked in when there is none. None where the format or the family has no
+    tokenizer."""
     tok = None if family is None else family.plan.tokenizer
     if held_as is None or tok is None:
         return None
     if tok.tensor in component.tensors:
-        return component.tensors[tok.tensor]
+        info = component.tensors[tok.tensor]
+        st = info.file.stat()
+        _check_tokenizer_tensor(info, st.st_size, st.st_mtime_ns)
+        return TensorSource(info)
     looked = []
     for rel in tok.files:
         path = component.dir / rel
         looked.append(str(path))
         if path.is_file():
+            # its folder resolved, not the file: a tokenizer.json is told by its name, with its config beside it (a
+            # Hub snapshot's files are links to blobs of no name)
+            named = path.parent.resolve() / path.name
+            made = tokenizer_model_bytes(named)
+            if made is not None:
+                return BytesSource.of(tok.tensor, made, named)
             size = path.stat().st_size
-            return TensorInfo(tok.tensor, "U8", (size,), path.resolve(), 0, size)
+            return TensorSource(TensorInfo(tok.tensor, "U8", (size,), path.resolve(), 0, size))
     reader = (
         "ComfyUI-GGUF reads it from the GGUF file"
         if held_as == "key_values"
@@ -496,6 +510,18 @@ def _tokenizer(component: Component, family: Family | None, held_as: str | None)
         f"{', '.join(dict.fromkeys(p.rsplit('/', 1)[-1] for p in tok.files))}): looked for {', '.join(looked)}; "
         "put the tokenizer there (a pipeline's tokenizer/ folder holds it)"
     )
+
+
+@functools.lru_cache(maxsize=4)
+def _check_tokenizer_tensor(info: TensorInfo, size: int, mtime_ns: int) -> None:
+    """A tokenizer a source file holds as a tensor (Comfy-Org's ``spiece_model``) is a SentencePiece model: read
+    once per tensor while its file (`size`, `mtime_ns`) is unchanged, `InputError` naming the file and the tensor
+    otherwise."""
+    if info.dtype != "U8" or len(info.shape) != 1:
+        raise InputError(
+            f"{info.file}: tensor {info.name!r} is {info.dtype}{list(info.shape)}: a tokenizer is U8 bytes"
+        )
+    read_spiece_bytes(bytes(read_rows(info, 0, info.shape[0]).numpy()), f"{info.file}: {info.name}")
 
 
 def _stacked_source(component: Component, stack, out_name: str, source_of, where: str) -> StackedSource:

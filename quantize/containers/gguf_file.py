@@ -28,9 +28,10 @@ from ..formats import Format
 from ..ggml_types import ggml_type
 from ..models.family import GGUFCompanion
 from ..plan import ComponentPlan, TensorPlan
-from ..read.checkpoint import Component, TensorInfo, read_rows
+from ..read.checkpoint import Component
 from ..read.gguf import key_values_of, open_gguf_component, read_gguf
 from ..read.spiece import PIECE_TYPES, Piece, SentencePieceModel, read_spiece_bytes
+from ..read.tensor_source import TensorSource
 from . import PlannedFile, WrittenFile, component_stem, config_with_quantization, source_config, write_config
 from .gguf_io import GGUFArray, GGUFTensor, GGUFWriter, Value, header_bytes, written_size
 
@@ -140,9 +141,10 @@ def _arrays(values: dict) -> dict[str, Value]:
 
 
 @functools.lru_cache(maxsize=2)
-def _spiece(tok: TensorInfo) -> SentencePieceModel:
+def _spiece(tok: TensorSource) -> SentencePieceModel:
     """The tokenizer a uint8 tensor holds (parsed once: a file's size and layout ask for its key-values too)."""
-    return read_spiece_bytes(bytes(read_rows(tok, 0, tok.shape[0]).numpy()), f"{tok.file}: {tok.name}")
+    info = tok.info
+    return read_spiece_bytes(bytes(tok.read_rows(0, info.shape[0]).numpy()), f"{info.file}: {info.name}")
 
 
 #: llama.cpp's placeholder for a vocabulary row its tokenizer has no piece for (`_create_vocab_sentencepiece`)

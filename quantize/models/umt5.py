@@ -16,7 +16,8 @@ ComfyUI-GGUF's CLIP loader maps back (its T5 key map), as city96's ``umt5-xxl-en
 
 The tokenizer (`Tokenizer`): ComfyUI builds umT5's tokenizer from the file's ``spiece_model`` tensor (the bytes of
 sentencepiece's ``spiece.model``; there is no bundled one), ComfyUI-GGUF from the ``tokenizer.ggml.*`` key-values;
-both are made from the pipeline's ``tokenizer/spiece.model`` (or one beside the model).
+both are made from the pipeline's ``tokenizer/spiece.model`` (or one beside the model), else from the SentencePiece
+model rebuilt from its ``tokenizer.json`` (transformers 5 saves a T5 tokenizer as that file alone).
 
 What stays high-precision, and why (the bundled recipes say it too): the shared embedding (``shared``, 256384 x 4096
 in umT5-XXL: a lookup table, a fifth of the parameters, that ComfyUI and the loaders use as a plain embedding) and
@@ -219,8 +220,15 @@ class UMT5Family(TextEncoder):
         carried=Carried(tensors=(TOKENIZER_TENSOR,)),
         tokenizer=Tokenizer(
             tensor=TOKENIZER_TENSOR,
-            # beside it; a diffusers pipeline's tokenizer/; Wan's release (google/umt5-xxl/ beside the .pth)
-            files=("spiece.model", "../tokenizer/spiece.model", "google/umt5-xxl/spiece.model"),
+            # beside it; a diffusers pipeline's tokenizer/; Wan's release (google/umt5-xxl/ beside the .pth); else
+            # the tokenizer.json transformers 5 saves alone, the model rebuilt from it (`read.spiece`)
+            files=(
+                "spiece.model",
+                "../tokenizer/spiece.model",
+                "google/umt5-xxl/spiece.model",
+                "tokenizer.json",
+                "../tokenizer/tokenizer.json",
+            ),
             gguf_model="t5",
             vocab_tensor="shared.weight",
         ),

@@ -14,7 +14,7 @@ import posixpath
 import re
 import struct
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
@@ -101,14 +101,15 @@ def recipe_files(recipe, nested: Mapping[str, object] | None = None):
     them."""
     nested = dict(nested or {})
     folders = recipe_folders(recipe, nested)
-    tokenizers = [
-        *(f for rel in recipe.components for f in tokenizer_files(rel, recipe.format)),
-        *(f for rel, r in nested.items() for f in tokenizer_files(rel, r.format)),
+    converted = [
+        *((rel, recipe.format) for rel in recipe.components),
+        *((rel, r.format) for rel, r in nested.items()),
     ]
 
     def choose(files: list[str]) -> list[str]:
         wanted = source_files_wanted(files, folders, recipe.copy_other_files)
-        return sorted({*wanted, *(f for f in tokenizers if f in files)})
+        present = set(files)
+        return sorted({*wanted, *(f for rel, fmt in converted for f in tokenizer_files(rel, fmt, present))})
 
     return choose
 
@@ -119,17 +120,22 @@ def recipe_folders(recipe, nested: Mapping[str, object] | None = None) -> list[s
     return [*recipe.components, *_beside_folders(recipe), *(nested or {})]
 
 
-def tokenizer_files(rel: str, fmt: str) -> list[str]:
+def tokenizer_files(rel: str, fmt: str, present: Collection[str] | None = None) -> list[str]:
     """Where, in the repo, a family's tokenizer is looked for beside the model folder `rel` when `fmt` holds one
-    (`plan._tokenizer`), for every family that has one; none outside the repo. A manifest does not list it among
-    the source files (it may lie outside the converted folder: ``../tokenizer/``), so a Hub source is fetched
-    for it by name."""
+    (`plan._tokenizer`), for every family that has one; none outside the repo. With `present` (the repo's files),
+    only the first of each family's that the repo has: the one a plan takes (a pipeline's spiece.model, not the
+    tokenizer.json beside it). A manifest does not list it among the source files (it may lie outside the
+    converted folder: ``../tokenizer/``), so a Hub source is fetched for it by name."""
     from ..formats import format_info
 
     if format_info(fmt).tokenizer is None:
         return []
-    paths = (posixpath.normpath(posixpath.join(rel, f)) for tok in _tokenizers() for f in tok.files)
-    return [p for p in paths if not p.startswith("../")]
+    found = []
+    for tok in _tokenizers():
+        paths = [posixpath.normpath(posixpath.join(rel, f)) for f in tok.files]
+        paths = [p for p in paths if not p.startswith("../")]
+        found += paths if present is None else [p for p in paths if p in present][:1]
+    return found
 
 
 def _beside_folders(recipe) -> list[str]:
@@ -252,7 +258,8 @@ def _write_outline(root: Path, repo_id: str, revision: str | None, folders: Sequ
     """Into `root`, nothing into the Hugging Face cache, all at the commit `revision` names now:
 
     - the repo's config.json files and safetensors indexes at its root, one folder down and in
-      `folders`, and the tokenizer files a plan looks for (two folders down at most), as they are;
+      `folders`, and the tokenizer files a plan looks for (two folders down at most; a tokenizer.json only where
+      no SentencePiece model lies beside it, which a plan takes first), as they are;
     - each safetensors file there as its bytes up to the end of its header (`_header_bytes`: two range requests
       at most) followed by a hole to its size (sparse where the filesystem allows), but for a tokenizer it holds
       as a tensor (`_fill_tokenizer`: Comfy-Org's ``spiece_model``), the one tensor whose data a plan reads;
@@ -267,8 +274,16 @@ def _write_outline(root: Path, repo_id: str, revision: str | None, folders: Sequ
     deep = tuple(f"{posixpath.normpath(d)}/" for d in folders if d not in (".", ""))
     models = [f for f in files if f.count("/") <= 1 or f.startswith(deep)]
     tokenizer_names = {posixpath.basename(path) for tok in _tokenizers() for path in tok.files}
+    # a tokenizer.json is a plan's only where no SentencePiece model lies beside it (which is taken first)
+    models_in = {posixpath.dirname(f) for f in files if _tokenizer_model(f, tokenizer_names)}
     small = [f for f in models if f.endswith(INDEX_SUFFIX) or posixpath.basename(f) == CONFIG_NAME]
-    small += [f for f in files if f.count("/") <= 2 and posixpath.basename(f) in tokenizer_names]
+    small += [
+        f
+        for f in files
+        if f.count("/") <= 2
+        and posixpath.basename(f) in tokenizer_names
+        and (_tokenizer_model(f, tokenizer_names) or posixpath.dirname(f) not in models_in)
+    ]
     for f in sorted(set(small)):
         with _hub_errors(repo_id, revision):
             data = _get(repo_id, f, commit)
@@ -287,6 +302,13 @@ def _write_outline(root: Path, repo_id: str, revision: str | None, folders: Sequ
                 cached = Path(hf_hub_download(repo_id, f, revision=commit))
             with _writing(root / f):
                 (root / f).symlink_to(cached)
+
+
+def _tokenizer_model(path: str, names: Collection[str]) -> bool:
+    """Whether repo file `path` is a tokenizer file of one of `names` that is a SentencePiece model (not a
+    tokenizer.json, which a plan takes only where there is none)."""
+    name = posixpath.basename(path)
+    return name in names and not name.endswith(".json")
 
 
 @contextmanager

@@ -12,7 +12,8 @@ A `StackedSource` is one output tensor made of row ranges of several source tens
 projection written from diffusers' separate ones: `models.Stack`); each range is read through its own tensor's
 source, steps applied, so a LoRA on diffusers' ``to_q`` merges into the q rows of the stacked weight. A
 `SlicedSource` is the other way round: one range of a source tensor along one dim, written as a tensor of its own
-(llama.cpp's thirds of a fused qkv, a Conv3d's temporal taps: `models.Split`).
+(llama.cpp's thirds of a fused qkv, a Conv3d's temporal taps: `models.Split`). A `BytesSource` is a uint8 tensor
+made here, not stored (a tokenizer model rebuilt from a tokenizer.json), its bytes held.
 
 >>> # source = TensorSource(info); rows = source.read_rows(0, 16)
 """
@@ -20,7 +21,8 @@ source, steps applied, so a LoRA on diffusers' ``to_q`` merges into the q rows o
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -28,7 +30,7 @@ import torch
 from ..errors import InputError
 from .checkpoint import TensorInfo, copy_tensor_bytes, join_pieces, read_rows
 
-__all__ = ["Transform", "TensorSource", "StackedSource", "SlicedSource"]
+__all__ = ["Transform", "TensorSource", "StackedSource", "SlicedSource", "BytesSource"]
 
 
 class Transform(Protocol):
@@ -190,3 +192,24 @@ class SlicedSource(TensorSource):
     def join(slices: list[SlicedSource], values: list[torch.Tensor]) -> torch.Tensor:
         """The values of the sliced tensor from `values`, those of its `slices`, in their order."""
         return join_pieces(values, slices[0].dim, len(slices[0].base.info.shape))
+
+
+@dataclass(frozen=True)
+class BytesSource(TensorSource):
+    """A 1-D uint8 tensor made here rather than stored: its bytes `data` (a tokenizer model rebuilt from a
+    tokenizer.json, `read.spiece`). Its `info` names it, with the file it was made from as its `file` (whose bytes
+    are not these: only this source reads them); it reads and streams as a stored tensor does, unchanged."""
+
+    data: bytes = field(default=b"", repr=False)
+
+    @classmethod
+    def of(cls, name: str, data: bytes, made_from: Path) -> BytesSource:
+        return cls(TensorInfo(name, "U8", (len(data),), Path(made_from), 0, len(data)), (), bytes(data))
+
+    def read_rows(self, r0: int, r1: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+        chunk = bytearray(self.data[r0:r1])  # fresh memory, as a stored tensor's rows are read into
+        rows = torch.frombuffer(chunk, dtype=torch.uint8) if chunk else torch.empty(0, dtype=torch.uint8)
+        return rows if dtype is None else rows.to(dtype)
+
+    def copy_bytes(self, write: Callable[[memoryview, int], None]) -> None:
+        write(memoryview(self.data), 0)
