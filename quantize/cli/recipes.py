@@ -55,14 +55,15 @@ def recipes_cmd(name: str | None, source: str | None) -> None:
 def _recipes_for(folder: Path, source: str) -> None:
     """The bundled recipes that plan on `folder` (SOURCE, or a Hub repo's outline), named as `source`."""
     from ..plan import make_plan
-    from ..read.detect import DEFAULT_RECIPES, detect_layouts
+    from ..read.detect import DEFAULT_RECIPES, detect_layouts, unknown_class
     from ..recipes import bundled_names, bundled_recipe
 
     layouts = detect_layouts(folder)
     for lay in layouts:
         out.print(f"{escape(source)}: {lay.name} ({lay.why})")
     if not layouts:
-        out.print(f"{escape(source)}: no known layout; trying every bundled recipe")
+        named = unknown_class(folder)
+        out.print(f"{escape(source)}: no known layout{escape(named)}; trying every bundled recipe")
     defaults = {r: fmt for lay in layouts for fmt, r in DEFAULT_RECIPES[lay.name].items()}
     rows = []
     for file in bundled_names():

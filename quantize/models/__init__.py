@@ -127,12 +127,12 @@ def family_of_class(config_class: str | None) -> Family | None:
 
 def family_of(config_class: str | None, names: Iterable[str]) -> Family | None:
     """The family of a model whose config names `config_class` and whose tensors are `names`: by the class
-    when one family is registered by it, else by the names' marks; None when no family knows it."""
+    where the config names one (None where no family is registered by it: a class of no family is no family's,
+    whatever marks its names share), else by the names' marks; None when no family knows it."""
     names = list(names)
-    # by the class, each family seeing the names too (a variant's release may name its base's class)
-    by_class = next((f for f in FAMILIES if config_class is not None and f.owns(config_class, names)), None)
-    if by_class is not None:
-        return by_class
+    if config_class is not None:
+        # by the class, each family seeing the names too (a variant's release may name its base's class)
+        return next((f for f in FAMILIES if f.owns(config_class, names)), None)
     return next((f for f in FAMILIES if f.naming(names) is not None), None)
 
 

@@ -395,7 +395,7 @@ class Family(abc.ABC):
     ) -> list[SourceLayout]:
         """Every layout of this family that `folder` matches (`Folders`); `open_(rel)` opens a component folder
         (None where there is no readable one); `registered`: every config class a family is registered by
-        (`models.registered_classes`), what `is_diffusers` tells another family's model by."""
+        (`models.registered_classes`)."""
         found, f = [], self.folders
         transformer = open_("transformer")
         if transformer is not None and self.is_diffusers(transformer, registered):
@@ -562,10 +562,11 @@ class Family(abc.ABC):
         return SourceLayout(name or self.name, why, self.name, encoder)
 
     def is_diffusers(self, comp: Component, registered: Collection[str] = ()) -> bool:
-        """A diffusers model of this family: its config names the class, or names none of the `registered`
-        classes (every family's) and its tensors have this family's diffusers names."""
+        """A diffusers model of this family: its config names the class, or names none and its tensors have this
+        family's diffusers names. A config that names another class is never the family's, whether a family is
+        registered by it (`registered`) or not (a newer model, Kandinsky 6's, may share a family's marks)."""
         cls = config_class(comp.config)
-        if isinstance(cls, str) and (cls == self.diffusers_class or cls in registered):
+        if cls is not None:
             return cls == self.diffusers_class
         return self.naming(comp.tensors) == "diffusers"
 

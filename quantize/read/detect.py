@@ -30,6 +30,7 @@ __all__ = [
     "check_format",
     "recipe_for_format",
     "encoder_recipes",
+    "unknown_class",
 ]
 
 #: layout -> format -> the bundled recipe `--format` takes (`recipes.default_recipes`)
@@ -91,7 +92,7 @@ def _layout_words(layouts: Sequence[SourceLayout]) -> str:
     return "; ".join(f"{lay.name} ({lay.why})" for lay in layouts)
 
 
-def _unknown_class(folder: Path) -> str:
+def unknown_class(folder: Path) -> str:
     """`` (its config.json names X, which no family is)`` when the folder's own or a component's config names a
     class no family is registered by (an encoder this tool does not know), else ``""``."""
     for rel in (".", "transformer", "text_encoder", "text_encoder_2"):
@@ -121,7 +122,7 @@ def recipe_for_format(folder: Path, fmt: str) -> tuple[str, SourceLayout]:
         raise unreadable[0]
     if not layouts:
         known = ", ".join(f.title for f in FAMILIES)
-        named = _unknown_class(folder)
+        named = unknown_class(folder)
         raise InputError(
             f"{folder}: no known layout (of {known}: original names at the root or in expert folders, a diffusers "
             "transformer/, a transformers text_encoder/, or such a folder itself)"

@@ -36,11 +36,14 @@ def test_families_are_registered_once_and_unknown_ones_are_named():
         (None, ["visual_transformer_blocks.0.self_attention.to_query.weight"], "kandinsky5"),
         (None, ["proj_out.weight"], None),
         ("FluxTransformer2DModel", ["x_embedder.weight"], None),
+        # a class no family is registered by is no family's, whatever marks its names share (Kandinsky 6's have
+        # Kandinsky 5's): tests/read/test_detect_unregistered_class.py
+        ("WanModelVariant", ["head.modulation"], None),
         (
-            "WanModelVariant",
-            ["head.modulation"],
-            "wan",
-        ),  # a class no family is registered by: the names decide
+            "Kandinsky6Transformer3DModel",
+            ["visual_transformer_blocks.0.self_attention.to_query.weight"],
+            None,
+        ),
     ],
 )
 def test_a_components_family_is_found_by_its_config_class_else_by_its_names(config_class, names, family):
