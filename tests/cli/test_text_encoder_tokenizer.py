@@ -22,7 +22,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from tests.conftest import run_cli
-from tests.models.test_umt5 import comfyui_gguf_tokenizer
+from tests.helpers.encoders import comfyui_gguf_tokenizer
 
 PROMPTS = ["a cat on a mat", "  the 2 quick   foxes  ", "zebra yak", "é, ü and 中文: bytes"]
 

@@ -27,7 +27,12 @@ from quantize.read.detect import detect_layouts
 from quantize.run.forward import forward_sqnr_db as sqnr
 from tests.conftest import read_json, run_cli
 from tests.diffusers_models import wan_of_width
-from tests.helpers.encoders import convert_each, last_hidden_state, resident_and_offloaded
+from tests.helpers.encoders import (
+    comfyui_gguf_tokenizer,
+    convert_each,
+    last_hidden_state,
+    resident_and_offloaded,
+)
 from tests.helpers.recipes import listed_recipes
 from tests.helpers.verify import forward_sqnr
 
@@ -52,34 +57,6 @@ def comfyui_state(vocab: int, d_model: int, d_ff: int, heads: int, d_kv: int, la
         s |= {f"{f}.DenseReluDense.wi_{j}.weight": (d_ff, d_model) for j in (0, 1)}
         s |= {f"{f}.DenseReluDense.wo.weight": (d_model, d_ff), f"{f}.layer_norm.weight": (d_model,)}
     return s
-
-
-def comfyui_gguf_tokenizer(path: Path) -> bytes:
-    """The ``spiece_model`` ComfyUI-GGUF's CLIP loader makes of a t5encoder GGUF file (loader.py,
-    ``gguf_tokenizer_loader``): a ``ModelProto`` of ``tokenizer.ggml.tokens`` / ``scores`` / ``token_type``, the
-    normalizer's ``add_space_prefix`` and ``remove_extra_whitespaces``, the eos and pad ids, byte fallback, as
-    sentencepiece's own protobuf module serializes it."""
-    import gguf
-    from sentencepiece import sentencepiece_model_pb2 as model
-
-    reader = gguf.GGUFReader(path)
-
-    def field(key):
-        return reader.fields[key].contents()
-
-    assert field("tokenizer.ggml.model") == "t5"
-    spm = model.ModelProto()
-    spm.normalizer_spec.add_dummy_prefix = field("tokenizer.ggml.add_space_prefix")
-    spm.normalizer_spec.remove_extra_whitespaces = field("tokenizer.ggml.remove_extra_whitespaces")
-    tokens, scores = field("tokenizer.ggml.tokens"), field("tokenizer.ggml.scores")
-    for piece, score, type_ in zip(tokens, scores, field("tokenizer.ggml.token_type"), strict=True):
-        spm.pieces.add(piece=piece, score=score, type=type_)
-    spm.trainer_spec.byte_fallback = True
-    spm.trainer_spec.vocab_size = len(tokens)
-    spm.trainer_spec.max_sentence_length = 4096
-    spm.trainer_spec.eos_id = field("tokenizer.ggml.eos_token_id")
-    spm.trainer_spec.pad_id = field("tokenizer.ggml.padding_token_id")
-    return spm.SerializeToString()
 
 
 def tokenize(spiece: bytes) -> list[list[int]]:

@@ -214,7 +214,7 @@ def test_output_inside_source_is_refused(wan_tiny):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["-r", "no-such-recipe.yaml"], "no such file, and no bundled recipe of that name (bundled: "),
+        (["-r", "no-such-recipe.yaml"], "no such file, and no bundled recipe 'no-such-recipe.yaml'"),
         (["-r", "wan-diffusers-fp8.yaml"], "component folder 'transformer' named by the recipe is missing"),
         (["-r", "wan-fp8", "--max-shard-size", "lots"], "expected a positive number of bytes"),
         (["-r", "wan-fp8", "--max-shard-size", "inf"], "expected a positive number of bytes"),

@@ -18,40 +18,16 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from huggingface_hub import ModelCard
 from huggingface_hub.utils import validate_repo_id
 
 from tests.conftest import load_all, read_json, run_cli, run_process, wan_fp8_modules
+from tests.helpers.hub import fetched as _fetched
+from tests.helpers.hub import files_of as _files
 from tests.hub_server import HubStandIn
 
 SOURCE_CARD = "---\nlicense: apache-2.0\npipeline_tag: text-to-video\ntags: [video]\n---\n# Wan tiny\n"
-
-
-@pytest.fixture
-def hub():
-    with HubStandIn() as server:
-        yield server
-        assert not server.errors
-
-
-@pytest.fixture
-def hub_env(hub, tmp_path) -> dict[str, str]:
-    home = tmp_path / "hf-home"
-    home.mkdir()
-    return {
-        "HF_ENDPOINT": hub.endpoint,
-        "HF_TOKEN": hub.token,
-        "HF_HUB_DISABLE_XET": "1",
-        "HF_HOME": str(home),
-        "HF_HUB_CACHE": str(home / "hub"),
-        "HF_HUB_OFFLINE": "0",
-        "HF_HUB_DISABLE_UPDATE_CHECK": "1",
-        "HF_HUB_ETAG_TIMEOUT": "5",
-    }
-
-
-def _files(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture(scope="module")
@@ -306,15 +282,6 @@ def _seed_wan_pipeline_with_umt5(hub: HubStandIn, tmp_path: Path) -> Path:
     return folder
 
 
-def _fetched(hub: HubStandIn, ranges: bool = False) -> set[str]:
-    """The repo files the Hub sent whole; with `ranges`, those it sent a range of (a safetensors header)."""
-    return {
-        r["path"].split("/resolve/", 1)[1].split("/", 1)[1]
-        for r in hub.requests
-        if "/resolve/" in r["path"] and r["method"] == "GET" and bool(r["range"]) == ranges
-    }
-
-
 @pytest.mark.slow
 def test_format_on_a_repo_id_reads_its_outline_and_fetches_the_pipeline_s_encoders(hub, hub_env, tmp_path):
     """`convert REPO OUT --format gguf` on a Wan pipeline repo: the layout is read off configs and safetensors
@@ -500,11 +467,8 @@ def test_plan_on_a_repo_reads_a_tokenizer_stored_as_a_tensor_and_no_weights(hub,
     (folder / "umt5_xxl_fp16.safetensors").rename(deep / "models" / "umt5" / "model.safetensors")
     hub.add_files("Some/deep", _files(deep))
     recipe = tmp_path / "deep.yaml"
-    recipe.write_text(
-        run_cli("recipes", "umt5-single-comfy-fp8", check=True).stdout.replace(
-            "components: ['.']", "components: [models/umt5]"
-        )
-    )
+    printed = yaml.safe_load(run_cli("recipes", "umt5-single-comfy-fp8", check=True).stdout)
+    recipe.write_text(yaml.safe_dump({**printed, "components": ["models/umt5"]}))
     hub.requests.clear()
     proc = run_process("plan", "Some/deep", "-r", recipe, env={**hub_env, "COLUMNS": "200"})
     assert proc.returncode == 0, proc.stderr

@@ -12,7 +12,8 @@ import sentencepiece
 from safetensors import safe_open
 
 from tests.conftest import run_cli, run_process
-from tests.publish.test_hub import _fetched, _files, hub, hub_env  # noqa: F401 (fixtures)
+from tests.helpers.hub import fetched as _fetched
+from tests.helpers.hub import files_of as _files
 
 REPO = "Some/umt5-tiny"
 
