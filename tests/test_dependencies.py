@@ -74,7 +74,7 @@ def test_the_guard_sees_a_family_name_in_code(tmp_path):
     assert not [t for _, t in _code_strings(probe) if "head.modulation" in t]
 
 
-# --- the tests: no test module imports another (what they share is in tests/helpers or a conftest) -----------
+# --- the tests: no test module imports another (what they share is in tests/helpers, tests/oracles or a conftest) --
 
 TESTS = Path(__file__).resolve().parent
 
@@ -107,11 +107,15 @@ def test_no_test_module_imports_another():
         for path in sorted(TESTS.rglob("*.py"))
         for line, name in _test_modules_imported(path)
     ]
-    assert not found, f"a test module imports another (move what they share to tests/helpers): {found}"
+    assert not found, (
+        f"a test module imports another (move what they share to tests/helpers, or an upstream's copy to "
+        f"tests/oracles): {found}"
+    )
 
 
 def test_the_guard_sees_an_import_of_a_test_module(tmp_path):
-    """The check above would fail on each way of importing a test module, and lets helpers and conftests pass."""
+    """The check above would fail on each way of importing a test module, and lets helpers, oracles and conftests
+    pass."""
     probe = tmp_path / "probe.py"
     probe.write_text(
         "from tests.steps.test_lora import make_lora\n"
@@ -119,6 +123,7 @@ def test_the_guard_sees_an_import_of_a_test_module(tmp_path):
         "import tests.test_plan\n"
         "from .test_encode import _chunk_rows\n"
         "from tests.helpers.lora import write_lora\n"
+        "from tests.oracles.comfyui_wan import comfyui_wan\n"
         "from tests.loaders.conftest import same_bytes\n"
         "import tests.diffusers_models\n"
     )

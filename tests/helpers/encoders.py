@@ -1,4 +1,5 @@
-"""What the text-encoder tests share: each format converted once, and an encoder's last hidden state."""
+"""What the text-encoder tests share: each format converted once, an encoder's last hidden state, and ComfyUI-GGUF's
+tokenizer rebuild (spelled in tests/oracles/comfyui_gguf.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from pathlib import Path
 import torch
 
 from tests.conftest import run_cli
+
+# ComfyUI-GGUF's tokenizer rebuild, an upstream's copy (tests/oracles), for the tests that take it from here
+from tests.oracles.comfyui_gguf import comfyui_gguf_tokenizer as comfyui_gguf_tokenizer
 
 
 def convert_each(source: Path, root: Path, formats: list[str]) -> dict[str, Path]:
@@ -39,31 +43,3 @@ def language_model_hidden_state(model, ids: torch.Tensor) -> torch.Tensor:
     forward (compressed-tensors decompresses its weights on the first call of the whole model), in float32."""
     with torch.no_grad():
         return model(input_ids=ids, output_hidden_states=True).hidden_states[-1].float()
-
-
-def comfyui_gguf_tokenizer(path: Path) -> bytes:
-    """The ``spiece_model`` ComfyUI-GGUF's CLIP loader makes of a t5encoder GGUF file (loader.py,
-    ``gguf_tokenizer_loader``): a ``ModelProto`` of ``tokenizer.ggml.tokens`` / ``scores`` / ``token_type``, the
-    normalizer's ``add_space_prefix`` and ``remove_extra_whitespaces``, the eos and pad ids, byte fallback, as
-    sentencepiece's own protobuf module serializes it."""
-    import gguf
-    from sentencepiece import sentencepiece_model_pb2 as model
-
-    reader = gguf.GGUFReader(path)
-
-    def field(key):
-        return reader.fields[key].contents()
-
-    assert field("tokenizer.ggml.model") == "t5"
-    spm = model.ModelProto()
-    spm.normalizer_spec.add_dummy_prefix = field("tokenizer.ggml.add_space_prefix")
-    spm.normalizer_spec.remove_extra_whitespaces = field("tokenizer.ggml.remove_extra_whitespaces")
-    tokens, scores = field("tokenizer.ggml.tokens"), field("tokenizer.ggml.scores")
-    for piece, score, type_ in zip(tokens, scores, field("tokenizer.ggml.token_type"), strict=True):
-        spm.pieces.add(piece=piece, score=score, type=type_)
-    spm.trainer_spec.byte_fallback = True
-    spm.trainer_spec.vocab_size = len(tokens)
-    spm.trainer_spec.max_sentence_length = 4096
-    spm.trainer_spec.eos_id = field("tokenizer.ggml.eos_token_id")
-    spm.trainer_spec.pad_id = field("tokenizer.ggml.padding_token_id")
-    return spm.SerializeToString()

@@ -1,26 +1,26 @@
 """The model families: the registry, how a component's family and names are found, and each family's tables
-(Wan's native names against diffusers' own converter, the oracle)."""
+(Wan's native names against diffusers' own converter, the oracle). What every family promises on its examples is
+tests/models/test_family_contract.py."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 
 from quantize.errors import InputError
-from quantize.models import FAMILIES, IDENTITY, family_of, get_family, names_for
+from quantize.formats import FORMAT_INFO
+from quantize.models import FAMILIES, IDENTITY, family_of, get_family, name_table, names_for
 from quantize.models.examples import examples_of
 from quantize.read.checkpoint import open_component
 
 WAN, KANDINSKY5 = get_family("wan"), get_family("kandinsky5")
-WAN_NATIVE = WAN.name_table("native", "comfy_fp8").renamer
+WAN_NATIVE = name_table(WAN, "native", FORMAT_INFO["comfy_fp8"]).renamer
 
 
 def test_families_are_registered_once_and_unknown_ones_are_named():
     names = [f.name for f in FAMILIES]
     assert len(set(names)) == len(names)
     # a variant is asked before the family it extends, which would claim its names too
-    assert names.index("wan-vace") < names.index("wan") and names.index("skyreels-v2") < names.index("wan")
+    assert all(names.index(v) < names.index("wan") for v in ("wan-vace", "skyreels-v2", "wan-animate"))
     with pytest.raises(InputError, match=f"unknown model family 'ltx'.*known: {', '.join(names)}"):
         get_family("ltx")
 
@@ -52,16 +52,16 @@ def test_a_components_family_is_found_by_its_config_class_else_by_its_names(conf
 
 
 def test_a_format_asks_for_a_role_and_the_family_answers_or_is_named():
-    assert names_for("source", None, "fp8_channel", "here") is IDENTITY
-    assert names_for("source", KANDINSKY5, "fp8_channel", "here") is IDENTITY
-    assert names_for("native", WAN, "gguf", "here").name == "wan_native"
-    assert names_for("native", KANDINSKY5, "comfy_fp8", "here").name == "kandinsky5_native"
+    assert names_for("source", None, FORMAT_INFO["fp8_channel"], "here") is IDENTITY
+    assert names_for("source", KANDINSKY5, FORMAT_INFO["fp8_channel"], "here") is IDENTITY
+    assert names_for("native", WAN, FORMAT_INFO["gguf"], "here").name == "wan_native"
+    assert names_for("native", KANDINSKY5, FORMAT_INFO["comfy_fp8"], "here").name == "kandinsky5_native"
     with pytest.raises(
         InputError, match=r"^here: the tensor names are of no model family this tool knows.*gguf"
     ):
-        names_for("native", None, "gguf", "here")
+        names_for("native", None, FORMAT_INFO["gguf"], "here")
     with pytest.raises(InputError, match="unknown role of names 'comfy'"):
-        names_for("comfy", WAN, "gguf", "here")
+        names_for("comfy", WAN, FORMAT_INFO["gguf"], "here")
 
 
 # -- Wan native names: the inverse of diffusers' own converter -------------------------------------------
@@ -131,24 +131,6 @@ def test_wan_examples_have_the_dimensions_comfyui_builds_wan_with(preset, layout
         assert WAN.naming(shapes) == "native" and family_of(config["_class_name"], shapes) is WAN
 
 
-@pytest.mark.parametrize("layout", ["t2v", "i2v"])
-def test_a_wan_example_builds_as_diffusers_wan_with_every_tensor_in_place(layout):
-    """The family's own derivation of the diffusers config, and its name table, fit diffusers' class exactly."""
-    import diffusers
-    import torch
-
-    from quantize.read.checkpoint import TensorInfo
-
-    (model,) = examples_of(WAN).models("tiny", layout)
-    infos = {n: TensorInfo(n, "BF16", shape, Path("example"), 0, 0) for n, shape in model.tensors}
-    config = WAN.diffusers_config(model.config, infos, Path("example"))
-    with torch.device("meta"):
-        built = diffusers.WanTransformer3DModel.from_config(config)
-    renamed = WAN.runnable_names(list(infos), Path("example"))
-    expected = {k: tuple(v.shape) for k, v in built.state_dict().items()}
-    assert {renamed[n]: shape for n, shape in model.tensors} == expected
-
-
 def test_the_kandinsky5_example_is_diffusers_own_class():
     (model,) = examples_of(KANDINSKY5).models("tiny", "t2v")
     assert model.component == "transformer" and model.config["in_text_dim"] == 3584
@@ -183,52 +165,6 @@ def test_a_name_table_with_block_lists_named_otherwise_in_each_naming():
     assert table.native("single_transformer_blocks.x.proj_out.weight") is None  # no block number
 
 
-@pytest.mark.parametrize("family", [f.name for f in FAMILIES])
-def test_example_by_default_is_the_familys_first_layout_and_every_bundled_recipe_of_it_plans(
-    family, tmp_path
-):
-    """`quantize example --family F` and nothing else: the first layout at the family's default preset, detected
-    as the family, and every format's bundled recipe for that layout takes it (no width a format refuses)."""
-    from quantize.plan import make_plan
-    from quantize.read.detect import detect_layouts
-    from quantize.recipes import load_recipe
-    from tests.conftest import run_cli
-
-    fam = get_family(family)
-    proc = run_cli("example", tmp_path / "ex", "--family", family, check=True)
-    assert f"-shaped {examples_of(fam).layouts[0]} checkpoint" in proc.stdout
-    (layout,) = detect_layouts(tmp_path / "ex")
-    assert layout.family == family
-    for fmt, recipe in fam.default_recipes[layout.name].items():
-        assert make_plan(tmp_path / "ex", load_recipe(recipe).recipe).components, fmt
-
-
-def _diffusers_examples():
-    """(family, example layout, config) of every example component that is the family's diffusers class."""
-    return [
-        pytest.param(f, lay, m.config, id=f"{f.name}-{lay}")
-        for f in FAMILIES
-        for lay in examples_of(f).layouts
-        for m in examples_of(f).models(examples_of(f).default_preset, lay)
-        if (m.config or {}).get("_class_name") == f.diffusers_class
-    ]
-
-
-@pytest.mark.parametrize(("family", "layout", "config"), _diffusers_examples())
-def test_every_embedding_of_a_family_class_is_a_plain_weight_in_either_naming(family, layout, config):
-    """An nn.Embedding's weight is 2-D but no Linear: a recipe that targets it would make a file its runtimes
-    cannot run (the class looks rows up in it), so the family declares it (`PlanPolicy.plain_weights`) and the plan
-    refuses it by name."""
-    import diffusers
-    import torch
-
-    with torch.device("meta"):
-        model = getattr(diffusers, family.diffusers_class).from_config(config)
-    embeddings = [f"{n}.weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Embedding)]
-    assert all(family.plain_weight(n) for n in embeddings), embeddings
-    assert all(family.plain_weight(family.native_name(n)) for n in embeddings if family.native_name(n))
-
-
 # -- a family is declared parts and the hooks it needs -----------------------------------------------------------
 
 
@@ -251,11 +187,11 @@ def test_a_new_family_is_its_parts_and_its_runtime_and_the_rest_follows():
     toy, names = Toy(), ["toy_blocks.0.proj.weight", "toy_blocks.0.proj.bias"]
     assert toy.owns("ToyTransformer3DModel", []) and toy.owns(None, names) and not toy.owns("WanModel", names)
     assert toy.naming(names) == "diffusers" and toy.diffusers_class == "ToyTransformer3DModel"
-    assert toy.name_table("source", "fp8_channel") is IDENTITY
+    assert name_table(toy, "source", FORMAT_INFO["fp8_channel"]) is IDENTITY
     with pytest.raises(InputError, match="m: Toy has no GGUF architecture \\(no GGUF reader knows Toy\\)"):
-        toy.name_table("source", "gguf", "m")
+        name_table(toy, "source", FORMAT_INFO["gguf"], "m")
     with pytest.raises(InputError, match="Toy has none in this tool yet"):
-        toy.name_table("native", "comfy_fp8", "m")
+        name_table(toy, "native", FORMAT_INFO["comfy_fp8"], "m")
 
     class NoRuntime(Family):
         name, title = "none", "None"

@@ -23,13 +23,12 @@ from safetensors import safe_open
 
 from quantize.models import family_of, get_family
 from quantize.models.examples.gemma3 import GEMMA3_EXAMPLES, example_tokenizer, gemma3_config
-from quantize.read.detect import detect_layouts
 from quantize.run.forward import forward_sqnr_db as sqnr
 from tests.conftest import read_json, run_cli
 from tests.helpers.encoders import convert_each, resident_and_offloaded
 from tests.helpers.encoders import language_model_hidden_state as last_hidden_state
-from tests.helpers.recipes import listed_recipes
 from tests.helpers.verify import forward_sqnr
+from tests.oracles.comfyui_gemma3 import comfyui_state
 
 GEMMA3 = get_family("gemma3")
 TRANSFORMERS_SIDE = ["fp8_channel", "torchao_fp8", "torchao_int8", "nf4"]
@@ -37,48 +36,6 @@ COMFY = ["comfy_fp8", "comfy_int8", "comfy_nvfp4", "comfy_mxfp8"]
 FORMATS = [*TRANSFORMERS_SIDE, *COMFY]
 PROMPTS = ["a cat on a mat", "  the 2 quick   foxes  ", "zebra yak"]
 FOUR_BIT = ("nf4", "comfy_nvfp4")
-
-
-def comfyui_state(shape) -> dict[str, tuple[int, ...]]:
-    """name -> shape of ComfyUI's Gemma 3 12B of `shape` (a `Gemma3Shape`), read off its source: ``model.`` as
-    `Llama2_` (embed_tokens, per layer the attention's q, k, v, o with no bias, q_norm and k_norm, the gated MLP,
-    four RMSNorms; the final norm), the projector, and the SigLIP tower as `CLIPVision` (``vision_model.``: the
-    patch convolution, the position embedding, per layer two LayerNorms, q, k, v, out and fc1, fc2 with biases; the
-    post LayerNorm)."""
-    s, h, w = shape, shape.hidden, shape.vision_width
-    q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
-    state = {"model.embed_tokens.weight": (s.vocab_size, h), "model.norm.weight": (h,)}
-    for i in range(s.layers):
-        p = f"model.layers.{i}"
-        state |= {f"{p}.self_attn.q_proj.weight": (q, h), f"{p}.self_attn.o_proj.weight": (h, q)}
-        state |= {f"{p}.self_attn.{m}_proj.weight": (kv, h) for m in "kv"}
-        state |= {f"{p}.self_attn.{m}_norm.weight": (s.head_dim,) for m in "qk"}
-        state |= {f"{p}.mlp.{m}_proj.weight": (s.intermediate, h) for m in ("gate", "up")}
-        state[f"{p}.mlp.down_proj.weight"] = (h, s.intermediate)
-        for norm in ("input", "post_attention", "pre_feedforward", "post_feedforward"):
-            state[f"{p}.{norm}_layernorm.weight"] = (h,)
-    state |= {
-        "multi_modal_projector.mm_input_projection_weight": (w, h),
-        "multi_modal_projector.mm_soft_emb_norm.weight": (w,),
-    }
-    v = "vision_model"
-    state |= {
-        f"{v}.embeddings.patch_embedding.weight": (w, 3, s.patch, s.patch),
-        f"{v}.embeddings.patch_embedding.bias": (w,),
-        f"{v}.embeddings.position_embedding.weight": ((s.image // s.patch) ** 2, w),
-        f"{v}.post_layernorm.weight": (w,),
-        f"{v}.post_layernorm.bias": (w,),
-    }
-    for i in range(s.vision_layers):
-        p = f"{v}.encoder.layers.{i}"
-        for m in ("layer_norm1", "layer_norm2", *(f"self_attn.{x}_proj" for x in ("q", "k", "v", "out"))):
-            state |= {f"{p}.{m}.weight": (w, w) if "proj" in m else (w,), f"{p}.{m}.bias": (w,)}
-        state |= {
-            f"{p}.mlp.fc1.weight": (s.vision_intermediate, w),
-            f"{p}.mlp.fc1.bias": (s.vision_intermediate,),
-        }
-        state |= {f"{p}.mlp.fc2.weight": (w, s.vision_intermediate), f"{p}.mlp.fc2.bias": (w,)}
-    return state
 
 
 def tokenize(spiece: bytes) -> list[list[int]]:
@@ -145,36 +102,15 @@ def test_comfyuis_names_are_its_gemma3_12b_module():
     assert all(GEMMA3.native_name(n) is not None for n, _ in model.tensors)
 
 
-def test_family_by_class_and_by_names_in_each_naming():
+def test_a_transformers_side_output_has_its_names_and_a_qwen_like_model_is_not_gemma3():
+    """The class's names (an output in transformers' own) are Gemma 3's too; a language model with biased q, k, v and
+    no feed-forward norms (Qwen's) is not (the family contract holds each example to its class and names)."""
     (pipeline,) = GEMMA3_EXAMPLES.models("tiny", "pipeline")
     (single,) = GEMMA3_EXAMPLES.models("tiny", "single")
     stored = [n for n, _ in pipeline.tensors]
-    assert family_of("Gemma3ForConditionalGeneration", []) is GEMMA3
-    assert family_of(None, stored) is GEMMA3 and GEMMA3.naming(stored) == "diffusers"
-    assert family_of(None, [n for n, _ in single.tensors]) is GEMMA3
     assert GEMMA3.naming([GEMMA3.class_name(n) for n in stored]) == "diffusers"  # a transformers-side output
-    # a Qwen-like language model (biased q, k, v; no feed-forward norms) is not Gemma 3
     qwen = [n for n, _ in single.tensors if "feedforward" not in n] + ["model.layers.0.self_attn.q_proj.bias"]
     assert family_of(None, qwen) is not GEMMA3
-
-
-def test_every_layout_is_detected_and_finds_its_recipes(sources):
-    (pipeline,) = detect_layouts(sources["pipeline"])
-    (bare,) = detect_layouts(sources["pipeline"] / "text_encoder")
-    (single,) = detect_layouts(sources["single"])
-    assert (pipeline.name, pipeline.encoder, bare.name, single.name) == (
-        "gemma3",
-        True,
-        "gemma3",
-        "gemma3-single",
-    )
-    for layout, where in (("gemma3", sources["pipeline"]), ("gemma3-single", sources["single"])):
-        recipes = listed_recipes(where)
-        # its own, each the default of its format (Qwen2.5-VL's single-file recipes plan on it too: the same
-        # ComfyUI layer names)
-        assert {f"{r}.yaml" for r in GEMMA3.default_recipes[layout].values()} <= set(recipes)
-        listed = run_cli("recipes", "--for", where, check=True).stdout
-        assert all(f"--format {fmt}" in listed for fmt in GEMMA3.default_recipes[layout])
 
 
 def test_gguf_is_refused_at_plan_time_naming_the_reader(sources, tmp_path):

@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from quantize.models import family_of, get_family
+from quantize.models import get_family
 from quantize.models.examples.gemma3 import GEMMA3_EXAMPLES, example_tokenizer
 from quantize.models.examples.gemma3_text import GEMMA3_TEXT_EXAMPLES
 from quantize.read.detect import detect_layouts
@@ -75,7 +75,7 @@ def reference(source):
     return ids, last_hidden_state(model, ids)
 
 
-# -- names, detection, recipes --------------------------------------------------------------------------------
+# -- names and recipes (the family contract holds the examples to their layouts) --------------------------
 
 
 def test_the_class_names_are_comfyuis_gemma3_language_model_and_the_example_is_the_class():
@@ -92,29 +92,6 @@ def test_the_class_names_are_comfyuis_gemma3_language_model_and_the_example_is_t
             built = TEXT.build_model(model.config)  # transformers' class from its config (rope parameters)
         assert type(built).__name__ == "Gemma3TextModel"
         assert {k: tuple(v.shape) for k, v in built.state_dict().items()} == dict(model.tensors) == own
-
-
-def test_the_layout_is_detected_bare_or_in_a_pipeline_and_the_whole_gemma3_is_not_it(source):
-    (pipeline,) = detect_layouts(source)
-    (bare,) = detect_layouts(source / "text_encoder")
-    assert (pipeline.name, pipeline.encoder, bare.name, bare.family) == (
-        "gemma3-text",
-        True,
-        "gemma3-text",
-        "gemma3-text",
-    )
-    own = list(tiny_model().state_dict())
-    assert family_of("Gemma3TextModel", []) is TEXT and family_of(None, own) is TEXT
-    # the whole Gemma 3, in its stored names or ComfyUI's, is Gemma 3's
-    for layout in ("pipeline", "single"):
-        (whole,) = GEMMA3_EXAMPLES.models("tiny", layout)
-        assert family_of(None, [n for n, _ in whole.tensors]) is GEMMA3
-
-
-def test_the_whole_gemma3_examples_are_still_gemma3(tmp_path):
-    for layout in GEMMA3_EXAMPLES.layouts:
-        run_cli("example", tmp_path / layout, "--family", "gemma3", "--layout", layout, check=True)
-        assert [x.family for x in detect_layouts(tmp_path / layout)] == ["gemma3"]
 
 
 def test_recipes_for_names_the_layout_and_lists_its_derived_recipes(source):

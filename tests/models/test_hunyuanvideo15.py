@@ -6,10 +6,10 @@ Oracles: diffusers' own converters. The installed package maps HunyuanVideo 1 on
 (``single_file_utils.convert_hunyuan_video_transformer_to_diffusers``), whose names 1.5 keeps for the double
 blocks, the text refiner, the patch embedding and the final layer (fused q/k/v and the final adaLN's swapped halves
 included); the names 1.5 adds (``time_in``, ``byt5_in``, ``vision_in``, ``cond_type_embedding``) and the release's
-separate q/k/v are spelled in `SCRIPT` from diffusers' ``scripts/convert_hunyuan_video1_5_to_diffusers.py``, which
-is not installed. ComfyUI's detection (``comfy/model_detection.py``'s 'Hunyuan Video' branch and
-``supported_models.HunyuanVideo15``) and the state dict its ``HunyuanVideo`` module builds
-(``comfy/ldm/hunyuan_video/model.py``, Flux's double blocks) are spelled in `comfyui_detects` and `comfyui_names`.
+separate q/k/v are spelled from diffusers' ``scripts/convert_hunyuan_video1_5_to_diffusers.py``, which is not
+installed, in tests/oracles/diffusers_scripts.py. ComfyUI's detection (``comfy/model_detection.py``'s 'Hunyuan
+Video' branch and ``supported_models.HunyuanVideo15``) and the state dict its ``HunyuanVideo`` module builds
+(``comfy/ldm/hunyuan_video/model.py``, Flux's double blocks) are spelled in tests/oracles/comfyui_hunyuanvideo15.py.
 """
 
 from __future__ import annotations
@@ -22,13 +22,15 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from quantize.models import family_of, get_family
+from quantize.formats import FORMAT_INFO
+from quantize.models import family_of, get_family, name_table
 from quantize.models.examples import examples_of
 from quantize.plan import make_plan
-from quantize.read.detect import detect_layouts
-from quantize.recipes import load_recipe
+from quantize.recipes import default_recipes, load_recipe
 from quantize.run.forward import forward_sqnr_db, load_inputs
 from tests.conftest import load_all, run_cli
+from tests.oracles.comfyui_hunyuanvideo15 import comfyui_detects, comfyui_names, comfyui_process
+from tests.oracles.diffusers_scripts import HV15_SCRIPT_QKV, hv15_to_diffusers
 
 HV = get_family("hunyuanvideo15")
 FORMATS = [
@@ -43,129 +45,6 @@ FORMATS = [
     "gguf",
 ]
 LAYOUTS = {"release": "hunyuanvideo15", "diffusers": "hunyuanvideo15-diffusers"}
-
-# -- the oracles --------------------------------------------------------------------------------------------
-
-#: the names HunyuanVideo 1.5 adds to HunyuanVideo 1 (release/native prefix -> diffusers), and the release's separate
-#: q/k/v, as diffusers' scripts/convert_hunyuan_video1_5_to_diffusers.py maps them
-SCRIPT = {
-    "time_in.mlp.0.": "time_embed.timestep_embedder.linear_1.",
-    "time_in.mlp.2.": "time_embed.timestep_embedder.linear_2.",
-    "byt5_in.layernorm.": "context_embedder_2.norm.",
-    "byt5_in.fc1.": "context_embedder_2.linear_1.",
-    "byt5_in.fc2.": "context_embedder_2.linear_2.",
-    "byt5_in.fc3.": "context_embedder_2.linear_3.",
-    "vision_in.proj.0.": "image_embedder.norm_in.",
-    "vision_in.proj.1.": "image_embedder.linear_1.",
-    "vision_in.proj.3.": "image_embedder.linear_2.",
-    "vision_in.proj.4.": "image_embedder.norm_out.",
-    "cond_type_embedding.": "cond_type_embed.",
-}
-SCRIPT_QKV = {
-    "img_attn_q": "attn.to_q",
-    "img_attn_k": "attn.to_k",
-    "img_attn_v": "attn.to_v",
-    "txt_attn_q": "attn.add_q_proj",
-    "txt_attn_k": "attn.add_k_proj",
-    "txt_attn_v": "attn.add_v_proj",
-}
-
-
-def to_diffusers(native: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A native (ComfyUI-named) state dict through diffusers' own conversions: HunyuanVideo 1's converter for every
-    name the two share, the 1.5 script's table for the rest."""
-    from diffusers.loaders.single_file_utils import convert_hunyuan_video_transformer_to_diffusers
-
-    own = {k: v for k, v in native.items() if k.startswith(tuple(SCRIPT))}
-    out = convert_hunyuan_video_transformer_to_diffusers({k: v for k, v in native.items() if k not in own})
-    for k, v in own.items():
-        prefix = next(p for p in SCRIPT if k.startswith(p))
-        out[SCRIPT[prefix] + k.removeprefix(prefix)] = v
-    return out
-
-
-def comfyui_detects(state: dict[str, tuple[int, ...]]) -> dict:
-    """ComfyUI's 'Hunyuan Video' rule on a state dict's names and shapes, and the supported model it picks."""
-    assert "txt_in.individual_token_refiner.blocks.0.norm1.weight" in state, (
-        "ComfyUI tells HunyuanVideo by it"
-    )
-    in_w = state["img_in.proj.weight"]
-
-    def count(prefix):
-        return next(n for n in range(10**4) if not any(k.startswith(f"{prefix}{n}.") for k in state))
-
-    config = {
-        "in_channels": in_w[1],
-        "patch_size": list(in_w[2:]),
-        "out_channels": state["final_layer.linear.weight"][0],
-        "hidden_size": in_w[0],
-        "num_heads": in_w[0] // 128,
-        "depth": count("double_blocks."),
-        "depth_single_blocks": count("single_blocks."),
-        "context_in_dim": state["txt_in.input_embedder.weight"][1],
-        "byt5": "byt5_in.fc1.weight" in state,
-        "meanflow": any(k.startswith("time_r_in.") for k in state),
-        "use_cond_type_embedding": "cond_type_embedding.weight" in state,
-        "vision_in_dim": state["vision_in.proj.0.weight"][0] if "vision_in.proj.0.weight" in state else None,
-    }
-    config["model"] = (
-        "HunyuanVideo15_SR_Distilled"
-        if config["vision_in_dim"] == 1152 and config["in_channels"] == 98
-        else "HunyuanVideo15"
-        if config["vision_in_dim"] == 1152
-        else "HunyuanVideo"
-    )
-    return config
-
-
-def comfyui_process(name: str) -> str:
-    """``supported_models.HunyuanVideo.process_unet_state_dict``: its renames of one key."""
-    for a, b in (
-        ("txt_in.t_embedder.mlp.0.", "txt_in.t_embedder.in_layer."),
-        ("txt_in.t_embedder.mlp.2.", "txt_in.t_embedder.out_layer."),
-        ("txt_in.c_embedder.linear_1.", "txt_in.c_embedder.in_layer."),
-        ("txt_in.c_embedder.linear_2.", "txt_in.c_embedder.out_layer."),
-        ("_mod.linear.", "_mod.lin."),
-        ("_attn_qkv.", "_attn.qkv."),
-        ("mlp.fc1.", "mlp.0."),
-        ("mlp.fc2.", "mlp.2."),
-        ("_attn_q_norm.weight", "_attn.norm.query_norm.weight"),
-        ("_attn_k_norm.weight", "_attn.norm.key_norm.weight"),
-        ("_attn_proj.", "_attn.proj."),
-        ("_in.mlp.2.", "_in.out_layer."),
-        ("_in.mlp.0.", "_in.in_layer."),
-    ):
-        name = name.replace(a, b)
-    return name
-
-
-def comfyui_names(depth: int) -> set[str]:
-    """The state dict of ComfyUI's ``HunyuanVideo`` module for a 1.5 (byt5, vision_in, cond_type_embedding, no
-    single blocks, no guidance or vector_in), read off its source."""
-
-    def lin(*names):
-        return {f"{n}.{p}" for n in names for p in ("weight", "bias")}
-
-    names = lin("img_in.proj", "time_in.in_layer", "time_in.out_layer", "txt_in.input_embedder")
-    names |= lin(
-        *(f"txt_in.{e}.{x}" for e in ("t_embedder", "c_embedder") for x in ("in_layer", "out_layer"))
-    )
-    for i in range(2):
-        b = f"txt_in.individual_token_refiner.blocks.{i}"
-        names |= lin(
-            *(f"{b}.{m}" for m in ("norm1", "self_attn.qkv", "self_attn.proj", "norm2", "mlp.0", "mlp.2"))
-        )
-        names |= lin(f"{b}.adaLN_modulation.1")
-    names |= lin("byt5_in.layernorm", "byt5_in.fc1", "byt5_in.fc2", "byt5_in.fc3")
-    names |= lin("vision_in.proj.0", "vision_in.proj.1", "vision_in.proj.3", "vision_in.proj.4")
-    names |= {"cond_type_embedding.weight"} | lin("final_layer.linear", "final_layer.adaLN_modulation.1")
-    for i in range(depth):
-        for s in ("img", "txt"):
-            b = f"double_blocks.{i}.{s}"
-            names |= lin(f"{b}_mod.lin", f"{b}_attn.qkv", f"{b}_attn.proj", f"{b}_mlp.0", f"{b}_mlp.2")
-            names |= {f"{b}_attn.norm.query_norm.weight", f"{b}_attn.norm.key_norm.weight"}
-    return names
-
 
 # -- fixtures -------------------------------------------------------------------------------------------------
 
@@ -202,7 +81,7 @@ def _component(out: Path, layout: str) -> Path:
 
 def _native_of(diffusers_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A diffusers state dict under our native name table: renamed, and the stacked tensors stacked by row."""
-    table = HV.name_table("native", "comfy_fp8")
+    table = name_table(HV, "native", FORMAT_INFO["comfy_fp8"])
     stacks = table.stacker(list(diffusers_state), "here")
     stacked = {n for stack in stacks.values() for n, _, _ in stack}
     rename = table.renamer(list(diffusers_state), "here")
@@ -220,7 +99,7 @@ def test_native_names_round_trip_through_diffusers_own_converters(sources):
     conversion back: every tensor where it was, bit for bit."""
     state = load_all(sources["diffusers"] / "transformer")
     native = _native_of(state)
-    back = to_diffusers(dict(native))
+    back = hv15_to_diffusers(dict(native))
     assert set(back) == set(state)
     assert all(torch.equal(back[k], v) for k, v in state.items())
     assert native["double_blocks.0.img_attn_qkv.weight"].shape == (3 * 128, 128)
@@ -236,15 +115,15 @@ def test_the_release_names_are_the_native_ones_with_q_k_v_apart_as_diffusers_scr
     for name in release:
         m = re.fullmatch(r"double_blocks\.(\d+)\.((?:img|txt)_attn_[qkv])\.(weight|bias)", name)
         if m:
-            assert HV.diffusers_name(name) == f"transformer_blocks.{m[1]}.{SCRIPT_QKV[m[2]]}.{m[3]}"
+            assert HV.diffusers_name(name) == f"transformer_blocks.{m[1]}.{HV15_SCRIPT_QKV[m[2]]}.{m[3]}"
     # the release converted to native names stacks q, k, v; the rest keeps its name
-    stacks = HV.name_table("native", "comfy_fp8").stacker(list(release), "here")
+    stacks = name_table(HV, "native", FORMAT_INFO["comfy_fp8"]).stacker(list(release), "here")
     assert set(stacks) == {f"double_blocks.{i}.{s}_attn_qkv.{p}" for i in range(2) for s in ("img", "txt")
                            for p in ("weight", "bias")}  # fmt: skip
     native = {k: v for k, v in release.items() if not any(k in (n for n, _, _ in s) for s in stacks.values())}
     native |= {out: torch.cat([release[n] for n, _, _ in s]) for out, s in stacks.items()}
     assert {k: v.shape for k, v in native.items()} == {k: v.shape for k, v in _native_of(state).items()}
-    back = to_diffusers(native)
+    back = hv15_to_diffusers(native)
     assert {k: v.shape for k, v in back.items()} == {k: v.shape for k, v in state.items()}
 
 
@@ -260,15 +139,11 @@ def test_native_files_are_what_comfyui_detects_as_hunyuanvideo15_and_builds(sour
     assert {comfyui_process(k) for k in shapes} == comfyui_names(2)
 
 
-def test_family_by_class_and_by_names(sources):
-    release, diffusers_ = load_all(sources["release"]), load_all(sources["diffusers"] / "transformer")
-    assert family_of("HunyuanVideo_1_5_DiffusionTransformer", []) is HV
-    assert family_of("HunyuanVideo15Transformer3DModel", []) is HV
-    assert family_of(None, release) is HV and family_of(None, diffusers_) is HV
-    assert (
-        HV.naming(release) == "native" == HV.naming(_native_of(diffusers_))
-        and HV.naming(diffusers_) == "diffusers"
-    )
+def test_comfyuis_names_with_q_k_v_fused_are_native_names_too(sources):
+    """The release stores q, k and v apart; ComfyUI's names (our native output) fuse them: both are the native
+    naming (the family contract holds the release's and diffusers' examples to the rest of detection)."""
+    native = _native_of(load_all(sources["diffusers"] / "transformer"))
+    assert HV.naming(native) == "native" and family_of(None, native) is HV
 
 
 @pytest.mark.parametrize("preset", ["tiny", "small", "8.3b"])
@@ -285,16 +160,7 @@ def test_examples_have_the_dimensions_comfyui_fixes(preset):
         assert 8.2e9 < sum(torch.Size(s).numel() for s in state.values()) < 8.4e9
 
 
-# -- detection and recipes ---------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_both_layouts_are_detected_and_find_their_recipes(sources, layout):
-    (found,) = detect_layouts(sources[layout])
-    assert found.name == LAYOUTS[layout] and found.family == HV.name
-    listed = run_cli("recipes", "--for", sources[layout], check=True).stdout
-    recipes = sorted(line.split("│")[1].strip() for line in listed.splitlines() if ".yaml" in line)
-    assert recipes == sorted(f"{HV.default_recipes[LAYOUTS[layout]][f]}.yaml" for f in FORMATS)
+# -- the bundled recipes ---------------------------------------------------------------------------------------
 
 
 def _quantized_rule(layout: str, fmt: str) -> re.Pattern:
@@ -320,9 +186,7 @@ def _quantized_rule(layout: str, fmt: str) -> re.Pattern:
 def test_each_bundled_recipe_quantizes_the_double_blocks_and_keeps_embeddings_modulation_and_final_layer(
     sources, layout, fmt
 ):
-    (cp,) = make_plan(
-        sources[layout], load_recipe(HV.default_recipes[LAYOUTS[layout]][fmt]).recipe
-    ).components
+    (cp,) = make_plan(sources[layout], load_recipe(default_recipes()[LAYOUTS[layout]][fmt]).recipe).components
     linears = {k.removesuffix(".weight") for k, t in cp.component.tensors.items() if k.endswith(".weight")
                and len(t.shape) == 2 and not HV.plain_weight(k)}  # fmt: skip
     rule = _quantized_rule(layout, fmt)
@@ -396,7 +260,7 @@ def test_our_loader_runs_the_diffusers_layouts_outputs(sources, converted, fmt):
 @pytest.fixture(scope="module")
 def reference(sources):
     """The release's bf16 weights in float32 as diffusers' class, through diffusers' own conversion (its q, k, v
-    stacked as the native names have them, then `to_diffusers`), and its output on the family's inputs."""
+    stacked as the native names have them, then `hv15_to_diffusers`), and its output on the family's inputs."""
     import diffusers
 
     from quantize.read.checkpoint import open_component
@@ -410,7 +274,7 @@ def reference(sources):
     comp = open_component(sources["release"], ".")
     config = HV.diffusers_config(comp.config, comp.tensors, comp.dir)
     model = diffusers.HunyuanVideo15Transformer3DModel.from_config(config).eval()
-    model.load_state_dict({k: v.float() for k, v in to_diffusers(native).items()}, strict=True)
+    model.load_state_dict({k: v.float() for k, v in hv15_to_diffusers(native).items()}, strict=True)
     x = load_inputs(None, HV, model.config)
     with torch.no_grad():
         want = model(**HV.inputs.call(model.config, x))[0]

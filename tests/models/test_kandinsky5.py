@@ -2,9 +2,9 @@
 ``model/<one file>`` and diffusers' ``transformer/``), its recipes and every format through the command line.
 
 diffusers has no converter of Kandinsky 5's original names (no single-file loader), so the oracle of the name
-table is ComfyUI's model code read directly: `comfyui_state` spells, from ``comfy/ldm/kandinsky5/model.py``, the
-state dict its ``Kandinsky5`` module builds; ComfyUI's detection rules (``comfy/model_detection.py``, the
-'Kandinsky 5' rule) are spelled in `comfyui_detects`. ComfyUI itself is not needed (nor on PyPI).
+table is ComfyUI's model code read directly: the state dict its ``Kandinsky5`` module builds
+(``comfy/ldm/kandinsky5/model.py``) and its detection rule (``comfy/model_detection.py``, the 'Kandinsky 5' rule),
+spelled in tests/oracles/comfyui_kandinsky5.py. ComfyUI itself is not needed (nor on PyPI).
 """
 
 from __future__ import annotations
@@ -19,14 +19,15 @@ import torch
 from safetensors import safe_open
 
 from quantize.errors import InputError
-from quantize.models import family_of, get_family, names_for
+from quantize.formats import FORMAT_INFO
+from quantize.models import get_family, names_for, runnable_names
 from quantize.models.examples import examples_of
 from quantize.plan import make_plan
 from quantize.read.checkpoint import open_component, read_tensor
-from quantize.read.detect import detect_layouts
-from quantize.recipes import load_recipe
+from quantize.recipes import default_recipes, load_recipe
 from quantize.run.forward import forward_sqnr_db, load_inputs
 from tests.conftest import load_all, read_json, run_cli
+from tests.oracles.comfyui_kandinsky5 import built_by_comfyui, comfyui_detects, comfyui_state
 
 K5 = get_family("kandinsky5")
 FORMATS = [
@@ -42,96 +43,6 @@ FORMATS = [
 COMFY = [f for f in FORMATS if f.startswith("comfy_")]
 
 
-# -- the oracle: ComfyUI's Kandinsky5 module, as its source builds it --------------------------------------
-
-
-def comfyui_state(
-    model_dim,
-    ff_dim,
-    time_dim,
-    text_blocks,
-    visual_blocks,
-    visual_embed_dim,
-    head,
-    text_dim=3584,
-    text_dim2=768,
-):
-    """name -> shape of ``comfy.ldm.kandinsky5.model.Kandinsky5(...)``'s state dict, read off its source: Linear
-    (in, out) weights [out, in] with biases (FeedForward's have none), LayerNorm(affine) weight and bias, RMSNorm
-    (head_dim) weight, OutLayer's out_layer to prod(patch)*16 = 64 (its defaults out_visual_dim 16, patch 1,2,2)."""
-    s = {}
-
-    def linear(name, i, o, bias=True):
-        s[f"{name}.weight"] = (o, i)
-        if bias:
-            s[f"{name}.bias"] = (o,)
-
-    def attention(p):
-        for m in ("to_query", "to_key", "to_value"):
-            linear(f"{p}.{m}", model_dim, model_dim)
-        s[f"{p}.query_norm.weight"] = s[f"{p}.key_norm.weight"] = (head,)
-        linear(f"{p}.out_layer", model_dim, model_dim)
-
-    linear("time_embeddings.in_layer", model_dim, time_dim)  # TimeEmbeddings(model_dim, time_dim)
-    linear("time_embeddings.out_layer", time_dim, time_dim)
-    for name, i, o in (
-        ("text_embeddings", text_dim, model_dim),
-        ("pooled_text_embeddings", text_dim2, time_dim),
-    ):
-        linear(f"{name}.in_layer", i, o)
-        s[f"{name}.norm.weight"] = s[f"{name}.norm.bias"] = (o,)
-    linear("visual_embeddings.in_layer", visual_embed_dim, model_dim)
-    for i in range(text_blocks):  # TransformerEncoderBlock
-        b = f"text_transformer_blocks.{i}"
-        linear(f"{b}.text_modulation.out_layer", time_dim, 6 * model_dim)
-        attention(f"{b}.self_attention")
-        linear(f"{b}.feed_forward.in_layer", model_dim, ff_dim, bias=False)
-        linear(f"{b}.feed_forward.out_layer", ff_dim, model_dim, bias=False)
-    for i in range(visual_blocks):  # TransformerDecoderBlock
-        b = f"visual_transformer_blocks.{i}"
-        linear(f"{b}.visual_modulation.out_layer", time_dim, 9 * model_dim)
-        attention(f"{b}.self_attention")
-        attention(f"{b}.cross_attention")
-        linear(f"{b}.feed_forward.in_layer", model_dim, ff_dim, bias=False)
-        linear(f"{b}.feed_forward.out_layer", ff_dim, model_dim, bias=False)
-    linear("out_layer.modulation.out_layer", time_dim, 2 * model_dim)
-    linear("out_layer.out_layer", model_dim, 4 * 16)
-    return s
-
-
-def comfyui_detects(state: dict) -> dict:
-    """ComfyUI's 'Kandinsky 5' detection rule (comfy/model_detection.py), on a state dict's names and shapes."""
-    assert "visual_transformer_blocks.0.cross_attention.key_norm.weight" in state, (
-        "ComfyUI detects Kandinsky 5 by it"
-    )
-    model_dim = state["visual_embeddings.in_layer.bias"][0]
-    axes = (
-        (32, 48, 48) if model_dim in (4096, 2560) else (16, 24, 24)
-    )  # 4096/2560 as written; 1792 and the rest
-
-    def count(prefix: str) -> int:
-        return next(n for n in range(10**4) if not any(k.startswith(f"{prefix}{n}.") for k in state))
-
-    return {
-        "model_dim": model_dim,
-        "axes_dims": axes,
-        "time_dim": state["time_embeddings.in_layer.bias"][0],
-        "ff_dim": state["visual_transformer_blocks.0.feed_forward.in_layer.weight"][0],
-        "visual_embed_dim": state["visual_embeddings.in_layer.weight"][1],
-        "num_text_blocks": count("text_transformer_blocks."),
-        "num_visual_blocks": count("visual_transformer_blocks."),
-    }
-
-
-def _built_by_comfyui(state: dict) -> dict:
-    """The state dict ComfyUI builds for what it detects in `state` (its defaults for the rest)."""
-    d = comfyui_detects(state)
-    return comfyui_state(
-        d["model_dim"], d["ff_dim"], d["time_dim"], d["num_text_blocks"], d["num_visual_blocks"],
-        d["visual_embed_dim"], sum(d["axes_dims"]),
-    )  # fmt: skip
-
-
 TINY = dict(
     in_visual_dim=16, out_visual_dim=16, in_text_dim=3584, in_text_dim2=768, time_dim=64, patch_size=(1, 2, 2),
     model_dim=128, ff_dim=256, num_text_blocks=1, num_visual_blocks=2, axes_dims=(16, 24, 24), visual_cond=True,
@@ -145,7 +56,7 @@ def test_every_tensor_of_diffusers_class_has_the_name_and_shape_comfyuis_module_
     import diffusers
 
     state = diffusers.Kandinsky5Transformer3DModel(**TINY).state_dict()
-    rename = names_for("native", K5, "comfy_fp8", "here").renamer(list(state), "here")
+    rename = names_for("native", K5, FORMAT_INFO["comfy_fp8"], "here").renamer(list(state), "here")
     native = {rename(k): v for k, v in state.items()}
     assert len(native) == len(state)
     assert {k: tuple(v.shape) for k, v in native.items()} == comfyui_state(128, 256, 64, 1, 2, 4 * 33, 64)
@@ -154,7 +65,7 @@ def test_every_tensor_of_diffusers_class_has_the_name_and_shape_comfyuis_module_
 
 
 def test_a_tensor_neither_naming_has_is_refused_naming_it():
-    table = names_for("native", K5, "comfy_int8", "here")
+    table = names_for("native", K5, FORMAT_INFO["comfy_int8"], "here")
     names = [
         "visual_transformer_blocks.0.self_attention.to_query.weight",
         "visual_transformer_blocks.0.lora.weight",
@@ -166,12 +77,12 @@ def test_a_tensor_neither_naming_has_is_refused_naming_it():
     with pytest.raises(
         InputError, match="tensor 'visual_transformer_blocks.0.lora.weight' has no counterpart"
     ):
-        K5.runnable_names(names, Path("here"))
+        runnable_names(K5, names, Path("here"))
     with pytest.raises(InputError, match="neither Kandinsky 5's native names nor diffusers'"):
         table.renamer(["blocks.0.self_attn.q.weight"], "here")
 
 
-# -- detection ------------------------------------------------------------------------------------------------
+# -- the sources, and GGUF refused ------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -191,27 +102,6 @@ def sources(tmp_path_factory) -> dict[str, Path]:
             check=True,
         )
     return {"original": root / "original", "diffusers": root / "t2v"}
-
-
-def test_family_by_class_and_by_names():
-    names = list(comfyui_state(128, 256, 64, 1, 2, 132, 64))
-    assert family_of("Kandinsky5Transformer3DModel", []) is K5 and family_of(None, names) is K5
-    assert K5.naming(names) == "diffusers"  # one naming: the original's names are diffusers' own
-
-
-@pytest.mark.parametrize(
-    ("layout", "name", "prefix"), [("original", "kandinsky5-original", "kandinsky5-original-"), ("diffusers", "kandinsky5", "kandinsky5-")]
-)  # fmt: skip
-def test_both_layouts_are_detected_and_find_their_recipes(sources, layout, name, prefix, tmp_path):
-    (found,) = detect_layouts(sources[layout])
-    assert found.name == name and found.family == "kandinsky5"
-    listed = run_cli("recipes", "--for", sources[layout], check=True).stdout
-    recipes = sorted(line.split("│")[1].strip() for line in listed.splitlines() if ".yaml" in line)
-    assert recipes == sorted(f"{K5.default_recipes[name][f]}.yaml" for f in FORMATS)
-    assert all(r.startswith(prefix) and (layout == "original") == ("original" in r) for r in recipes)
-    for fmt in FORMATS:
-        plan = run_cli("plan", sources[layout], "--format", fmt, check=True)
-        assert plan.stdout.splitlines()[0].startswith(f"recipe {K5.default_recipes[name][fmt]}: Kandinsky 5")
 
 
 def test_gguf_is_refused_at_plan_time_naming_why(sources, tmp_path):
@@ -241,7 +131,8 @@ def test_the_original_example_is_the_release_one_file_in_model_with_no_config(so
         "kandinsky5lite_t2v_sft_5s.safetensors"
     ]
     state = {k: tuple(v.shape) for k, v in load_all(sources["original"] / "model").items()}
-    assert state == _built_by_comfyui(state)  # ComfyUI builds exactly this model from what it detects
+    assert state == built_by_comfyui(state)  # ComfyUI builds exactly this model from what it detects
+    assert K5.naming(state) == "diffusers"  # one naming: the original's names are diffusers' own
 
 
 @pytest.mark.parametrize("preset", ["tiny", "small", "lite"])
@@ -251,7 +142,7 @@ def test_examples_have_the_dimensions_comfyui_fixes(preset, layout):
     (4 * 33 = 132 inputs), a (1, 2, 2) patch; its head width, from model_dim alone."""
     (model,) = examples_of(K5).models(preset, layout)
     state = dict(model.tensors)
-    assert state == _built_by_comfyui(state)
+    assert state == built_by_comfyui(state)
     assert (
         state["text_embeddings.in_layer.weight"][1] == 3584
         and state["pooled_text_embeddings.in_layer.weight"][1] == 768
@@ -306,7 +197,7 @@ QUANTIZED = re.compile(
 @pytest.mark.parametrize("layout", ["original", "diffusers"])
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_each_bundled_recipe_quantizes_the_attention_and_feed_forward_input(sources, layout, fmt):
-    name = K5.default_recipes["kandinsky5" if layout == "diffusers" else "kandinsky5-original"][fmt]
+    name = default_recipes()["kandinsky5" if layout == "diffusers" else "kandinsky5-original"][fmt]
     comp = "transformer" if layout == "diffusers" else "model"
     (cp,) = make_plan(sources[layout], load_recipe(name).recipe).components
     linears = {

@@ -4,15 +4,15 @@ and every format through the command line.
 
 Oracles: diffusers' own single-file converter (``convert_ltx2_transformer_to_diffusers``) for the name table;
 ComfyUI's detection rule (``comfy/model_detection.py``, the 'Lightricks ltxv' branch, with the file's metadata
-``config`` it reads) spelled in `comfyui_detects`, and the state dict its ``LTXAVModel`` builds from what it detects
-spelled in `comfyui_state` (``comfy/ldm/lightricks/model.py``, ``av_model.py``, ``embeddings_connector.py``);
-ComfyUI-GGUF's ``IMG_ARCH_LIST`` holds ``ltxv``. ComfyUI itself is not needed.
+``config`` it reads) and the state dict its ``LTXAVModel`` builds from what it detects (``comfy/ldm/lightricks/``),
+spelled in tests/oracles/comfyui_ltx2.py; ComfyUI-GGUF's ``IMG_ARCH_LIST`` holds ``ltxv``. ComfyUI itself is not
+needed.
 
 The tiny example has 48 blocks, as the releases do (the recipes keep blocks 0, 1, 46, 47), 64 wide; ``tiny-2.3``
 is LTX-2.3's structure (per-head gated attention, the text cross-attention's adaLN, no caption projection in the
 transformer), 128 wide for video and 64 for audio. Oracles for 2.3 beside those: the rename diffusers' own conversion
-script adds for it (`LTX23_RENAMES`), the config it converts LTX-2.3 with, and ComfyUI's rules for the switches the
-release's metadata ``config`` names.
+script adds for it and the config it converts LTX-2.3 with (tests/oracles/diffusers_scripts.py), and ComfyUI's rules
+for the switches the release's metadata ``config`` names.
 """
 
 from __future__ import annotations
@@ -27,16 +27,20 @@ import torch
 from safetensors import safe_open
 
 from quantize.errors import InputError
-from quantize.models import family_of, get_family
+from quantize.formats import FORMAT_INFO
+from quantize.models import get_family, name_table, runnable_names
 from quantize.models.examples import examples_of
 from quantize.models.examples.ltx2 import connectors_config
 from quantize.models.ltx2 import LTX23_SWITCHES, PREFIX
 from quantize.plan import make_plan
 from quantize.read.checkpoint import TensorInfo, open_component, read_tensor
 from quantize.read.detect import detect_layouts
-from quantize.recipes import load_recipe
+from quantize.recipes import default_recipes, load_recipe
 from quantize.run.forward import forward_sqnr_db, load_inputs
 from tests.conftest import load_all, read_json, run_cli
+from tests.helpers.recipes import edited_recipe
+from tests.oracles.comfyui_ltx2 import comfyui_detects, comfyui_state, unet_part
+from tests.oracles.diffusers_scripts import LTX23_SCRIPT_SWITCHES, ltx2_diffusers_names
 
 LTX = get_family("ltx2")
 FORMATS = [
@@ -57,177 +61,8 @@ TINY = dict(
     audio_in_channels=8, audio_out_channels=8, audio_num_attention_heads=2, audio_attention_head_dim=4,
     audio_cross_attention_dim=8, num_layers=2, caption_channels=16, rope_type="split",
 )  # fmt: skip
-#: LTX-2.3's switches as diffusers' conversion script sets them (scripts/convert_ltx2_to_diffusers.py, version "2.3")
-TINY_23 = TINY | dict(
-    gated_attn=True, cross_attn_mod=True, audio_gated_attn=True, audio_cross_attn_mod=True,
-    use_prompt_embeddings=False, perturbed_attn=True,
-)  # fmt: skip
-#: what diffusers' conversion script renames for LTX-2.3 beyond 2.0's (its LTX_2_3_TRANSFORMER_KEYS_RENAME_DICT): the
-#: single-file converter of diffusers 0.42 (`convert_ltx2_transformer_to_diffusers`) lacks these, and leaves
-#: ``prompt_adaln_single`` as it is where the class has ``prompt_adaln``
-LTX23_RENAMES = {"audio_prompt_adaln_single": "audio_prompt_adaln", "prompt_adaln_single": "prompt_adaln"}
-
-
-def diffusers_converts(names) -> dict:
-    """diffusers' name for each release name (by diffusers' single-file converter, then its 2.3 renames): old -> new."""
-    from diffusers.loaders.single_file_utils import convert_ltx2_transformer_to_diffusers
-
-    converted = {}
-    for new, old in convert_ltx2_transformer_to_diffusers({n: n for n in names}).items():
-        for a, b in LTX23_RENAMES.items():  # the script's str.replace, in its order
-            new = new.replace(a, b)
-        converted[old] = new
-    return converted
-
-
-# -- ComfyUI, as its source reads and builds LTX-2 ------------------------------------------------------------
-
-
-def comfyui_detects(state: dict, metadata: dict | None) -> dict:
-    """comfy/model_detection.py on a checkpoint's names and shapes (name -> shape) and its ``__metadata__``: the
-    unet prefix (``unet_prefix_from_state_dict``), then the 'Lightricks ltxv' branch."""
-    prefix = "model.diffusion_model."
-    assert sum(k.startswith(prefix) for k in state) > 5, (
-        "ComfyUI's checkpoint loader finds the unet by this prefix"
-    )
-    assert f"{prefix}adaln_single.emb.timestep_embedder.linear_1.bias" in state, "ComfyUI tells LTX by it"
-    config = {"image_model": "ltxav" if f"{prefix}audio_adaln_single.linear.weight" in state else "ltxv"}
-    config["num_layers"] = next(
-        n for n in range(10**4) if f"{prefix}transformer_blocks.{n}." not in {k[: len(f"{prefix}transformer_blocks.{n}.")] for k in state}
-    )  # fmt: skip
-    rows, cols = state[f"{prefix}transformer_blocks.0.attn2.to_k.weight"]
-    config |= {"attention_head_dim": rows // 32, "cross_attention_dim": cols}
-    if metadata is not None and "config" in metadata:
-        config.update(json.loads(metadata["config"]).get("transformer", {}))
-    config["use_keyframes_abs_pos_embedding"] = f"{prefix}keyframes_abs_pos_embedding" in state
-    return config
-
-
-#: LTXAVModel's defaults (comfy/ldm/lightricks/av_model.py) for what detection and metadata leave unsaid
-COMFYUI_DEFAULTS = dict(
-    in_channels=128, audio_in_channels=128, cross_attention_dim=4096, audio_cross_attention_dim=2048,
-    attention_head_dim=128, audio_attention_head_dim=64, num_attention_heads=32, audio_num_attention_heads=32,
-    caption_channels=3840, connector_attention_head_dim=128, connector_num_attention_heads=30, connector_num_layers=2,
-)  # fmt: skip
-
-
-def comfyui_state(detected: dict) -> dict:
-    """name -> shape of ``LTXAVModel(**config)``'s state dict under ``model.diffusion_model.``, read off ComfyUI's
-    source (comfy/ldm/lightricks/model.py, av_model.py, embeddings_connector.py), with the switches LTX-2.3's
-    metadata names (all False by default: the LTX-2.0 structure, PixArt caption projections, 6 modulation rows):
-
-    - ``cross_attention_adaln``: ``adaln_single`` / ``audio_adaln_single`` of 9 coefficients, not 6 (model.py:793,
-      av_model.py:476), ``prompt_adaln_single`` / ``audio_prompt_adaln_single`` of 2 while ``use_prompt_adaln_single``
-      (model.py:798-803, av_model.py:486-496), and in each block 9 rows of ``scale_shift_table`` and
-      ``audio_scale_shift_table`` and the two ``prompt_scale_shift_table`` of 2 rows (av_model.py:189-197);
-    - ``apply_gated_attention``: each of a block's six attentions has ``to_gate_logits`` = Linear(query width, its
-      heads) (av_model.py:615 into BasicAVTransformerBlock, model.py:455-458);
-    - ``caption_proj_before_connector``: the caption projections are a ``NormSingleLinearTextProjection`` (only
-      ``linear_1``) when ``caption_projection_first_linear``, else nothing (model.py:805-823, av_model.py:533-551);
-    - the connectors: ``audio_connector_*`` heads (default the video connector's, av_model.py:559-561), and
-      ``to_gate_logits`` in their blocks' attn1 when ``connector_apply_gated_attention`` (av_model.py:554,
-      embeddings_connector.py:60-70)."""
-    c = COMFYUI_DEFAULTS | detected
-    v, a = c["num_attention_heads"] * c["attention_head_dim"], c["audio_num_attention_heads"] * c["audio_attention_head_dim"]  # fmt: skip
-    cross_adaln, gated = c.get("cross_attention_adaln", False), c.get("apply_gated_attention", False)
-    modulations = 9 if cross_adaln else 6
-    s = {}
-
-    def linear(name, i, o):
-        s[f"{PREFIX}{name}.weight"], s[f"{PREFIX}{name}.bias"] = (o, i), (o,)
-
-    def adaln(
-        name, dim, coefficient
-    ):  # AdaLayerNormSingle: PixArt's timestep embedder (256 in) and its linear
-        linear(f"{name}.emb.timestep_embedder.linear_1", 256, dim)
-        linear(f"{name}.emb.timestep_embedder.linear_2", dim, dim)
-        linear(f"{name}.linear", dim, coefficient * dim)
-
-    def attention(
-        name, query, context, heads, head, gate=False
-    ):  # CrossAttention: q/k RMSNorm over all heads
-        inner = heads * head
-        s[f"{PREFIX}{name}.q_norm.weight"] = s[f"{PREFIX}{name}.k_norm.weight"] = (inner,)
-        linear(f"{name}.to_q", query, inner)
-        linear(f"{name}.to_k", context, inner)
-        linear(f"{name}.to_v", context, inner)
-        if gate:  # one logit a head, off the query's input
-            linear(f"{name}.to_gate_logits", query, heads)
-        linear(f"{name}.to_out.0", inner, query)
-
-    def caption_projection(name, width):
-        if not c.get("caption_proj_before_connector", False):
-            linear(f"{name}.linear_1", c["caption_channels"], width)  # PixArtAlphaTextProjection
-            linear(f"{name}.linear_2", width, width)
-        elif c.get(
-            "caption_projection_first_linear", True
-        ):  # NormSingleLinearTextProjection: its RMSNorm has none
-            linear(f"{name}.linear_1", c["caption_channels"], width)
-
-    def feed_forward(name, dim):  # GELU_approx(dim, 4 dim) then Linear(4 dim, dim)
-        linear(f"{name}.net.0.proj", dim, 4 * dim)
-        linear(f"{name}.net.2", 4 * dim, dim)
-
-    linear("patchify_proj", c["in_channels"], v)
-    adaln("adaln_single", v, modulations)
-    if cross_adaln and c.get("use_prompt_adaln_single", True):
-        adaln("prompt_adaln_single", v, 2)
-    caption_projection("caption_projection", v)
-    linear("audio_patchify_proj", c["audio_in_channels"], a)
-    adaln("audio_adaln_single", a, modulations)
-    if cross_adaln and c.get("use_prompt_adaln_single", True):
-        adaln("audio_prompt_adaln_single", a, 2)
-    adaln("av_ca_video_scale_shift_adaln_single", v, 4)
-    adaln("av_ca_a2v_gate_adaln_single", v, 1)
-    adaln("av_ca_audio_scale_shift_adaln_single", a, 4)
-    adaln("av_ca_v2a_gate_adaln_single", a, 1)
-    caption_projection("audio_caption_projection", a)
-    heads, head = c["connector_num_attention_heads"], c["connector_attention_head_dim"]
-    connectors = {
-        "audio_embeddings_connector": (
-            c.get("audio_connector_num_attention_heads", heads), c.get("audio_connector_attention_head_dim", head),
-        ),
-        "video_embeddings_connector": (heads, head),
-    }  # fmt: skip
-    connector_gate = c.get("connector_apply_gated_attention", False)
-    for connector, (heads, head) in connectors.items():  # Embeddings1DConnector
-        s[f"{PREFIX}{connector}.learnable_registers"] = (128, heads * head)
-        for i in range(c["connector_num_layers"]):
-            width = heads * head
-            attention(
-                f"{connector}.transformer_1d_blocks.{i}.attn1", width, width, heads, head, connector_gate
-            )
-            feed_forward(f"{connector}.transformer_1d_blocks.{i}.ff", width)
-    vh, vd = c["num_attention_heads"], c["attention_head_dim"]
-    ah, ad = c["audio_num_attention_heads"], c["audio_attention_head_dim"]
-    for i in range(c["num_layers"]):  # BasicAVTransformerBlock
-        b = f"transformer_blocks.{i}"
-        attention(f"{b}.attn1", v, v, vh, vd, gated)
-        attention(f"{b}.audio_attn1", a, a, ah, ad, gated)
-        attention(f"{b}.attn2", v, c["cross_attention_dim"], vh, vd, gated)
-        attention(f"{b}.audio_attn2", a, c["audio_cross_attention_dim"], ah, ad, gated)
-        attention(f"{b}.audio_to_video_attn", v, a, ah, ad, gated)
-        attention(f"{b}.video_to_audio_attn", a, v, ah, ad, gated)
-        feed_forward(f"{b}.ff", v)
-        feed_forward(f"{b}.audio_ff", a)
-        s[f"{PREFIX}{b}.scale_shift_table"] = (modulations, v)
-        s[f"{PREFIX}{b}.audio_scale_shift_table"] = (modulations, a)
-        if cross_adaln:
-            s[f"{PREFIX}{b}.prompt_scale_shift_table"], s[f"{PREFIX}{b}.audio_prompt_scale_shift_table"] = (
-                (2, v),
-                (2, a),
-            )
-        s[f"{PREFIX}{b}.scale_shift_table_a2v_ca_audio"] = (5, a)
-        s[f"{PREFIX}{b}.scale_shift_table_a2v_ca_video"] = (5, v)
-    s[f"{PREFIX}scale_shift_table"], s[f"{PREFIX}audio_scale_shift_table"] = (2, v), (2, a)
-    linear("proj_out", v, c["in_channels"])  # out_channels = in_channels in LTXVModel
-    linear("audio_proj_out", a, c["audio_in_channels"])
-    return s
-
-
-def _unet_part(state: dict) -> dict:
-    """What ComfyUI's LTXAVModel loads of a checkpoint: the names under its prefix."""
-    return {k: v for k, v in state.items() if k.startswith(PREFIX)}
+#: LTX-2.3's switches as diffusers' conversion script sets them
+TINY_23 = TINY | LTX23_SCRIPT_SWITCHES
 
 
 # -- the name table -----------------------------------------------------------------------------------------
@@ -247,7 +82,7 @@ def test_every_diffusers_name_round_trips_through_diffusers_own_converter(config
     assert LTX.native_name("transformer_blocks.1.audio_to_video_attn.norm_k.weight") == (
         f"{PREFIX}transformer_blocks.1.audio_to_video_attn.k_norm.weight"
     )
-    assert diffusers_converts(native) == native  # diffusers reads each native name back as the class's
+    assert ltx2_diffusers_names(native) == native  # diffusers reads each native name back as the class's
     assert {LTX.diffusers_name(k) for k in native} == set(state)
     if config is TINY_23:  # LTX-2.3's own tensors, in the release's names
         assert LTX.native_name("prompt_adaln.linear.weight") == f"{PREFIX}prompt_adaln_single.linear.weight"
@@ -265,8 +100,8 @@ def test_the_release_names_are_what_diffusers_reads_of_the_release_and_the_conne
     our table gives each transformer tensor of the release the name the converter gives it, and none to the rest."""
     (release,) = examples_of(LTX).models(preset, "release")
     names = [n for n, _ in release.tensors]
-    ours = LTX.runnable_names(names, Path("here"))
-    assert {old: new for old, new in diffusers_converts(names).items() if old.startswith(PREFIX)} == ours
+    ours = runnable_names(LTX, names, Path("here"))
+    assert {old: new for old, new in ltx2_diffusers_names(names).items() if old.startswith(PREFIX)} == ours
     carried = [n for n in names if LTX.carried(n)]
     assert {n.split(".")[0] for n in carried} == {
         "model",
@@ -284,9 +119,11 @@ def test_a_tensor_neither_naming_has_is_refused_naming_it_and_diffusers_names_ha
         InputError,
         match=r"^here: gguf writes LTX-2's native names, which ComfyUI reads, and this model has diffusers'",
     ):
-        LTX.name_table("native", "gguf").renamer(["audio_time_embed.linear.weight"], "here")
+        name_table(LTX, "native", FORMAT_INFO["gguf"]).renamer(["audio_time_embed.linear.weight"], "here")
     with pytest.raises(InputError, match=rf"tensor '{PREFIX}odd.weight' has no counterpart"):
-        LTX.runnable_names([f"{PREFIX}audio_adaln_single.linear.weight", f"{PREFIX}odd.weight"], Path("here"))
+        runnable_names(
+            LTX, [f"{PREFIX}audio_adaln_single.linear.weight", f"{PREFIX}odd.weight"], Path("here")
+        )
 
 
 # -- detection and examples ------------------------------------------------------------------------------------
@@ -301,38 +138,11 @@ def sources(tmp_path_factory) -> dict[str, Path]:
     return {key: root / key for key in SOURCES}
 
 
-@pytest.mark.parametrize(
-    ("config_class", "names"),
-    [
-        ("LTX2VideoTransformer3DModel", []),
-        (None, [f"{PREFIX}audio_adaln_single.linear.weight", "vae.per_channel_statistics.mean-of-means"]),
-        (None, ["audio_time_embed.linear.weight", "transformer_blocks.0.audio_attn1.to_q.weight"]),
-    ],
-)
-def test_family_by_class_and_by_names(config_class, names):
-    assert family_of(config_class, names) is LTX
-
-
-@pytest.mark.parametrize("source", list(SOURCES))
-def test_both_layouts_are_detected_and_find_their_recipes(sources, source):
-    layout = SOURCES[source][1]
+@pytest.mark.parametrize("source", ["release-2.3", "diffusers-2.3"])
+def test_ltx23_is_detected_in_both_layouts(sources, source):
+    """LTX-2.3's structure is a layout of LTX-2's (the family contract holds the tiny examples of 2.0 to the rest)."""
     (found,) = detect_layouts(sources[source])
-    assert (found.name, found.family) == (LAYOUTS[layout], "ltx2")
-    if (
-        source != "release"
-    ):  # `recipes --for` plans every bundled recipe on 3,500 tensors: once is enough here
-        if layout == "diffusers":
-            assert all(load_recipe(r).recipe.components == ["transformer"] for r in LTX.default_recipes[LAYOUTS[layout]].values())  # fmt: skip
-        return
-    listed = run_cli("recipes", "--for", sources[layout], check=True).stdout
-    defaults = {
-        line.split("│")[1].strip(): line.split("│")[3].strip()
-        for line in listed.splitlines()
-        if "--format" in line
-    }
-    assert defaults == {f"{LTX.default_recipes[LAYOUTS[layout]][f]}.yaml": f"--format {f}" for f in FORMATS}
-    plan = run_cli("plan", sources[layout], "--format", "gguf", check=True)
-    assert plan.stdout.splitlines()[0].startswith(f"recipe {LTX.default_recipes[LAYOUTS[layout]]['gguf']}: ")
+    assert (found.name, found.family) == (LAYOUTS[SOURCES[source][1]], "ltx2")
 
 
 @pytest.mark.parametrize(
@@ -353,7 +163,7 @@ def test_the_release_is_one_file_that_comfyui_builds_exactly_and_diffusers_detec
     assert all(detected.get(k, False) is v23 for k in ("apply_gated_attention", "cross_attention_adaln", "caption_proj_before_connector", "connector_apply_gated_attention"))  # fmt: skip
     if v23:
         assert detected["caption_projection_first_linear"] is False
-    assert comfyui_state(detected) == _unet_part(
+    assert comfyui_state(detected) == unet_part(
         state
     )  # ComfyUI builds exactly this transformer and its connectors
     assert any(k in state for k in CHECKPOINT_KEY_NAMES["ltx2"])  # diffusers' single-file detection
@@ -367,10 +177,10 @@ def test_examples_have_the_dimensions_comfyui_fixes(preset):
     (model,) = examples_of(LTX).models(preset, "release")
     state = dict(model.tensors)
     detected = comfyui_detects(state, dict(model.metadata))
-    assert comfyui_state(detected) == _unet_part(state)
+    assert comfyui_state(detected) == unet_part(state)
     assert comfyui_detects(state, None)["attention_head_dim"] == detected["attention_head_dim"]
     if preset == "19b":
-        assert comfyui_state(comfyui_detects(state, None)) == _unet_part(state)
+        assert comfyui_state(comfyui_detects(state, None)) == unet_part(state)
         assert detected["cross_attention_dim"] == 4096 and detected["attention_head_dim"] == 128
     if (
         preset == "22b"
@@ -380,7 +190,7 @@ def test_examples_have_the_dimensions_comfyui_fixes(preset):
             "connector_num_layers": 8,
         }  # fmt: skip
     if preset in ("tiny-2.3", "22b"):
-        assert comfyui_state(comfyui_detects(state, None)) != _unet_part(state)
+        assert comfyui_state(comfyui_detects(state, None)) != unet_part(state)
 
 
 @pytest.mark.parametrize("version", ["", "-2.3"])
@@ -425,7 +235,7 @@ QUANTIZED = {
 @pytest.mark.parametrize("source", list(SOURCES))
 def test_each_bundled_recipe_quantizes_the_middle_blocks_and_keeps_the_rest(sources, source):
     layout = SOURCES[source][1]
-    for fmt, recipe in LTX.default_recipes[LAYOUTS[layout]].items():
+    for fmt, recipe in default_recipes()[LAYOUTS[layout]].items():
         if layout == "diffusers" and fmt in NATIVE_FORMATS:
             continue  # a transformer/ alone is refused them; with connectors/ beside: the pipeline tests below
         (cp,) = make_plan(sources[source], load_recipe(recipe).recipe).components
@@ -610,12 +420,8 @@ def test_the_diffusers_layout_is_refused_comfyui_and_gguf_at_plan_time_saying_wh
     assert proc.returncode == 2 and "(in connectors/, not found beside it)" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not out.exists()
     recipe = tmp_path / "own.yaml"
-    text = (
-        Path("recipes/ltx2-diffusers-fp8.yaml")
-        .read_text()
-        .replace("format: fp8_channel", f"format: {fmt}" + ("\ntype: Q8_0" if fmt == "gguf" else ""))
-    )
-    recipe.write_text(text.replace("copy_other_files: true\n", ""))
+    gguf_type = {"type": "Q8_0"} if fmt == "gguf" else {}
+    recipe.write_text(edited_recipe("ltx2-diffusers-fp8", format=fmt, copy_other_files=False, **gguf_type))
     proc = run_cli("convert", sources["diffusers"], out, "--recipe", recipe)
     assert (
         proc.returncode == 2 and "this model has diffusers' LTX2VideoTransformer3DModel names" in proc.stderr
@@ -705,7 +511,7 @@ def pipeline_of_release(release: Path, preset: str, out: Path) -> Path:
     with safe_open(path, "pt") as f:
         stored = {k: f.get_tensor(k) for k in f.keys()}
     own = [k for k in stored if k.startswith(PREFIX) and not k.startswith(CONNECTOR_PARTS)]
-    transformer = {new: stored[old] for old, new in diffusers_converts([k[len(PREFIX):] for k in own]).items() for old in [PREFIX + old]}  # fmt: skip
+    transformer = {new: stored[old] for old, new in ltx2_diffusers_names([k[len(PREFIX):] for k in own]).items() for old in [PREFIX + old]}  # fmt: skip
     connectors = {}
     for k in (k for k in stored if k.startswith(CONNECTOR_PARTS)):
         new = k.removeprefix(PREFIX)

@@ -4,7 +4,7 @@ layout converts to and the ones refused, the forward pass and our loader on both
 
 The oracle of the name table is ``diffusers.loaders.single_file_utils.convert_minimax_h3_transformer_checkpoint_to_
 diffusers`` (``qkv_layout="stacked"``, the release's); ComfyUI's detection rule (``comfy/model_detection.py``, the
-'MiniMax H3' branch) is spelled in `comfyui_minimax`. ComfyUI itself is not needed (nor on PyPI).
+'MiniMax H3' branch) is spelled in tests/oracles/comfyui_minimax_h3.py. ComfyUI itself is not needed (nor on PyPI).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from quantize.models import get_family, stack_rows
 from quantize.models.examples import examples_of
 from quantize.plan import make_plan
 from quantize.read.checkpoint import open_component, read_tensor
-from quantize.read.detect import detect_layouts
-from quantize.recipes import load_recipe
+from quantize.recipes import default_recipes, load_recipe
 from quantize.run.forward import forward_sqnr_db, load_inputs
 from tests.conftest import load_all, read_json, run_cli
+from tests.oracles.comfyui_minimax_h3 import COMFYUI_DEFAULTS, comfyui_minimax
 
 MM = get_family("minimax-h3")
 ORIGINAL_FORMATS = [
@@ -41,43 +41,7 @@ COMFY = ORIGINAL_FORMATS[4:]
 LAYOUT = {"original": "minimax-h3", "diffusers": "minimax-h3-diffusers"}
 
 
-# -- ComfyUI's detection rule, and diffusers' converter ---------------------------------------------------------
-
-
-def comfyui_minimax(state: dict) -> dict:
-    """ComfyUI's 'MiniMax H3' branch of comfy/model_detection.py on a state dict's names and shapes (name -> shape):
-    the config it builds ``MiniMaxH3Model`` with."""
-    assert "video_patch_proj.weight" in state and "audio_patch_proj.weight" in state, (
-        "how ComfyUI tells MiniMax H3"
-    )
-
-    def count(prefix):
-        return next(n for n in range(10**4) if not any(k.startswith(f"{prefix}{n}.") for k in state))
-
-    c = {
-        "num_layers": count("blocks."),
-        "token_refiner_num_layers": count("token_refiner.blocks."),
-        "hidden_size": state["video_patch_proj.weight"][0],
-        "latents_dim": state["final_layer.video_out.weight"][0] // 4,  # patch 1x2x2
-        "audio_latents_dim": state["final_layer.audio_out.weight"][0],
-        "attention_head_dim": state["blocks.0.attn.q_norm.weight"][0],
-    }
-    c["num_attention_heads"] = state["blocks.0.attn.qkv_proj.weight"][0] // (3 * c["attention_head_dim"])
-    c["ffn_hidden_size"] = state["blocks.0.mlp.fc1.weight"][0] // 2
-    c["text_dim"] = state["condition_proj.weight"][1]
-    c["timestep_input_dim"] = state["time_embedder.proj_in.weight"][1]
-    c["time_embed_hidden_size"] = state["time_embedder.proj_in.weight"][0]
-    c["time_embed_dim"] = state["time_embedder.proj_out.weight"][0]
-    c["rope_inv_freq_len"] = state["rope.inv_freq"][0]
-    return c
-
-
-#: ``MiniMaxH3Model.__init__``'s defaults in comfy/ldm/minimax/model.py: the release's 33B
-COMFYUI_DEFAULTS = dict(
-    hidden_size=5376, num_layers=50, token_refiner_num_layers=2, num_attention_heads=56, attention_head_dim=128,
-    ffn_hidden_size=14336, latents_dim=24, audio_latents_dim=32, text_dim=5120, timestep_input_dim=256,
-    time_embed_hidden_size=5376, time_embed_dim=2688, rope_inv_freq_len=16,
-)  # fmt: skip
+# -- diffusers' converter, the oracle of the name table ------------------------------------------------------------
 
 
 def oracle(native: dict[str, torch.Tensor], config: dict) -> dict[str, torch.Tensor]:
@@ -135,18 +99,6 @@ def test_every_native_name_the_oracle_maps_one_to_one_is_the_tables_and_the_fuse
     }
 
 
-def test_family_by_names_and_class():
-    from quantize.models import family_of
-    from quantize.models.examples import examples_of
-
-    native = [n for n, _ in examples_of(MM).models("tiny", "original")[0].tensors]
-    (diffusers_model,) = examples_of(MM).models("tiny", "diffusers")
-    assert family_of(None, native) is MM and MM.naming(native) == "native"
-    assert family_of(None, [n for n, _ in diffusers_model.tensors]) is MM
-    assert MM.naming([n for n, _ in diffusers_model.tensors]) == "diffusers"
-    assert family_of("MiniMaxH3Transformer3DModel", []) is MM
-
-
 # -- examples ---------------------------------------------------------------------------------------------------
 
 
@@ -200,23 +152,6 @@ def test_the_original_example_is_one_file_with_no_config(sources):
     ]
 
 
-@pytest.mark.parametrize("layout", ["original", "diffusers"])
-def test_both_layouts_are_detected_and_find_their_recipes(sources, layout):
-    (found,) = detect_layouts(sources[layout])
-    assert found.name == LAYOUT[layout] and found.family == "minimax-h3"
-    listed = run_cli("recipes", "--for", sources[layout], check=True).stdout
-    rows = [line.split("│") for line in listed.splitlines() if ".yaml" in line]
-    # the defaults for its layout (another family's recipe whose patterns plan on it is listed too, no default)
-    recipes = sorted(r[1].strip() for r in rows if r[3].strip())
-    formats = ORIGINAL_FORMATS if layout == "original" else DIFFUSERS_FORMATS
-    assert recipes == sorted(f"{MM.default_recipes[LAYOUT[layout]][f]}.yaml" for f in formats)
-    for fmt in formats:
-        plan = run_cli("plan", sources[layout], "--format", fmt, check=True)
-        assert plan.stdout.splitlines()[0].startswith(
-            f"recipe {MM.default_recipes[LAYOUT[layout]][fmt]}: MiniMax-H3"
-        )
-
-
 def test_the_config_read_off_the_release_is_the_diffusers_examples(sources):
     comp = open_component(sources["original"], ".")
     config = MM.diffusers_config({}, comp.tensors, comp.dir)
@@ -239,7 +174,7 @@ QUANTIZED = {
     [("original", f) for f in ORIGINAL_FORMATS] + [("diffusers", f) for f in DIFFUSERS_FORMATS],
 )
 def test_each_bundled_recipe_quantizes_the_blocks_and_keeps_the_rest(sources, layout, fmt):
-    recipe = load_recipe(MM.default_recipes[LAYOUT[layout]][fmt]).recipe
+    recipe = load_recipe(default_recipes()[LAYOUT[layout]][fmt]).recipe
     (cp,) = make_plan(sources[layout], recipe).components
     linears = {
         k.removesuffix(".weight")

@@ -5,7 +5,7 @@ The oracles:
 - transformers' own `Qwen2_5_VLForConditionalGeneration`: its loader's renaming of the stored names
   (`CLASS_PREFIXES`), its `from_pretrained` (the transformers-side formats) and its forward (the reference);
 - ComfyUI's Qwen2.5-VL 7B (``comfy/text_encoders/llama.py`` `Qwen25_7BVLI`, its tower ``qwen_vl.py``), whose state
-  dict `comfyui_state` spells from its source (``benchmarks/comfyui_encoders.py --family qwen25vl`` loads our files
+  dict tests/oracles/comfyui_qwen25vl.py spells from its source (``benchmarks/comfyui_encoders.py --family qwen25vl`` loads our files
   in the real one, and our GGUF pair in ComfyUI-GGUF);
 - llama.cpp's converter for the GGUF pair (`llama_cpp_gguf`: ``Qwen2VLModel`` and ``Qwen2VLVisionModel`` of
   ``convert_hf_to_gguf.py``, the names from gguf-py's own tensor maps) and gguf-py's reader.
@@ -23,56 +23,20 @@ from safetensors import safe_open
 from quantize.formats import get_format
 from quantize.models import family_of, get_family
 from quantize.models.examples.qwen25vl import QWEN25VL_EXAMPLES, qwen25vl_config
-from quantize.read.detect import detect_layouts
+from quantize.recipes import load_recipe
 from quantize.run.forward import forward_sqnr_db as sqnr
 from tests.conftest import read_json, run_cli
 from tests.helpers.encoders import convert_each, resident_and_offloaded
 from tests.helpers.encoders import language_model_hidden_state as last_hidden_state
-from tests.helpers.recipes import listed_recipes
+from tests.helpers.recipes import edited_recipe
 from tests.helpers.verify import forward_sqnr
+from tests.oracles.comfyui_qwen25vl import comfyui_state
 
 QWEN = get_family("qwen25vl")
 TRANSFORMERS_SIDE = ["fp8_channel", "torchao_fp8", "torchao_int8", "nf4"]
 COMFY = ["comfy_fp8", "comfy_int8", "comfy_nvfp4", "comfy_mxfp8"]
 FORMATS = [*TRANSFORMERS_SIDE, *COMFY, "gguf"]
 FOUR_BIT = ("nf4", "comfy_nvfp4")
-
-
-def comfyui_state(s) -> dict[str, tuple[int, ...]]:
-    """name -> shape of ComfyUI's Qwen2.5-VL of shape `s` (a `Qwen25VLShape`), read off its source: ``model.`` as
-    `Llama2_` (embed_tokens; per layer q, k, v with biases, o without, the gated MLP, two RMSNorms; the final norm)
-    and ``visual.`` as `Qwen2VLVisionTransformer` (the Conv3d patch embedding without bias; per block two RMSNorms,
-    the fused qkv and proj, the gated MLP, all with biases; the merger's RMSNorm and two Linears). ComfyUI has no
-    output head (it ignores a file's ``lm_head``)."""
-    h, w, q, kv = s.hidden, s.vision_width, s.heads * s.head_dim, s.kv_heads * s.head_dim
-    state = {"model.embed_tokens.weight": (s.vocab_size, h), "model.norm.weight": (h,)}
-    for i in range(s.layers):
-        p = f"model.layers.{i}.self_attn"
-        state |= {f"{p}.q_proj.weight": (q, h), f"{p}.q_proj.bias": (q,), f"{p}.o_proj.weight": (h, q)}
-        state |= {
-            f"{p}.{m}_proj.{x}": (kv, h) if x == "weight" else (kv,) for m in "kv" for x in ("weight", "bias")
-        }
-        p = f"model.layers.{i}"
-        state |= {f"{p}.mlp.{m}_proj.weight": (s.intermediate, h) for m in ("gate", "up")}
-        state |= {f"{p}.mlp.down_proj.weight": (h, s.intermediate)}
-        state |= {f"{p}.{n}.weight": (h,) for n in ("input_layernorm", "post_attention_layernorm")}
-    state["visual.patch_embed.proj.weight"] = (w, 3, s.temporal_patch, s.patch, s.patch)
-    for i in range(s.vision_depth):
-        p = f"visual.blocks.{i}"
-        state |= {f"{p}.norm1.weight": (w,), f"{p}.norm2.weight": (w,)}
-        state |= {f"{p}.attn.qkv.weight": (3 * w, w), f"{p}.attn.qkv.bias": (3 * w,)}
-        state |= {f"{p}.attn.proj.weight": (w, w), f"{p}.attn.proj.bias": (w,)}
-        for m in ("gate", "up"):
-            state |= {
-                f"{p}.mlp.{m}_proj.weight": (s.vision_intermediate, w),
-                f"{p}.mlp.{m}_proj.bias": (s.vision_intermediate,),
-            }
-        state |= {f"{p}.mlp.down_proj.weight": (w, s.vision_intermediate), f"{p}.mlp.down_proj.bias": (w,)}
-    merged = w * s.merge**2
-    state |= {"visual.merger.ln_q.weight": (w,), "visual.merger.mlp.0.weight": (merged, merged)}
-    state |= {"visual.merger.mlp.0.bias": (merged,), "visual.merger.mlp.2.weight": (h, merged)}
-    state["visual.merger.mlp.2.bias"] = (h,)
-    return state
 
 
 @pytest.fixture(scope="module")
@@ -122,32 +86,13 @@ def test_comfyuis_names_are_its_qwen25_7bvli_module_and_the_stored_ones():
         assert all(QWEN.native_name(n) == n for n, _ in model.tensors)
 
 
-def test_family_by_class_and_by_names_and_the_language_model_alone_is_the_text_models():
+def test_its_language_model_alone_in_comfyuis_names_is_the_text_models():
+    """No tower: Qwen2.5-VL's text model (`Qwen2_5_VLTextModel`), in ComfyUI's names (the family contract holds each
+    example to its class and names, the whole file asked as Qwen2.5-VL's before the text model's)."""
     (single,) = QWEN25VL_EXAMPLES.models("tiny", "single")
     names = [n for n, _ in single.tensors]
-    assert (
-        family_of(CLASS := "Qwen2_5_VLForConditionalGeneration", []) is QWEN
-        and family_of(None, names) is QWEN
-    )
-    # no tower: Qwen2.5-VL's text model (`Qwen2_5_VLTextModel`), in ComfyUI's names
     assert family_of(None, [n for n in names if not n.startswith("visual.")]) is get_family("qwen25vl-text")
-    assert QWEN.diffusers_class == CLASS
-
-
-def test_every_layout_is_detected_and_finds_its_recipes(sources):
-    (pipeline,) = detect_layouts(sources["pipeline"])
-    (bare,) = detect_layouts(sources["pipeline"] / "text_encoder")
-    (single,) = detect_layouts(sources["single"])
-    assert (pipeline.name, pipeline.encoder, bare.name, single.name) == (
-        "qwen25vl", True, "qwen25vl", "qwen25vl-single",
-    )  # fmt: skip
-    for layout, where in (("qwen25vl", sources["pipeline"]), ("qwen25vl-single", sources["single"])):
-        recipes = listed_recipes(where)
-        # its own, each the default of its format (Gemma 3's single-file recipes plan on it too: the same
-        # ComfyUI layer names)
-        assert {f"{r}.yaml" for r in QWEN.default_recipes[layout].values()} <= set(recipes)
-        listed = run_cli("recipes", "--for", where, check=True).stdout
-        assert all(f"--format {fmt}" in listed for fmt in QWEN.default_recipes[layout])
+    assert QWEN.diffusers_class == "Qwen2_5_VLForConditionalGeneration"
 
 
 @pytest.fixture(scope="module")
@@ -319,8 +264,8 @@ def test_a_target_on_a_tensor_the_gguf_cuts_is_refused_in_one_line(sources, tmp_
     """The tower's fused qkv is written as three tensors, kept as stored (the loader and a pass join them again):
     a recipe quantizing it is refused at plan time, naming the tensor and its pieces."""
     recipe = tmp_path / "r.yaml"
-    bundled = (Path(__file__).parents[2] / "recipes" / "qwen25vl-gguf-q8_0.yaml").read_text()
-    recipe.write_text(bundled.replace("targets:\n", "targets:\n  - 'visual\\.blocks\\.\\d+\\.attn\\.qkv'\n"))
+    targets = [r"visual\.blocks\.\d+\.attn\.qkv", *load_recipe("qwen25vl-gguf-q8_0").recipe.targets]
+    recipe.write_text(edited_recipe("qwen25vl-gguf-q8_0", targets=targets))
     proc = run_cli("convert", sources["pipeline"], tmp_path / "out", "--recipe", recipe)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     (line,) = proc.stderr.strip().splitlines()

@@ -19,14 +19,13 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from quantize.models import family_of, get_family
+from quantize.formats import FORMAT_INFO
+from quantize.models import get_family, name_table
 from quantize.models.examples.qwen25vl import QWEN25VL_EXAMPLES
 from quantize.models.examples.qwen25vl_text import QWEN25VL_TEXT_EXAMPLES
-from quantize.read.detect import detect_layouts
 from quantize.run.forward import forward_sqnr_db as sqnr
 from tests.conftest import read_json, run_cli
 from tests.helpers.encoders import convert_each, last_hidden_state, resident_and_offloaded
-from tests.helpers.recipes import listed_recipes
 from tests.helpers.verify import forward_sqnr
 
 TEXT = get_family("qwen25vl-text")
@@ -73,22 +72,10 @@ def test_the_gguf_names_are_llama_cpps_qwen2vl_names():
     (model,) = QWEN25VL_TEXT_EXAMPLES.models("tiny", "pipeline")
     names = [n for n, _ in model.tensors]
     expected = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN2VL, model.config["num_hidden_layers"])
-    rename = TEXT.name_table("gguf", "gguf", "here").renamer(names, "here")
+    rename = name_table(TEXT, "gguf", FORMAT_INFO["gguf"], "here").renamer(names, "here")
     assert {n: rename(n) for n in names} == {
         n: expected.get_name(n, try_suffixes=(".weight", ".bias")) for n in names
     }
-
-
-def test_the_layout_is_detected_bare_or_in_a_pipeline_and_finds_its_recipes(source):
-    (pipeline,) = detect_layouts(source)
-    (bare,) = detect_layouts(source / "text_encoder")
-    assert (pipeline.name, pipeline.encoder, bare.name) == ("qwen25vl-text", True, "qwen25vl-text")
-    assert family_of("Qwen2_5_VLTextModel", []) is TEXT
-    # the whole Qwen2.5-VL is its own family, whatever its language model holds
-    (single,) = QWEN25VL_EXAMPLES.models("tiny", "single")
-    assert family_of(None, [n for n, _ in single.tensors]) is get_family("qwen25vl")
-    recipes = listed_recipes(source)
-    assert {f"{r}.yaml" for r in TEXT.default_recipes["qwen25vl-text"].values()} <= set(recipes)
 
 
 @pytest.fixture(scope="module")

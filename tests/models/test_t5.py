@@ -15,10 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from quantize.models import family_of, get_family
+from quantize.models import get_family
 from quantize.models.examples.t5 import T5_EXAMPLES, t5_config
-from quantize.models.examples.umt5 import UMT5_EXAMPLES
-from quantize.read.detect import detect_layouts
 from quantize.run.forward import forward_sqnr_db as sqnr
 from tests.conftest import read_json, run_cli
 from tests.helpers.encoders import convert_each, last_hidden_state
@@ -56,17 +54,6 @@ def test_the_example_is_transformers_own_class_with_one_relative_attention_bias(
     own = {k: tuple(v.shape) for k, v in built.state_dict().items() if k != "encoder.embed_tokens.weight"}
     assert own == dict(model.tensors)
     assert sum("relative_attention_bias" in n for n, _ in model.tensors) == 1
-
-
-def test_t5_and_umt5_are_told_apart_by_class_and_by_names(sources):
-    (t5,) = T5_EXAMPLES.models("tiny", "single")
-    (umt5,) = UMT5_EXAMPLES.models("tiny", "single")
-    assert family_of("T5EncoderModel", []) is T5 and family_of(None, [n for n, _ in t5.tensors]) is T5
-    assert family_of(None, [n for n, _ in umt5.tensors]) is get_family("umt5")
-    (pipeline,) = detect_layouts(sources["pipeline"])
-    (bare,) = detect_layouts(sources["pipeline"] / "text_encoder_2")
-    (single,) = detect_layouts(sources["single"])
-    assert (pipeline.name, pipeline.encoder, bare.name, single.name) == ("t5", True, "t5", "t5-single")
 
 
 @pytest.mark.parametrize("fmt", ["comfy_fp8", "comfy_int8"])

@@ -3,12 +3,13 @@
 The oracles:
 - transformers' own `UMT5EncoderModel` (its state dict: the source names; its `from_pretrained`: the loader of
   the transformers-side formats; its forward: the reference of every output);
-- ComfyUI's umT5 module (``comfy/text_encoders/t5.py``, CLIPLoader type ``wan``), whose state dict `comfyui_state`
-  spells from its source (ComfyUI is not on PyPI): transformers' names, ``shared`` and no ``embed_tokens``, a
-  relative attention bias in every block; its tokenizer is the ``spiece_model`` bytes (comfy/text_encoders/wan.py);
+- ComfyUI's umT5 module (``comfy/text_encoders/t5.py``, CLIPLoader type ``wan``), whose state dict
+  tests/oracles/comfyui_umt5.py spells from its source (ComfyUI is not on PyPI): transformers' names, ``shared`` and
+  no ``embed_tokens``, a relative attention bias in every block; its tokenizer is the ``spiece_model`` bytes
+  (comfy/text_encoders/wan.py);
 - gguf-py's tensor map for llama.cpp's ``t5encoder`` (`gguf.get_tensor_name_map`: what llama.cpp's converter names
   each transformers tensor), and ComfyUI-GGUF's rebuilding of the tokenizer from ``tokenizer.ggml.*``
-  (`comfyui_gguf_tokenizer`, its loader.py spelled with sentencepiece's own protobuf module);
+  (its loader.py, spelled with sentencepiece's own protobuf module in tests/oracles/comfyui_gguf.py);
 - sentencepiece, which tokenizes with the tokenizer each file carries.
 """
 
@@ -21,42 +22,25 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from quantize.models import family_of, get_family
+from quantize.formats import FORMAT_INFO
+from quantize.models import get_family, name_table
 from quantize.models.examples.umt5 import UMT5_EXAMPLES, example_tokenizer, umt5_config
 from quantize.read.detect import detect_layouts
+from quantize.recipes import default_recipes
 from quantize.run.forward import forward_sqnr_db as sqnr
 from tests.conftest import read_json, run_cli
 from tests.diffusers_models import wan_of_width
-from tests.helpers.encoders import (
-    comfyui_gguf_tokenizer,
-    convert_each,
-    last_hidden_state,
-    resident_and_offloaded,
-)
+from tests.helpers.encoders import convert_each, last_hidden_state, resident_and_offloaded
 from tests.helpers.recipes import listed_recipes
 from tests.helpers.verify import forward_sqnr
+from tests.oracles.comfyui_gguf import comfyui_gguf_tokenizer
+from tests.oracles.comfyui_umt5 import comfyui_state
 
 UMT5 = get_family("umt5")
 TRANSFORMERS_SIDE = ["fp8_channel", "torchao_fp8", "torchao_int8", "nf4"]
 COMFY = ["comfy_fp8", "comfy_int8", "comfy_nvfp4", "comfy_mxfp8"]
 FORMATS = [*TRANSFORMERS_SIDE, *COMFY, "gguf"]
 PROMPTS = ["a cat on a mat", "  the 2 quick   foxes  ", "zebra yak"]
-
-
-def comfyui_state(vocab: int, d_model: int, d_ff: int, heads: int, d_kv: int, layers: int) -> dict:
-    """name -> shape of ComfyUI's umT5 (``comfy.text_encoders.t5.T5`` with umT5's config), read off its source:
-    ``shared``, per block the attention's q, k, v, o (no bias), a relative attention bias (32 buckets x heads:
-    umT5's ``relative_attention: true`` in every layer), the gated FFN, two T5 layer norms; the final norm."""
-    s = {"shared.weight": (vocab, d_model), "encoder.final_layer_norm.weight": (d_model,)}
-    inner = heads * d_kv
-    for i in range(layers):
-        a, f = f"encoder.block.{i}.layer.0", f"encoder.block.{i}.layer.1"
-        s |= {f"{a}.SelfAttention.{m}.weight": (inner, d_model) for m in "qkv"}
-        s |= {f"{a}.SelfAttention.o.weight": (d_model, inner), f"{a}.layer_norm.weight": (d_model,)}
-        s[f"{a}.SelfAttention.relative_attention_bias.weight"] = (32, heads)
-        s |= {f"{f}.DenseReluDense.wi_{j}.weight": (d_ff, d_model) for j in (0, 1)}
-        s |= {f"{f}.DenseReluDense.wo.weight": (d_model, d_ff), f"{f}.layer_norm.weight": (d_model,)}
-    return s
 
 
 def tokenize(spiece: bytes) -> list[list[int]]:
@@ -116,40 +100,28 @@ def test_the_gguf_names_are_llama_cpps_t5encoder_names():
     (model,) = UMT5_EXAMPLES.models("tiny", "pipeline")
     names = [n for n, _ in model.tensors]
     expected = gguf.get_tensor_name_map(gguf.MODEL_ARCH.T5ENCODER, model.config["num_layers"])
-    table = UMT5.name_table("gguf", "gguf", "here")
+    table = name_table(UMT5, "gguf", FORMAT_INFO["gguf"], "here")
     rename = table.renamer(names, "here")
     assert {n: rename(n) for n in names} == {
         n: expected.get_name(n, try_suffixes=(".weight",)) for n in names
     }
-    assert UMT5.name_table("native", "comfy_fp8", "here").renamer(names, "here")(names[5]) == names[5]
+    assert (
+        name_table(UMT5, "native", FORMAT_INFO["comfy_fp8"], "here").renamer(names, "here")(names[5])
+        == names[5]
+    )
 
 
-def test_family_by_class_by_names_and_not_t5():
-    """By the config's ``architectures``, else by the names: umT5 has a relative attention bias in every block,
-    T5's encoder in its first only (a T5EncoderModel is no umT5: it is the `t5` family's)."""
-    (model,) = UMT5_EXAMPLES.models("tiny", "pipeline")
-    names = [n for n, _ in model.tensors]
-    assert family_of("UMT5EncoderModel", []) is UMT5 and family_of(None, names) is UMT5
-    t5 = [n for n in names if not (n.endswith("relative_attention_bias.weight") and ".block.0." not in n)]
-    assert family_of(None, t5) is get_family("t5")
-
-
-def test_every_layout_is_detected_and_finds_its_recipes(sources, tmp_path):
-    """A pipeline's text_encoder/, that folder alone, and Comfy-Org's single file; beside a Wan transformer,
-    ``--format`` takes the transformer's recipe and the encoder's is named."""
-    (pipeline,) = detect_layouts(sources["pipeline"])
-    (bare,) = detect_layouts(sources["pipeline"] / "text_encoder")
-    (single,) = detect_layouts(sources["single"])
-    assert (pipeline.name, pipeline.encoder, bare.name, bare.encoder) == ("umt5", True, "umt5", False)
-    assert single.name == "umt5-single"
+def test_its_recipes_and_t5s_plan_on_it_and_beside_wan_format_takes_the_transformers(sources, tmp_path):
+    """`recipes --for` lists its own and T5's (the same names; the file's family decides); beside a Wan transformer,
+    ``--format`` takes the transformer's recipe and the encoder's is named (the family contract holds each layout to
+    its detection and its own recipes)."""
     for layout, where in (("umt5", sources["pipeline"]), ("umt5-single", sources["single"])):
         recipes = listed_recipes(where)
-        # its own; T5's single-file GGUF recipe plans on it too (the same names; the file's family decides)
-        assert {f"{r}.yaml" for r in UMT5.default_recipes[layout].values()} <= set(recipes)
+        assert {f"{r}.yaml" for r in default_recipes()[layout].values()} <= set(recipes)
         assert set(recipes) <= {
             f"{r}.yaml"
             for f in (UMT5, get_family("t5"))
-            for r in f.default_recipes.get(layout.replace("umt5", f.name), {}).values()
+            for r in default_recipes().get(layout.replace("umt5", f.name), {}).values()
         }
     wan = tmp_path / "wan"
     wan_of_width(wan / "transformer", width=64)

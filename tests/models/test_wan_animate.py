@@ -4,8 +4,8 @@ Oracle: diffusers' single-file converter for this class, ``convert_wan_transform
 ``single_file_model.py`` maps ``WanAnimateTransformer3DModel`` to it; ``convert_wan_animate_2_transformer_to_diffusers``
 is for ``WanAnimate2Transformer3DModel``, another model). ComfyUI's rule (``comfy/model_detection.py``, the 'Wan 2.1'
 branch: ``model_type`` "animate" by ``face_adapter.fuser_blocks.0.k_norm.weight``; ``comfy/ldm/wan/model_animate.py``
-``AnimateWanModel``, which fixes the motion and face encoders) is spelled in `comfyui_animate`; ComfyUI-GGUF's
-``IMG_ARCH_LIST`` holds ``wan``.
+``AnimateWanModel``, which fixes the motion and face encoders) is spelled in tests/oracles/comfyui_wan.py;
+ComfyUI-GGUF's ``IMG_ARCH_LIST`` holds ``wan``.
 """
 
 from __future__ import annotations
@@ -19,17 +19,18 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from quantize.models import FAMILIES, family_of, get_family
+from quantize.models import family_of, get_family, runnable_names, runnable_stacks
 from quantize.models.examples import examples_of
 from quantize.models.wan_animate import not_one_to_one
 from quantize.plan import make_plan
 from quantize.read.checkpoint import TensorInfo, open_component, read_tensor
-from quantize.read.detect import detect_layouts
 from quantize.read.gguf import open_gguf_component
-from quantize.recipes import load_recipe
+from quantize.recipes import default_recipes, load_recipe
 from quantize.run.forward import forward_sqnr_db, load_inputs
 from tests.conftest import run_cli
 from tests.helpers.forward import FAST_MARGIN_DB, bf16_floor
+from tests.helpers.recipes import edited_recipe
+from tests.oracles.comfyui_wan import CONVS, comfyui_animate, comfyui_animate_shapes
 
 ANIMATE = get_family("wan-animate")
 FORMATS = [
@@ -41,84 +42,13 @@ SOURCE_FORMATS = [f for f in FORMATS if f not in NATIVE_FORMATS]
 COMFY_PARTS = (".comfy_quant", ".weight_scale", ".weight_scale_2", ".input_scale")
 #: kind -> (example layout, detected layout)
 LAYOUTS = {"native": ("animate", "wan-animate"), "diffusers": ("diffusers", "wan-animate-diffusers")}
-CONVS = "motion_encoder.enc.net_app.convs"
 
 
 def _infos(model) -> dict[str, TensorInfo]:
     return {n: TensorInfo(n, "BF16", s, Path("x"), 0, 0) for n, s in model.tensors}
 
 
-# -- ComfyUI's detection and model, as comfy/model_detection.py and comfy/ldm/wan/model_animate.py write them -------
-
-
-def comfyui_animate(state: dict) -> dict:
-    """ComfyUI's 'Wan 2.1' branch on a state dict's names and shapes (name -> shape), for an Animate model."""
-    assert "head.modulation" in state, "ComfyUI tells Wan by head.modulation"
-    dim = state["head.modulation"][-1]
-
-    def count(prefix):
-        return next(n for n in range(10**4) if not any(k.startswith(f"{prefix}{n}.") for k in state))
-
-    assert len(state["patch_embedding.weight"]) == 5
-    assert (
-        "face_adapter.fuser_blocks.0.k_norm.weight" in state
-    )  # before the I2V test: an Animate is not an I2V
-    return {
-        "dim": dim,
-        "out_dim": state["head.head.weight"][0] // 4,
-        "num_heads": dim // 128,
-        "ffn_dim": state["blocks.0.ffn.0.weight"][0],
-        "num_layers": count("blocks."),
-        "in_dim": state["patch_embedding.weight"][1],
-        "model_type": "animate",
-    }
-
-
-def comfyui_animate_shapes(dim: int, num_layers: int) -> dict[str, tuple[int, ...]]:
-    """What ``AnimateWanModel`` builds besides Wan's I2V, whatever the checkpoint: every shape it fixes."""
-    heads = dim // 128
-    t: dict[str, tuple[int, ...]] = {"pose_patch_embedding.weight": (dim, 16, 1, 2, 2)}
-    # EncoderApp: ConvLayer(3, 32, 1), ResBlock(32, 64), ... ResBlock(512, 512) x3, EqualConv2d(512, 512, 4)
-    t[f"{CONVS}.0.0.weight"], t[f"{CONVS}.0.1.bias"] = (32, 3, 1, 1), (1, 32, 1, 1)
-    chans = [(32, 64), (64, 128), (128, 256), (256, 512), (512, 512), (512, 512), (512, 512)]
-    for i, (cin, cout) in enumerate(chans, start=1):
-        t |= {
-            f"{CONVS}.{i}.conv1.0.weight": (cin, cin, 3, 3),
-            f"{CONVS}.{i}.conv1.1.bias": (1, cin, 1, 1),  # FusedLeakyReLU
-            f"{CONVS}.{i}.conv2.0.kernel": (4, 4),  # Blur's buffer
-            f"{CONVS}.{i}.conv2.1.weight": (cout, cin, 3, 3),
-            f"{CONVS}.{i}.conv2.2.bias": (1, cout, 1, 1),
-            f"{CONVS}.{i}.skip.0.kernel": (4, 4),
-            f"{CONVS}.{i}.skip.1.weight": (cout, cin, 1, 1),
-        }
-    t[f"{CONVS}.8.weight"] = (512, 512, 4, 4)
-    for j in range(5):  # Encoder.fc: 4 x EqualLinear(512, 512), EqualLinear(512, motion_dim=20)
-        t[f"motion_encoder.enc.fc.{j}.weight"] = (20 if j == 4 else 512, 512)
-        t[f"motion_encoder.enc.fc.{j}.bias"] = (20 if j == 4 else 512,)
-    t["motion_encoder.dec.direction.weight"] = (512, 20)
-    for i in range(num_layers // 5):  # FaceAdapter(num_adapter_layers=num_layers // 5), FaceBlock
-        b = f"face_adapter.fuser_blocks.{i}"
-        t |= {f"{b}.linear1_kv.weight": (2 * dim, dim), f"{b}.linear1_kv.bias": (2 * dim,)}
-        for lin in ("linear1_q", "linear2"):
-            t |= {f"{b}.{lin}.weight": (dim, dim), f"{b}.{lin}.bias": (dim,)}
-        t |= {f"{b}.q_norm.weight": (dim // heads,), f"{b}.k_norm.weight": (dim // heads,)}
-    # FaceEncoder(in_dim=512, hidden_dim=dim, num_heads=4)
-    t |= {
-        "face_encoder.conv1_local.conv.weight": (4096, 512, 3),
-        "face_encoder.conv1_local.conv.bias": (4096,),
-    }
-    for c in ("conv2", "conv3"):
-        t |= {f"face_encoder.{c}.conv.weight": (1024, 1024, 3), f"face_encoder.{c}.conv.bias": (1024,)}
-    t |= {"face_encoder.out_proj.weight": (dim, 1024), "face_encoder.out_proj.bias": (dim,)}
-    return t | {"face_encoder.padding_tokens": (1, 1, 1, dim)}
-
-
 # -- the name table, through diffusers' own converter ----------------------------------------------------------
-
-
-def test_animate_is_asked_before_wan():
-    names = [f.name for f in FAMILIES]
-    assert names.index("wan-animate") < names.index("wan")
 
 
 def test_every_name_maps_as_diffusers_own_converter_maps_it():
@@ -143,8 +73,8 @@ def test_every_name_maps_as_diffusers_own_converter_maps_it():
     state = {k: tuple(v.shape) for k, v in built.state_dict().items()}
     kernels = {n for n in native if n.endswith(".kernel")}
     assert set(oracle) == set(state) | kernels and len(kernels) == 14  # the converter leaves the blur kernels
-    stacks = ANIMATE.runnable_stacks(list(native))
-    renamed = ANIMATE.runnable_names(list(native), Path("x"))
+    stacks = runnable_stacks(ANIMATE, list(native))
+    renamed = runnable_names(ANIMATE, list(native), Path("x"))
     assert set(renamed) | set(stacks) | kernels == set(native)
     odd = {"kv": 0, "bias": 0, "kernel": 0}
     for name, value in native.items():
@@ -184,16 +114,13 @@ def test_every_name_maps_as_diffusers_own_converter_maps_it():
 @pytest.mark.parametrize(
     ("config_class", "names", "family"),
     [
-        ("WanAnimateModel", [], "wan-animate"),
-        ("WanAnimateTransformer3DModel", [], "wan-animate"),
         ("WanModel", ["head.modulation", "face_adapter.fuser_blocks.0.linear1_q.weight"], "wan-animate"),
         ("WanModel", ["head.modulation", "blocks.0.self_attn.q.weight"], "wan"),
-        (None, ["head.modulation", "pose_patch_embedding.weight", "motion_encoder.dec.direction.weight"], "wan-animate"),
-        (None, ["condition_embedder.time_proj.weight", "face_adapter.0.to_q.weight"], "wan-animate"),
-        (None, ["head.modulation", "img_emb.proj.1.weight"], "wan"),
     ],
-)  # fmt: skip
-def test_family_by_class_and_by_names(config_class, names, family):
+)
+def test_a_release_naming_wans_class_is_animates_by_its_own_layers(config_class, names, family):
+    """A release whose config names Wan's class is Animate's where its face adapter is there (the family contract
+    holds each example to its class and names)."""
     assert family_of(config_class, names).name == family
 
 
@@ -255,25 +182,6 @@ def sources(tmp_path_factory) -> dict[str, Path]:
     return made
 
 
-@pytest.mark.parametrize("kind", list(LAYOUTS))
-def test_each_layout_is_detected_as_animate_alone_and_finds_its_recipes(sources, kind):
-    src, layout = sources[kind], LAYOUTS[kind][1]
-    (found,) = detect_layouts(src)
-    assert (found.name, found.family) == (layout, "wan-animate")
-    listed = run_cli("recipes", "--for", src, check=True).stdout
-    defaults = {
-        line.split("│")[1].strip(): line.split("│")[3].strip()
-        for line in listed.splitlines()
-        if "--format" in line
-    }
-    formats = FORMATS if kind == "native" else SOURCE_FORMATS
-    assert defaults == {f"{ANIMATE.default_recipes[layout][f]}.yaml": f"--format {f}" for f in formats}
-    plan = run_cli("plan", src, "--format", "fp8_channel", check=True)
-    assert plan.stdout.splitlines()[0].startswith(
-        f"recipe {ANIMATE.default_recipes[layout]['fp8_channel']}: "
-    )
-
-
 #: what each recipe quantizes, spelled again here: (fp8 split, full split) by naming
 SPLIT = {
     "native": (
@@ -291,7 +199,7 @@ FULL = {"nf4", "comfy_nvfp4", "comfy_mxfp8", "gguf"}
 @pytest.mark.parametrize("kind", list(LAYOUTS))
 def test_each_bundled_recipe_quantizes_the_blocks_and_the_adapter_inputs_and_keeps_the_rest(sources, kind):
     layout = LAYOUTS[kind][1]
-    for fmt, recipe in ANIMATE.default_recipes[layout].items():
+    for fmt, recipe in default_recipes()[layout].items():
         (cp,) = make_plan(sources[kind], load_recipe(recipe).recipe).components
         linears = {k.removesuffix(".weight") for k, t in cp.component.tensors.items() if k.endswith(".weight") and len(t.shape) == 2}  # fmt: skip
         quantized = {t.module: t for t in cp.tensors if t.quantize}
@@ -505,9 +413,8 @@ def test_native_names_from_the_diffusers_layout_are_refused_naming_the_tensor(so
     proc = run_cli("convert", sources["diffusers"], tmp_path / "out", "--format", "comfy_fp8")
     assert proc.returncode == 2 and "written from the original release only" in proc.stderr
     recipe = tmp_path / "gguf.yaml"
-    text = Path("recipes/wan-animate-diffusers-nf4.yaml").read_text()
     recipe.write_text(
-        text.replace("format: nf4", "format: gguf\ntype: Q8_0").replace("copy_other_files: true\n", "")
+        edited_recipe("wan-animate-diffusers-nf4", format="gguf", type="Q8_0", copy_other_files=False)
     )
     proc = run_cli("convert", sources["diffusers"], tmp_path / "out", "--recipe", recipe)
     assert proc.returncode == 2 and re.search(
@@ -536,8 +443,11 @@ def test_torchao_fp8_activations_of_the_zero_face_frame_are_nan_in_diffusers(sou
     import diffusers
 
     recipe = tmp_path / "all.yaml"
-    text = Path("recipes/wan-animate-diffusers-torchao-fp8.yaml").read_text()
-    recipe.write_text(text.replace(r"'face_adapter\.\d+\.to_q'", r"'face_adapter\.\d+\.to_[qkv]'"))
+    name = "wan-animate-diffusers-torchao-fp8"
+    targets = load_recipe(name).recipe.targets
+    assert r"face_adapter\.\d+\.to_q" in targets
+    every = [t.replace(r"face_adapter\.\d+\.to_q", r"face_adapter\.\d+\.to_[qkv]") for t in targets]
+    recipe.write_text(edited_recipe(name, targets=every))
     run_cli("convert", sources["diffusers"], tmp_path / "out", "--recipe", recipe, check=True)
     model = diffusers.WanAnimateTransformer3DModel.from_pretrained(
         tmp_path / "out" / "transformer", torch_dtype=torch.bfloat16

@@ -3,9 +3,9 @@
 
 Oracles: diffusers' own single-file converter (``convert_wan_transformer_to_diffusers``, which covers VACE), and for
 SkyReels-V2's fps layers, which that converter leaves as they are, the table of diffusers'
-``scripts/convert_skyreelsv2_to_diffusers.py`` (spelled in `SKYREELS_FPS`). ComfyUI's Wan detection rule
-(``comfy/model_detection.py``: the 'Wan 2.1' branch and its VACE test) is spelled in `comfyui_wan`; ComfyUI-GGUF's
-``IMG_ARCH_LIST`` holds ``wan``.
+``scripts/convert_skyreelsv2_to_diffusers.py`` (tests/oracles/diffusers_scripts.py). ComfyUI's Wan detection rule
+(``comfy/model_detection.py``: the 'Wan 2.1' branch and its VACE test) is spelled in tests/oracles/comfyui_wan.py;
+ComfyUI-GGUF's ``IMG_ARCH_LIST`` holds ``wan``.
 """
 
 from __future__ import annotations
@@ -20,15 +20,17 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from quantize.models import FAMILIES, family_of, get_family
+from quantize.formats import FORMAT_INFO
+from quantize.models import family_of, get_family, name_table
 from quantize.models.examples import examples_of
 from quantize.plan import make_plan
 from quantize.read.checkpoint import TensorInfo, open_component, read_tensor
-from quantize.read.detect import detect_layouts
-from quantize.recipes import load_recipe
+from quantize.recipes import default_recipes, load_recipe
 from quantize.run.forward import forward_sqnr_db, load_inputs
 from tests.conftest import run_cli
 from tests.helpers.forward import FAST_MARGIN_DB, bf16_floor
+from tests.oracles.comfyui_wan import comfyui_wan
+from tests.oracles.diffusers_scripts import SKYREELS_FPS
 
 WAN, VACE, SKY = get_family("wan"), get_family("wan-vace"), get_family("skyreels-v2")
 FORMATS = [
@@ -43,8 +45,6 @@ LAYOUTS = {
     "wan-vace": {"native": ("vace", "wan-vace"), "diffusers": ("diffusers", "wan-vace-diffusers")},
     "skyreels-v2": {"native": ("df", "skyreels-v2"), "diffusers": ("diffusers", "skyreels-v2-diffusers")},
 }
-#: diffusers' scripts/convert_skyreelsv2_to_diffusers.py, the two entries convert_wan_transformer_to_diffusers lacks
-SKYREELS_FPS = {"fps_projection.0": "fps_projection.net.0.proj", "fps_projection.2": "fps_projection.net.2"}
 
 TINY_WAN = dict(
     patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=32, in_channels=16, out_channels=16,
@@ -64,50 +64,14 @@ def tiny_skyreels():
     return diffusers.SkyReelsV2Transformer3DModel(**TINY_WAN, inject_sample_info=True)
 
 
-# -- ComfyUI's detection rule, as comfy/model_detection.py writes it -------------------------------------------
-
-
-def comfyui_wan(state: dict) -> dict:
-    """ComfyUI's 'Wan 2.1' branch on a state dict's names and shapes (name -> shape)."""
-    assert "head.modulation" in state, "ComfyUI tells Wan by head.modulation"
-    dim = state["head.modulation"][-1]
-
-    def count(prefix):
-        return next(n for n in range(10**4) if not any(k.startswith(f"{prefix}{n}.") for k in state))
-
-    config = {
-        "dim": dim,
-        "out_dim": state["head.head.weight"][0] // 4,
-        "num_heads": dim // 128,
-        "ffn_dim": state["blocks.0.ffn.0.weight"][0],
-        "num_layers": count("blocks."),
-        "in_dim": state["patch_embedding.weight"][1],
-    }
-    assert len(state["patch_embedding.weight"]) == 5
-    if "vace_patch_embedding.weight" in state:
-        config |= {
-            "model_type": "vace",
-            "vace_in_dim": state["vace_patch_embedding.weight"][1],
-            "vace_layers": count("vace_blocks."),
-        }
-    else:
-        config["model_type"] = "i2v" if "img_emb.proj.0.bias" in state else "t2v"
-    return config
-
-
 # -- the name tables ----------------------------------------------------------------------------------------
-
-
-def test_the_variants_are_asked_before_wan():
-    names = [f.name for f in FAMILIES]
-    assert names.index("wan-vace") < names.index("wan") and names.index("skyreels-v2") < names.index("wan")
 
 
 def test_vace_names_round_trip_through_diffusers_own_converter():
     from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
 
     state = tiny_vace().state_dict()
-    rename = VACE.name_table("native", "comfy_fp8").renamer(list(state), "here")
+    rename = name_table(VACE, "native", FORMAT_INFO["comfy_fp8"]).renamer(list(state), "here")
     native = {rename(k): v for k, v in state.items()}
     assert len(native) == len(state)
     assert rename("vace_blocks.0.proj_in.weight") == "vace_blocks.0.before_proj.weight"
@@ -126,7 +90,7 @@ def test_skyreels_names_round_trip_through_diffusers_converter_and_its_fps_table
     from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
 
     state = tiny_skyreels().state_dict()
-    rename = SKY.name_table("native", "gguf").renamer(list(state), "here")
+    rename = name_table(SKY, "native", FORMAT_INFO["gguf"]).renamer(list(state), "here")
     native = {rename(k): v for k, v in state.items()}
     assert {k for k in native if k.startswith("fps_")} == {
         "fps_embedding.weight",
@@ -143,7 +107,7 @@ def test_a_skyreels_model_without_fps_layers_still_has_native_names():
     import diffusers
 
     state = diffusers.SkyReelsV2Transformer3DModel(**TINY_WAN).state_dict()
-    rename = SKY.name_table("native", "comfy_int8").renamer(list(state), "here")
+    rename = name_table(SKY, "native", FORMAT_INFO["comfy_int8"]).renamer(list(state), "here")
     assert {rename(k) for k in state} == {WAN.native_name(k) for k in state}
 
 
@@ -153,25 +117,14 @@ def test_a_skyreels_model_without_fps_layers_still_has_native_names():
 @pytest.mark.parametrize(
     ("config_class", "names", "family"),
     [
-        ("VaceWanModel", [], "wan-vace"),
-        ("WanVACETransformer3DModel", [], "wan-vace"),
-        ("SkyReelsV2Transformer3DModel", [], "skyreels-v2"),
         ("WanModel", ["head.modulation", "vace_blocks.0.self_attn.q.weight"], "wan-vace"),
         ("WanModel", ["head.modulation", "fps_embedding.weight"], "skyreels-v2"),
         ("WanModel", ["head.modulation", "blocks.0.self_attn.q.weight"], "wan"),
-        (
-            None,
-            ["head.modulation", "vace_patch_embedding.weight", "vace_blocks.0.self_attn.q.weight"],
-            "wan-vace",
-        ),
-        (None, ["condition_embedder.time_proj.weight", "vace_blocks.0.attn1.to_q.weight"], "wan-vace"),
-        (None, ["head.modulation", "fps_projection.0.weight"], "skyreels-v2"),
-        (None, ["condition_embedder.time_proj.weight", "fps_projection.net.2.weight"], "skyreels-v2"),
-        (None, ["head.modulation", "blocks.0.self_attn.q.weight"], "wan"),
-        (None, ["condition_embedder.time_proj.weight"], "wan"),
     ],
 )
-def test_family_by_class_and_by_names(config_class, names, family):
+def test_a_variants_release_naming_wans_class_is_the_variants_by_its_own_layers(config_class, names, family):
+    """A release whose config names Wan's class is the variant's where its own layers are there (the family contract
+    holds each example to its class and names)."""
     assert family_of(config_class, names).name == family
 
 
@@ -191,34 +144,6 @@ def sources(tmp_path_factory) -> dict[tuple[str, str], Path]:
             run_cli("example", out, "--family", family, "--preset", "tiny", "--layout", layout, check=True)
             made[family, kind] = out
     return made
-
-
-@pytest.mark.parametrize("family", list(LAYOUTS))
-@pytest.mark.parametrize("kind", ["native", "diffusers"])
-def test_each_layout_is_detected_as_the_variant_alone_and_finds_its_recipes(sources, family, kind):
-    src, (_, layout) = sources[family, kind], LAYOUTS[family][kind]
-    (found,) = detect_layouts(src)
-    assert (found.name, found.family) == (layout, family)
-    fam = get_family(family)
-    listed = run_cli("recipes", "--for", src, check=True).stdout
-    defaults = {
-        line.split("│")[1].strip(): line.split("│")[3].strip()
-        for line in listed.splitlines()
-        if "--format" in line
-    }
-    assert defaults == {f"{fam.default_recipes[layout][f]}.yaml": f"--format {f}" for f in FORMATS}
-    for fmt in ("fp8_channel", "gguf"):
-        plan = run_cli("plan", src, "--format", fmt, check=True)
-        assert plan.stdout.splitlines()[0].startswith(f"recipe {fam.default_recipes[layout][fmt]}: ")
-
-
-def test_a_skyreels_release_without_fps_layers_is_told_by_its_config(tmp_path):
-    src = tmp_path / "t2v"
-    run_cli("example", src, "--family", "skyreels-v2", "--preset", "tiny", "--layout", "t2v", check=True)
-    assert [lay.name for lay in detect_layouts(src)] == ["skyreels-v2"]
-    plain = tmp_path / "wan"
-    run_cli("example", plain, "--family", "wan", "--preset", "tiny", "--layout", "t2v", check=True)
-    assert [lay.name for lay in detect_layouts(plain)] == ["wan"]
 
 
 # -- examples: the dimensions the runtimes fix -----------------------------------------------------------------
@@ -266,14 +191,13 @@ def test_ti2v_inputs_carry_one_timestep_per_token_and_run(tmp_path):
     assert y.shape == x["hidden_states"].shape and torch.isfinite(y).all()
 
 
-@pytest.mark.parametrize(
-    ("family", "layout"), [("wan-vace", "vace"), ("skyreels-v2", "df"), ("skyreels-v2", "t2v")]
-)
-def test_an_original_example_builds_the_diffusers_class_with_every_tensor_in_place(family, layout):
+def test_a_skyreels_t2v_release_builds_skyreels_class_with_every_tensor_in_place():
+    """A T2V release has Wan's model and names (it plans and runs as Wan's, the family contract holds); SkyReels-V2's
+    own config read off it builds SkyReels-V2's class, every tensor in place."""
     import diffusers
 
-    fam = get_family(family)
-    (model,) = examples_of(fam).models("tiny", layout)
+    fam = SKY
+    (model,) = examples_of(fam).models("tiny", "t2v")
     infos = {n: TensorInfo(n, "BF16", shape, Path("x"), 0, 0) for n, shape in model.tensors}
     config = fam.diffusers_config(model.config, infos, Path("x"))
     with torch.device("meta"):
@@ -301,10 +225,10 @@ FULL = {"nf4", "comfy_nvfp4", "comfy_mxfp8", "gguf"}
 @pytest.mark.parametrize("family", list(LAYOUTS))
 @pytest.mark.parametrize("kind", ["native", "diffusers"])
 def test_each_bundled_recipe_quantizes_the_blocks_and_keeps_the_rest(sources, family, kind):
-    fam, layout = get_family(family), LAYOUTS[family][kind][1]
+    layout = LAYOUTS[family][kind][1]
     for fmt in FORMATS:
         (cp,) = make_plan(
-            sources[family, kind], load_recipe(fam.default_recipes[layout][fmt]).recipe
+            sources[family, kind], load_recipe(default_recipes()[layout][fmt]).recipe
         ).components
         linears = {
             k.removesuffix(".weight")
