@@ -223,8 +223,8 @@ LINGBOT_POLICY = Policy(
     block_why=BLOCK_WHY,
     refused=(
         Refused(
-            "ComfyUI's and ComfyUI-GGUF's Wan models have no LingBot-World camera layers: they run in LingBot's "
-            "own code, from diffusers-style files",
+            "ComfyUI's and ComfyUI-GGUF's Wan models have no LingBot-World camera layers (cam_*, "
+            "patch_embedding_wancamctrl, c2ws_hidden_states_layer1/2): a native file would lose them",
             names=("native", "gguf"),
         ),
     ),

@@ -18,7 +18,7 @@ from pathlib import Path
 from ..errors import InputError
 from ..formats import FORMAT_INFO
 from ..models import FAMILIES, SourceLayout, get_family, registered_classes
-from ..recipes import default_recipes
+from ..recipes import default_recipes, layout_formats
 from .checkpoint import Component, open_component
 from .files import component_class
 from .source import under_own_names
@@ -144,7 +144,14 @@ def recipe_for_format(folder: Path, fmt: str) -> tuple[str, SourceLayout]:
         )
     there = sorted({f"{r} ({f})" for lay in layouts for f, r in DEFAULT_RECIPES[lay.name].items()})
     info = FORMAT_INFO[fmt]
-    reasons = {why for lay in layouts if (why := get_family(lay.family).why_no(info, info.names != "source"))}
+    reasons = {
+        why
+        for lay in layouts
+        if (
+            why := get_family(lay.family).why_no(info, info.names != "source")
+            or layout_formats(lay.name)[fmt]
+        )
+    }
     raise InputError(
         f"{folder}: no bundled {fmt} recipe for {_layout_words(layouts)}"
         f"{''.join(f' ({why})' for why in sorted(reasons))}; for this layout there are: "
