@@ -30,6 +30,8 @@ the blocks is quantized.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .family import CardWords, Detection, Folders, PlanPolicy
 from .policy import Policy
 from .umt5 import GGUF_NAMES, QUANTIZED, TARGETS, UMT5Family, nf4_without_wo
@@ -63,16 +65,11 @@ T5_POLICY = Policy(
     checks=_CHECKS,
     copy_other_files=False,
 )
-T5_SINGLE_POLICY = Policy(
+T5_SINGLE_POLICY = replace(
+    T5_POLICY,
     what="T5 encoder as one file given as SOURCE itself, in ComfyUI's names (Comfy-Org's byt5_small_glyphxl_fp16.safetensors, "
     "transformers' own)",
     components=(".",),
-    targets=TARGETS,
-    quantized=QUANTIZED,
-    kept=_KEPT,
-    exceptions=_EXCEPTIONS,
-    checks=_CHECKS,
-    copy_other_files=False,
     note=f"A transformers-layout output of it is model.safetensors in transformers' names with the {CLASS} config.json "
     "read off its shapes (gated GELU, 128 as the relative attention's max distance, an epsilon of 1e-6: byT5's and "
     "T5 v1.1's).",

@@ -33,6 +33,7 @@ the layer norms; every Linear of the 24 blocks is quantized.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -171,17 +172,12 @@ UMT5_POLICY = Policy(
     checks=_CHECKS,
     copy_other_files=False,
 )
-UMT5_SINGLE_POLICY = Policy(
+UMT5_SINGLE_POLICY = replace(
+    UMT5_POLICY,
     what="umT5 text encoder as one file given as SOURCE itself: Comfy-Org's umt5_xxl_fp16.safetensors (ComfyUI's names, transformers' "
     "own, its tokenizer inside as spiece_model) or Wan's models_t5_umt5-xxl-enc-bf16.pth (Wan's T5 names, read as "
     "transformers')",
     components=(".",),
-    targets=TARGETS,
-    quantized=QUANTIZED,
-    kept=_KEPT,
-    exceptions=_EXCEPTIONS,
-    checks=_CHECKS,
-    copy_other_files=False,
     note=f"A transformers-layout output of it is model.safetensors in transformers' names with the {CLASS} config.json "
     "read off its shapes, spiece_model (no part of the class) left out.",
 )
