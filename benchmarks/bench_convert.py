@@ -437,9 +437,9 @@ def make_cases(
             peer = scratch / "ck-peer"
             argv = [sys.executable, __file__, "--ck-peer", recipe, str(src), str(peer)]
             cases.append(Case(ck_peer_name(name), argv, peer))
-        from quantize.recipes import bundled_recipes
+        from quantize.recipes import bundled_names
 
-        if TORCHAO_INT8_RECIPE in bundled_recipes():
+        if TORCHAO_INT8_RECIPE in bundled_names():
             argv = [*quantize_command(), "convert", str(src), str(out), "--recipe", TORCHAO_INT8_RECIPE]
             cases.append(Case(f"convert --recipe {TORCHAO_INT8_RECIPE}", [*argv, "--overwrite"], out))
         peer = scratch / "bnb-nf4"

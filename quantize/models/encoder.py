@@ -13,6 +13,7 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..errors import InputError
 from ..read.files import config_class
 from .family import Family, ModelInputs, SourceLayout
 
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 
     from ..read.checkpoint import Component, TensorInfo
 
-__all__ = ["TextEncoder", "token_inputs"]
+__all__ = ["TextEncoder", "token_inputs", "own_config"]
 
 _KEYS = ("input_ids",)
 #: a pass's random token ids: one sequence of this many
@@ -48,6 +49,16 @@ def token_inputs(vocab_size: Callable[[dict], int], module: str = "", **call: ob
         accepts=_KEYS,
         module=module,
     )
+
+
+def own_config(family: Family, config: dict, where: Path) -> dict:
+    """The folder's own config, for a text model that ships in transformers' layout only, with its config (a
+    language model alone: no release file to read one off); `InputError` naming the folder where there is none."""
+    if not config:
+        raise InputError(
+            f"{where}: a {family.title} needs its config.json ({family.diffusers_class}'s): none here"
+        )
+    return dict(config)
 
 
 class TextEncoder(Family):

@@ -32,8 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import InputError
-from .encoder import TextEncoder, token_inputs
+from .encoder import TextEncoder, own_config, token_inputs
 from .family import CardWords, Carried, Detection, Folders, ModelInputs, PlanPolicy
 from .gemma3 import GEMMA3, LAYER, LAYER_CHECKS, LAYER_QUANTIZED, TOKENIZER_TENSOR, layer_targets
 from .names import BlockNames, Blocks
@@ -124,10 +123,8 @@ class Gemma3TextFamily(TextEncoder):
         return INPUTS
 
     def diffusers_config(self, config: dict, tensors: Mapping[str, TensorInfo], where: Path) -> dict:
-        """The folder's own config (a text model alone ships in transformers' layout only, with its config)."""
-        if not config:
-            raise InputError(f"{where}: a {self.title} needs its config.json ({CLASS}'s): none here")
-        return dict(config)
+        """The folder's own config (`encoder.own_config`)."""
+        return own_config(self, config, where)
 
 
 GEMMA3_TEXT = Gemma3TextFamily()

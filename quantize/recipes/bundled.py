@@ -59,7 +59,7 @@ def bundled_text(name: str) -> str:
         return curated_recipes()[file]
     derived = derived_names().get(file.removesuffix(".yaml"))
     if derived is None:
-        raise InputError(f"no bundled recipe {name!r} (quantize recipes lists them)")
+        raise InputError(_unknown(name))
     return recipe_yaml(derived_recipe(*derived))
 
 

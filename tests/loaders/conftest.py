@@ -13,7 +13,7 @@ import torch
 
 from loaders.modules import QuantizedLinear
 from quantize.models import get_family
-from quantize.recipes import bundled_recipes, default_recipes
+from quantize.recipes import bundled_text, default_recipes
 from tests import diffusers_models as models
 from tests.conftest import load_all, run_cli
 
@@ -55,7 +55,7 @@ def recipe_for(model: str, fmt: str, where: Path) -> Path:
         if fmt not in MODEL_FORMATS[model]:
             raise ValueError(f"Kandinsky 5 has no GGUF architecture: no {fmt} checkpoint of it")
         name = default_recipes()["kandinsky5"][fmt]
-    text = bundled_recipes()[name + ".yaml"]
+    text = bundled_text(name)
     path = where / f"{name}.yaml"
     path.write_text(text)
     return path
