@@ -458,9 +458,8 @@ def test_a_format_a_layout_has_no_recipe_of_is_refused_saying_why(example, famil
     for lay, src in _examples_of(example, family, layout).items():
         with pytest.raises(InputError, match=f"no bundled {fmt} recipe for {layout}") as refused:
             recipe_for_format(src, fmt)
-        assert (family_why or why) in str(refused.value), str(
-            refused.value
-        )  # the family's reason, or the layout's
+        # the family's reason, or the layout's
+        assert (family_why or why) in str(refused.value), str(refused.value)
         names = [n for m in _models(family, lay) for n, _ in m.tensors]
         # refused at plan time where the family has no such files, or none from a model in diffusers' names
         must = fam.why_no(info) is not None or (family_why is not None and fam.naming(names) == "diffusers")
