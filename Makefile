@@ -65,6 +65,7 @@ bench: setup
 	$(BIN)/python benchmarks/bench_load.py --write docs/BENCHMARKS.md
 	$(BIN)/python benchmarks/bench_faults.py --write docs/BENCHMARKS.md
 	$(BIN)/python benchmarks/family_rules.py --write docs/BENCHMARKS.md
+	$(BIN)/python benchmarks/family_forward.py --layouts all --write docs/BENCHMARKS.md
 
 # a 14B-shaped source (about 28.6 GB, generated once where the disk allows): memory does not grow with the model
 bench-large: setup
