@@ -79,6 +79,9 @@ bench-large: setup
 	$(BIN)/python benchmarks/bench_large_family.py --family gemma3 --preset 12b --layout pipeline --formats fp8_channel comfy_fp8 gguf --write docs/BENCHMARKS.md
 	$(BIN)/python benchmarks/bench_large_family.py --family clip-vision --preset vit-h --layout single --formats fp8_channel torchao_int8 nf4 --write docs/BENCHMARKS.md
 	$(BIN)/python benchmarks/bench_large_family.py --family qwen25vl --preset 7b --layout single --formats fp8_channel gguf --write docs/BENCHMARKS.md
+	$(BIN)/python benchmarks/bench_large_family.py --family qwen-image --preset 20b --layout release --formats fp8_channel comfy_fp8 gguf --write docs/BENCHMARKS.md
+	$(BIN)/python benchmarks/bench_large_family.py --family qwen3vl --preset 8b --layout pipeline --formats fp8_channel comfy_fp8 nf4 --write docs/BENCHMARKS.md
+	$(BIN)/python benchmarks/bench_large_family.py --family gemma4 --preset 12b --layout pipeline --formats fp8_channel comfy_fp8 nf4 --write docs/BENCHMARKS.md
 
 # llm-compressor, the fp8 peer of `make bench`, in its own virtual environment (never one of our dependencies);
 # torch is held at the same CPU wheel so that nothing pulls a CUDA build

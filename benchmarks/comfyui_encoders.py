@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Our text-encoder files in the REAL ComfyUI and ComfyUI-GGUF, on the CPU: load, tokenize, encode a prompt.
 
-    python3 benchmarks/comfyui_encoders.py COMFYUI_DIR COMFYUI_GGUF_DIR WORK_DIR [--family umt5|gemma3|qwen25vl|qwen25vl-text|t5]
+    python3 benchmarks/comfyui_encoders.py COMFYUI_DIR COMFYUI_GGUF_DIR WORK_DIR [--family umt5|gemma3|gemma4|gemma4-text|qwen25vl|qwen25vl-text|qwen3vl|t5]
         [--preset P] [--recipes R1,R2] [--prompt TEXT]
 
 umT5 (`--family umt5`, CLIPLoader type wan): ComfyUI recognizes it only at its real widths (comfy/sd.py
@@ -16,6 +16,14 @@ Gemma 3 (`--family gemma3`, CLIPLoader type ltxv): ComfyUI tells Gemma 3 12B by 
 small text width, and the check passes those widths through that option, so that ComfyUI's own loader, tokenizer
 and model run the file.
 
+Gemma 4 12B unified (`--family gemma4`, CLIPLoader type ltxv, LTX-2.5's encoder): the same, for
+`Gemma4_12B_Config` (ComfyUI tells the 12B by its layer 47 with no v_proj on layer 5; the head sizes, the vision
+embedder and the audio projection are fixed, and the preset ``comfyui`` has them), its tokenizer the file's
+``tokenizer_json`` (tokenizers' own tokenizer.json). Its text model alone (`--family gemma4-text`: E4B's language
+model, which ComfyUI tells by its 42 layers, at the preset ``comfyui``'s small width) likewise, from a pipeline's
+``text_encoder/`` as qwen25vl-text's below, its reference holding the tokenizer.json as ``tokenizer_json``; ComfyUI
+logs E4B's towers and the unused key and value projections of its 18 KV-sharing layers missing, by design.
+
 Qwen2.5-VL (`--family qwen25vl`, CLIPLoader type qwen_image; CLIPLoader (GGUF) for the GGUF pair, which finds its
 mmproj file beside the text file): the same, for `Qwen25_7BVLI_Config` (ComfyUI tells the 7B by ``k_proj``'s 512-row
 bias; heads of 128, the 1280-wide tower and its bundled tokenizer's 152064 ids are fixed, and the preset ``comfyui``
@@ -27,6 +35,14 @@ diffusers HunyuanVideo 1.5 pipeline's ``text_encoder/`` converted to ComfyUI's a
 that folder's tensors under ComfyUI's ``model.`` (written here with safetensors). Both lack the vision tower, so
 ComfyUI logs its keys missing for each alike: lines naming only ``visual.`` keys are the design, any other fails. The GGUF
 node is called as it is, ComfyUI's loader under it given the preset's widths as CLIPLoader's model options.
+
+Qwen3-VL (`--family qwen3vl`, CLIPLoader type qwen_image: Qwen-Image 2.1's encoder): ComfyUI tells it by its
+tower's DeepStack mergers (``comfy/sd.py`` ``detect_te_model``; the 8B unless the merger projects to 2560), renames
+the file's ``model.language_model.``, ``model.visual.`` and ``lm_head.`` to its own module's and builds its
+`Qwen3VL_8BConfig` (heads of 128; the tower fixed at the 8B's: 1152 wide, 27 deep, its MLP 4304, which no 32-wide
+block divides) with the preset's text widths, as for Qwen2.5-VL; the prompt is encoded alone and with the image
+(its DeepStack features added to the language model's first layers). No GGUF: ComfyUI-GGUF reads a qwen3vl file's
+language model alone, which ComfyUI takes for Qwen3-8B (the family refuses it).
 
 T5's encoder (`--family t5`: HunyuanVideo 1.5's byT5, at its real shape, which ComfyUI fixes in
 byt5_config_small_glyph.json and tells by block 0's 384-row ``k``): ComfyUI reads a byT5 only as DualCLIPLoader's
@@ -101,6 +117,26 @@ FAMILIES = {
         "gemma3_12b",
         _text_widths("gemma3", "gemma3_12b"),
     ),
+    # Gemma 4 12B unified (LTX-2.5's): ComfyUI tells it by layer 47 and layer 5's missing v_proj, builds it from
+    # `Gemma4_12B_Config` (heads of 256 and 512, the vision embedder's and audio projection's widths fixed; the
+    # text widths taken from ``gemma4_model_config``) and its tokenizer from the file's ``tokenizer_json``
+    "gemma4": (
+        "gemma4-single-comfy-fp8,gemma4-single-comfy-int8,gemma4-single-comfy-nvfp4,gemma4-single-comfy-mxfp8",
+        "comfyui",
+        "ltxv",
+        "gemma4",
+        _text_widths("gemma4", "gemma4"),
+    ),
+    # Gemma 4's text model alone (E4B's language model at a small width: ComfyUI tells E4B by its 42 layers and
+    # builds `Gemma4_E4B`, per-layer embeddings and key-value sharing included), its bf16 reference the pipeline's
+    # text_encoder/ under ``model.`` with the tokenizer.json as ``tokenizer_json``
+    "gemma4-text": (
+        "gemma4-text-comfy-fp8,gemma4-text-comfy-int8,gemma4-text-comfy-nvfp4",
+        "comfyui",
+        "ltxv",
+        "gemma4",
+        _text_widths("gemma4-text", "gemma4"),
+    ),
     "qwen25vl": (
         "qwen25vl-single-comfy-fp8,qwen25vl-single-comfy-int8,qwen25vl-single-comfy-nvfp4,qwen25vl-single-gguf-q8_0",
         "comfyui",
@@ -114,6 +150,13 @@ FAMILIES = {
         "qwen_image",
         "qwen25_7b",
         _text_widths("qwen25vl-text", "qwen25_7b"),
+    ),
+    "qwen3vl": (
+        "qwen3vl-single-comfy-fp8,qwen3vl-single-comfy-int8,qwen3vl-single-comfy-nvfp4,qwen3vl-single-comfy-mxfp8",
+        "comfyui",
+        "qwen_image",
+        "qwen3vl_8b",
+        _text_widths("qwen3vl", "qwen3vl_8b"),
     ),
     # byT5 at its real shape (ComfyUI builds it from byt5_config_small_glyph.json), beside Qwen2.5-VL's text model
     # at the preset `comfyui-4` (its widths passed as with qwen25vl-text)
@@ -132,14 +175,28 @@ DUAL = {"t5": ("qwen25vl-text", "comfyui-4", "conditioning_byt5small")}
 GLYPH_PROMPT = 'a storefront at night, its neon sign reads "OPEN 24 HOURS" above the door, cinematic light'
 #: families whose example is a pipeline's text_encoder/ in the class's names (no ComfyUI file of its own): the bf16
 #: reference is its tensors under ComfyUI's prefix for them (ComfyUI's `Llama2_` language model is ``model.``)
-PIPELINE_REFERENCE_PREFIX = {"qwen25vl-text": "model."}
+PIPELINE_REFERENCE_PREFIX = {"qwen25vl-text": "model.", "gemma4-text": "model."}
+#: the tokenizer a pipeline's reference file holds as ComfyUI reads it (Gemma 4's: its tokenizer.json's bytes)
+REFERENCE_TOKENIZER = {"gemma4-text": ("tokenizer/tokenizer.json", "tokenizer_json")}
 #: families whose prompt is also encoded with an image (ComfyUI IMAGE, 112 x 112 random pixels: `IMAGE`), whose
 #: embedding their vision tower makes (Qwen2.5-VL: TextEncodeQwenImageEdit's path; its GGUF tower the mmproj file);
 #: the compared conditioning is both outputs
-WITH_IMAGE = ("qwen25vl",)
+WITH_IMAGE = ("qwen25vl", "qwen3vl")
 IMAGE = None
 #: the keys ComfyUI's model has that a family's files lack by design (a text model alone: Qwen2.5-VL's tower)
-ABSENT_BY_DESIGN = {"qwen25vl-text": "visual.", "t5": "visual."}
+ABSENT_BY_DESIGN = {
+    "qwen25vl-text": "visual.",
+    "t5": "visual.",
+    # E4B's towers and their projectors; the key and value projections of its last 18 layers, which share the
+    # earlier ones' (ComfyUI builds them and never runs them; transformers' class has none)
+    "gemma4-text": (
+        "vision_model.",
+        "multi_modal_projector.",
+        "audio_model.",
+        "audio_projector.",
+        *(f"model.layers.{i}.self_attn.{m}" for i in range(24, 42) for m in ("k_proj", "v_proj", "k_norm")),
+    ),
+}
 
 
 def parse_args():
@@ -207,14 +264,16 @@ def prepare(args) -> tuple[Path, dict[str, Path]]:
             _quantize(args, "example", "--family", family, "--preset", preset, "--layout", "pipeline", first)
         args.companion = _prefixed_reference(first, PIPELINE_REFERENCE_PREFIX[family])
     if prefix is not None:
-        return _prefixed_reference(src, prefix), files
+        return _prefixed_reference(src, prefix, REFERENCE_TOKENIZER.get(args.family)), files
     (source,) = src.glob("*.safetensors")
     return source, files
 
 
-def _prefixed_reference(src: Path, prefix: str) -> Path:
+def _prefixed_reference(src: Path, prefix: str, tokenizer: tuple[str, str] | None = None) -> Path:
     """The pipeline's bf16 ``text_encoder/`` as one file of ComfyUI's names (each tensor under `prefix`), written
-    here with safetensors alone: the reference ComfyUI loads beside our files."""
+    here with safetensors alone: the reference ComfyUI loads beside our files; with `tokenizer` (the pipeline's
+    file, its tensor's name) the tokenizer file's bytes as that uint8 tensor, where ComfyUI reads it."""
+    import torch
     from safetensors import safe_open
     from safetensors.torch import save_file
 
@@ -224,6 +283,9 @@ def _prefixed_reference(src: Path, prefix: str) -> Path:
         for shard in sorted((src / "text_encoder").glob("*.safetensors")):
             with safe_open(str(shard), "pt") as f:
                 tensors |= {prefix + k: f.get_tensor(k) for k in f.keys()}
+        if tokenizer is not None:
+            data = bytearray((src / tokenizer[0]).read_bytes())
+            tensors[tokenizer[1]] = torch.frombuffer(data, dtype=torch.uint8).clone()
         save_file(tensors, str(out))
     return out
 

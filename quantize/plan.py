@@ -182,9 +182,12 @@ class ComponentPlan:
         """The source files' ``__metadata__`` entries the family's runtimes read (`Carried.metadata`: LTX-2's
         ``config``, which ComfyUI builds the model and its VAEs from), in shard order: what every output file of
         the component carries (a safetensors file in its ``__metadata__``; a GGUF file as string key-values, which
-        ComfyUI-GGUF hands ComfyUI as the file's metadata since its PR #399)."""
-        keys = () if self.family is None else self.family.plan.carried.metadata
-        return {k: v for meta in self.component.metadata.values() for k, v in meta.items() if k in keys}
+        ComfyUI-GGUF hands ComfyUI as the file's metadata since its PR #399), after the entries the family writes
+        whatever the source holds (`Carried.written`: Wan-Animate-2's ``config``)."""
+        carried = None if self.family is None else self.family.plan.carried
+        keys = () if carried is None else carried.metadata
+        stored = {k: v for meta in self.component.metadata.values() for k, v in meta.items() if k in keys}
+        return {**dict(() if carried is None else carried.written), **stored}
 
     def metadata_entries(self) -> list[tuple[str, tuple[int, ...] | None, FormatOptions | None]]:
         """(output tensor name, shape and options if quantized else None) of every tensor: what a format's file
@@ -485,12 +488,16 @@ def _tokenizer(component: Component, family: Family | None, held_as: str | None)
     if tok.tensor in component.tensors:
         info = component.tensors[tok.tensor]
         st = info.file.stat()
-        _check_tokenizer_tensor(info, st.st_size, st.st_mtime_ns)
+        _check_tokenizer_tensor(info, st.st_size, st.st_mtime_ns, tok.kind)
         return TensorSource(info)
     looked = []
     for rel in tok.files:
         path = component.dir / rel
         looked.append(str(path))
+        if path.is_file() and tok.kind == "json":  # its own bytes, checked as tokenizers reads them
+            _check_tokenizer_json(path.read_bytes(), str(path))
+            size = path.stat().st_size
+            return TensorSource(TensorInfo(tok.tensor, "U8", (size,), path.resolve(), 0, size))
         if path.is_file():
             # its folder resolved, not the file: a tokenizer.json is told by its name, with its config beside it (a
             # Hub snapshot's files are links to blobs of no name)
@@ -513,7 +520,7 @@ def _tokenizer(component: Component, family: Family | None, held_as: str | None)
 
 
 @functools.lru_cache(maxsize=4)
-def _check_tokenizer_tensor(info: TensorInfo, size: int, mtime_ns: int) -> None:
+def _check_tokenizer_tensor(info: TensorInfo, size: int, mtime_ns: int, kind: str = "sentencepiece") -> None:
     """A tokenizer a source file holds as a tensor (Comfy-Org's ``spiece_model``) is a SentencePiece model: read
     once per tensor while its file (`size`, `mtime_ns`) is unchanged, `InputError` naming the file and the tensor
     otherwise."""
@@ -521,7 +528,24 @@ def _check_tokenizer_tensor(info: TensorInfo, size: int, mtime_ns: int) -> None:
         raise InputError(
             f"{info.file}: tensor {info.name!r} is {info.dtype}{list(info.shape)}: a tokenizer is U8 bytes"
         )
-    read_spiece_bytes(bytes(read_rows(info, 0, info.shape[0]).numpy()), f"{info.file}: {info.name}")
+    data, where = bytes(read_rows(info, 0, info.shape[0]).numpy()), f"{info.file}: {info.name}"
+    if kind == "json":  # `Tokenizer.kind`: Comfy-Org's Gemma 4 ``tokenizer_json``
+        _check_tokenizer_json(data, where)
+    else:
+        read_spiece_bytes(data, where)
+
+
+def _check_tokenizer_json(data: bytes, where: str) -> None:
+    """A tokenizers ``tokenizer.json`` (what ComfyUI's Gemma 4 builds its tokenizer from: `Tokenizer.from_str`):
+    UTF-8 JSON of an object with a ``model``; `InputError` naming `where` otherwise."""
+    import json
+
+    try:
+        parsed = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise InputError(f"{where}: not a tokenizer.json ({e})") from None
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("model"), dict):
+        raise InputError(f"{where}: not a tokenizer.json (no tokenizer model in it)")
 
 
 def _stacked_source(component: Component, stack, out_name: str, source_of, where: str) -> StackedSource:

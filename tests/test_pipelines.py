@@ -399,3 +399,49 @@ def test_a_kandinsky5_pipeline_with_its_clip_text_encoder_converts_and_runs_in_d
     assert isinstance(pipe.text_encoder_2.encoder.layers[0].self_attn.q_proj.weight, Float8Tensor)
     assert any(isinstance(p, Float8Tensor) for p in pipe.transformer.parameters())
     assert_close_to(reference, run(pipe), min_db=25)
+
+
+def _pipeline(path: Path, transformer: str, encoders: dict[str, str]) -> Path:
+    """A pipeline folder of the examples: family `transformer`'s ``transformer/`` and each encoder family's
+    ``text_encoder/`` moved into the folder named for it (what diffusers' pipeline holds there)."""
+    run_cli("example", path, "--family", transformer, "--layout", "diffusers", check=True)
+    for family, folder in encoders.items():
+        run_cli("example", path.parent / family, "--family", family, check=True)
+        (path.parent / family / "text_encoder").rename(path / folder)
+    return path
+
+
+def test_a_qwen_image_21_pipeline_converts_with_its_qwen3vl_encoder(tmp_path):
+    """Qwen-Image 2.1's pipeline (`QwenImage21Pipeline`: the transformer, Qwen3-VL in text_encoder/): one
+    `--format torchao_fp8` converts both, each by its bundled recipe, and `verify --forward` runs both. A ComfyUI
+    format is refused for the whole folder naming the runtime that lacks the transformer (no Qwen-Image 2.1 in
+    that ComfyUI), not converted as the text encoder alone; nothing is written."""
+    from tests.conftest import read_json
+
+    source = _pipeline(tmp_path / "Qwen-Image-2.1", "qwen-image-21", {"qwen3vl": "text_encoder"})
+    said = run_cli("convert", source, tmp_path / "fp8", "--format", "torchao_fp8", check=True).stdout
+    assert "recipe qwen-image-21-torchao-fp8" in said and "text_encoder/: recipe qwen3vl-torchao-fp8" in said
+    assert read_json(tmp_path / "fp8" / "quantize_manifest.json")["nested"] == ["text_encoder"]
+    checked = run_cli("verify", tmp_path / "fp8", "--source", source, "--forward", check=True).stdout
+    assert (
+        "forward in text_encoder: Qwen3VLForConditionalGeneration" in checked
+        and "QwenImage21Transformer2DModel" in checked
+    )
+    refused = run_cli("convert", source, tmp_path / "comfy", "--format", "comfy_fp8")
+    assert refused.returncode == 2 and "no Qwen-Image 2.1 model" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and not (tmp_path / "comfy").exists()
+
+
+def test_a_qwen_image_pipeline_becomes_gguf_files_with_its_qwen25vl_encoder(tmp_path):
+    """Qwen-Image's pipeline (`QwenImagePipeline`: Qwen2.5-VL in text_encoder/) with `--format gguf`: the
+    transformer's file (architecture ``qwen_image``, what ComfyUI-GGUF reads) and the encoder's pair (text and
+    mmproj), all verified."""
+    import gguf
+
+    source = _pipeline(tmp_path / "Qwen-Image", "qwen-image", {"qwen25vl": "text_encoder"})
+    said = run_cli("convert", source, tmp_path / "gguf", "--format", "gguf", check=True).stdout
+    assert "recipe qwen-image-gguf-q8_0" in said and "text_encoder/: recipe qwen25vl-gguf-q8_0" in said
+    run_cli("verify", tmp_path / "gguf", "--source", source, check=True)
+    arch = gguf.GGUFReader(tmp_path / "gguf" / "transformer" / "transformer.gguf").fields["general.architecture"]
+    assert arch.contents() == "qwen_image"
+    assert len(list((tmp_path / "gguf" / "text_encoder").glob("*.gguf"))) == 2

@@ -40,13 +40,14 @@ TRANSFORMERS_STEM = "model"
 
 def shard_stem(cp: ComponentPlan) -> str:
     """The source's stem; a text encoder's release file, which has no config.json and is written with one (its
-    family's `release_config`), gets transformers' own (``umt5_xxl_fp16`` -> ``model``), so that `from_pretrained`
-    finds what config.json describes."""
+    family's `release_config`), gets transformers' own (``umt5_xxl_fp16`` -> ``model``), and a release its family
+    names a stem for (`PlanPolicy.release_stem`: Wan-Animate-2's, diffusers' own) that one, so that
+    `from_pretrained` finds what config.json describes."""
     family = cp.family
-    release = (
-        cp.component.config is None and family is not None and family.detection.library == "transformers"
-    )
-    return TRANSFORMERS_STEM if release else cp.component.stem
+    release = cp.component.config is None and family is not None
+    if release and family.plan.release_stem is not None:  # a diffusers class's (`PlanPolicy.release_stem`)
+        return family.plan.release_stem
+    return TRANSFORMERS_STEM if release and family.detection.library == "transformers" else cp.component.stem
 
 
 def planned_files(cp: ComponentPlan, fmt: Format, max_bytes: int) -> list[PlannedFile]:

@@ -21,8 +21,11 @@ from .clip_vision import CLIP_VISION
 from .family import HOOKS, Family, FormatFacts, ModelInputs, SourceLayout
 from .gemma3 import GEMMA3
 from .gemma3_text import GEMMA3_TEXT
+from .gemma4 import GEMMA4
+from .gemma4_text import GEMMA4_TEXT
 from .hunyuanvideo15 import HUNYUANVIDEO15
 from .kandinsky5 import KANDINSKY5
+from .kandinsky6 import KANDINSKY6
 from .ltx2 import LTX2
 from .minimax_h3 import MINIMAX_H3
 from .names import (
@@ -39,15 +42,20 @@ from .names import (
     stack_rows,
 )
 from .policy import FormatTargets, Policy, Refused
+from .qwen3vl import QWEN3VL
+from .qwen3vl_text import QWEN3VL_TEXT
 from .qwen25vl import QWEN25VL
 from .qwen25vl_text import QWEN25VL_TEXT
+from .qwen_image import QWEN_IMAGE, QWEN_IMAGE_21
 from .skyreels_v2 import SKYREELS_V2
 from .t5 import T5
 from .tables import name_table, runnable_names, runnable_stacks
 from .umt5 import UMT5
 from .wan import WAN
 from .wan_animate import WAN_ANIMATE
+from .wan_animate2 import WAN_ANIMATE2
 from .wan_vace import WAN_VACE
+from .wan_variants import WAN_CAMERA, WAN_DANCER, WAN_HUMO, WAN_S2V, WAN_SCAIL
 
 if TYPE_CHECKING:
     from ..read.checkpoint import Component
@@ -93,18 +101,31 @@ __all__ = [
 FAMILIES: tuple[Family, ...] = (
     WAN_VACE,
     SKYREELS_V2,
+    WAN_ANIMATE2,
     WAN_ANIMATE,
+    WAN_S2V,
+    WAN_HUMO,
+    WAN_CAMERA,
+    WAN_SCAIL,
+    WAN_DANCER,
     WAN,
+    KANDINSKY6,
     KANDINSKY5,
     LTX2,
     HUNYUANVIDEO15,
     MINIMAX_H3,
+    QWEN_IMAGE,
+    QWEN_IMAGE_21,
     UMT5,
     T5,
     GEMMA3,
     GEMMA3_TEXT,
+    GEMMA4,
+    GEMMA4_TEXT,
     QWEN25VL,
     QWEN25VL_TEXT,
+    QWEN3VL,
+    QWEN3VL_TEXT,
     CLIP_TEXT,
     CLIP_VISION,
 )
@@ -151,10 +172,11 @@ def own_names(names: Iterable[str], where: str) -> dict[str, str] | None:
 
 def names_for(role: str, family: Family | None, fmt: FormatFacts, where: str) -> NameTable:
     """The name table format `fmt` (which asks for `role`) writes a model of `family` under; `InputError` when
-    the model is of no known family and the role needs one, or the family has no names of that role."""
+    the model is of no known family and the role needs one, or the family has no names of that role or no file
+    of that format (`Family.why_no`: a Wan variant only ComfyUI runs has no torchao file)."""
     if role not in ROLES:
         raise InputError(f"{fmt.name}: unknown role of names {role!r} (roles: {', '.join(ROLES)})")
-    if role == "source" and (family is None or not family.class_prefixes):
+    if role == "source" and family is None:
         return IDENTITY
     if family is None:
         known = ", ".join(f.title for f in FAMILIES if f.names is not None)

@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING
 
 from ..errors import InputError
 from ..read.files import config_class
-from .family import Family, ModelInputs, SourceLayout
+from .family import Family, ModelInputs, SourceLayout, count_blocks
 
 if TYPE_CHECKING:
     import torch
 
     from ..read.checkpoint import Component, TensorInfo
 
-__all__ = ["TextEncoder", "token_inputs", "own_config"]
+__all__ = ["TextEncoder", "token_inputs", "own_config", "complete_blocks"]
 
 _KEYS = ("input_ids",)
 #: a pass's random token ids: one sequence of this many
@@ -59,6 +59,30 @@ def own_config(family: Family, config: dict, where: Path) -> dict:
             f"{where}: a {family.title} needs its config.json ({family.diffusers_class}'s): none here"
         )
     return dict(config)
+
+
+def complete_blocks(
+    family: Family, tensors: Collection[str], where: Path, counts: Mapping[str, int] | None = None
+) -> None:
+    """Every block of each of the family's lists of blocks (`names.Blocks`, by the class's names) holds what its
+    block 0 holds, and each list `counts` names (its prefix -> its config's number of blocks) has that many blocks:
+    `InputError` naming the first tensor a partial checkpoint lacks. A release's shapes say nothing of a block they
+    were not read off, so a file without one of its tensors would convert to one its runtimes cannot fill."""
+    names = list(tensors)
+    for blocks in family.names.blocks if family.names is not None else ():
+        prefix = f"{blocks.diffusers}."
+        first = [n.removeprefix(f"{prefix}0.") for n in names if n.startswith(f"{prefix}0.")]
+        wanted = (counts or {}).get(blocks.diffusers)
+        have = count_blocks(tensors, prefix)
+        for i in range(1, max(have, wanted or 0)):
+            lacking = next(
+                (f"{prefix}{i}.{leaf}" for leaf in first if f"{prefix}{i}.{leaf}" not in tensors), None
+            )
+            if lacking is not None:
+                held = "block 0 has" if i < have else f"the config's {wanted} blocks need"
+                raise InputError(
+                    f"{where}: no tensor {lacking!r}, which {held}: a partial {family.title} checkpoint"
+                )
 
 
 class TextEncoder(Family):

@@ -125,8 +125,10 @@ class Detection:
     own_marks: tuple[str, ...] = ()
     foreign_marks: tuple[str, ...] = ()
     shared_classes: tuple[str, ...] = ()
-    #: the library whose class `diffusers_class` is: ``diffusers``, or ``transformers`` (a text encoder)
-    library: str = "diffusers"
+    #: the library whose class `diffusers_class` is: ``diffusers``, or ``transformers`` (a text encoder); None: no
+    #: library has one (a Wan variant only ComfyUI runs: `diffusers_class` names ComfyUI's model class, a forward
+    #: pass refuses it naming its first layer diffusers lacks, and its PlanPolicy refuses the libraries' formats)
+    library: str | None = "diffusers"
 
     def marks_naming(self, names: Sequence[str]) -> str | None:
         """Which naming `names` follow by the marks alone: ``native``, ``diffusers``, ``mixed`` or None."""
@@ -155,12 +157,13 @@ class Detection:
 @dataclass(frozen=True)
 class Folders:
     """The layouts a source folder of the family has, by default: a diffusers ``transformer/`` (or such a folder
-    itself) is `diffusers`; one model at the root in the native names is `release` (None: no such layout),
-    `release_why` saying what it is. `release_classes`: what a release's config.json may name (empty: anything);
-    `release_config_keys`: config fields that make a root in the marks' native names a release though the
-    family's own marks are absent (SkyReels-V2's T2V release, which has no fps layers)."""
+    itself) is `diffusers` (None: no diffusers class runs the family, which has no such layout); one model at the
+    root in the native names is `release` (None: no such layout), `release_why` saying what it is.
+    `release_classes`: what a release's config.json may name (empty: anything); `release_config_keys`: config
+    fields that make a root in the marks' native names a release though the family's own marks are absent
+    (SkyReels-V2's T2V release, which has no fps layers)."""
 
-    diffusers: str
+    diffusers: str | None
     release: str | None = None
     release_why: str = ""
     release_classes: tuple[str | None, ...] = ()
@@ -187,11 +190,14 @@ class Carried:
     """What a release holds beside the model, carried as stored and no part of the diffusers class: `parts`, name
     prefixes (LTX-2's VAE, vocoder, text connectors); `tensors`, patterns (`re.fullmatch`) of single tensors the
     class computes itself (Wan Animate's blur filters); `metadata`, keys of the file's ``__metadata__`` its
-    runtimes read (LTX-2's ``config``), carried into the output files."""
+    runtimes read (LTX-2's ``config``), carried into the output files; `written`, (key, value) entries every output
+    file carries whatever the source holds, where a runtime tells the model by them alone (Wan-Animate-2's
+    ``config``, which ComfyUI builds ``WAN_Animate2`` from: its tensors are a Wan I2V's); a source's own wins."""
 
     parts: tuple[str, ...] = ()
     tensors: tuple[str, ...] = ()
     metadata: tuple[str, ...] = ()
+    written: tuple[tuple[str, str], ...] = ()
 
     def __contains__(self, name: object) -> bool:
         if not isinstance(name, str):
@@ -238,6 +244,9 @@ class Tokenizer:
     gguf_model: str
     #: the source tensor whose rows are the vocabulary (a GGUF file's tokens are padded to them, as llama.cpp's)
     vocab_tensor: str
+    #: what the bytes are: ``sentencepiece`` (a ``tokenizer.model``; a tokenizer.json is rebuilt into one) or
+    #: ``json`` (tokenizers' ``tokenizer.json`` itself, which ComfyUI's Gemma 4 reads as ``tokenizer_json``)
+    kind: str = "sentencepiece"
 
 
 @dataclass(frozen=True)
@@ -294,6 +303,11 @@ class PlanPolicy:
     tokenizer: Tokenizer | None = None
     #: the stem of a one-file output of a model converted at the root (``diffusion_model_comfy_fp8.safetensors``)
     root_stem: str = "diffusion_model"
+    #: the stem a release with no config.json is written under by a format that keeps its names (with the config
+    #: its family reads off it, `Family.release_config`), where that makes the output its library's own folder
+    #: (Wan-Animate-2's ``wan_animate_2_bf16`` -> ``diffusion_pytorch_model``, which `from_pretrained` finds);
+    #: None: the source's
+    release_stem: str | None = None
     #: the libraries whose layouts (a format's `layout_library`: ``comfyui``) no runtime of the family reads as
     #: they are (ComfyUI's for byT5: its loader takes the quantization of the other file of the pair only),
     #: refused at plan time saying `unread_why`
@@ -397,7 +411,7 @@ class Family(abc.ABC):
         (None where there is no readable one); `registered`: every config class a family is registered by
         (`models.registered_classes`)."""
         found, f = [], self.folders
-        transformer = open_("transformer")
+        transformer = open_("transformer") if f.diffusers is not None else None
         if transformer is not None and self.is_diffusers(transformer, registered):
             why = f"{self.title}, diffusers layout ({self.diffusers_class} in transformer/)"
             found.append(self.layout(why, f.diffusers))
@@ -405,7 +419,7 @@ class Family(abc.ABC):
         if root is not None:
             if f.release is not None and self.is_release(root):
                 found.append(self.layout(f.release_why, f.release))
-            elif config_class(root.config) == self.diffusers_class:
+            elif f.diffusers is not None and config_class(root.config) == self.diffusers_class:
                 why = f"{self.title}, a bare {self.diffusers_class} folder (diffusers names)"
                 found.append(self.layout(why, f.diffusers))
         return found

@@ -221,7 +221,11 @@ class Gemma3Family(TextEncoder):
         own_marks=tuple(
             f"{p}.layers.0.pre_feedforward_layernorm." for p in ("model", _TEXT, "model.language_model")
         ),
-        foreign_marks=("model.layers.0.self_attn.q_proj.bias",),  # Qwen's biased projections
+        # Qwen's biased projections; Gemma 4's layer scalars (its layers are Gemma 3's otherwise)
+        foreign_marks=(
+            "model.layers.0.self_attn.q_proj.bias",
+            *(f"{p}.layers.0.layer_scalar" for p in ("model", _TEXT, "model.language_model")),
+        ),
         library="transformers",
     )
     class_prefixes = CLASS_PREFIXES

@@ -86,10 +86,12 @@ class Gemma3TextFamily(TextEncoder):
         diffusers_marks=("layers.0.",),
         # Gemma's four layer norms (Qwen's language models have two)
         own_marks=tuple(f"{p}layers.0.pre_feedforward_layernorm." for p in ("", "model.")),
-        # Qwen's biased projections; the whole Gemma 3's tower and language model
+        # Qwen's biased projections; Gemma 4's layer scalars; the whole Gemma 3's tower and language model
         foreign_marks=(
             "layers.0.self_attn.q_proj.bias",
             "model.layers.0.self_attn.q_proj.bias",
+            "layers.0.layer_scalar",
+            "model.layers.0.layer_scalar",
             "language_model.",
             "model.language_model.",
             "vision_tower.",

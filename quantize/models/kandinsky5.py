@@ -46,6 +46,8 @@ from .family import (
     count_blocks,
     shape_reader,
 )
+from .kandinsky6 import MARKS as KANDINSKY6_MARKS
+from .kandinsky6 import SR_MARKS as KANDINSKY6_SR_MARKS
 from .names import BlockNames, Blocks
 from .policy import Policy
 from .readers import no_gguf_reader
@@ -195,10 +197,12 @@ class Kandinsky5(Family):
     name = "kandinsky5"
     title = "Kandinsky 5"
     names = NAMES
-    # one naming, told by these prefixes (the original's and diffusers' are the same names)
+    # one naming, told by these prefixes (the original's and diffusers' are the same names); Kandinsky 6's
+    # transformers share its block names, and are told by their own prefixes
     detection = Detection(
         "Kandinsky5Transformer3DModel",
         diffusers_marks=("visual_transformer_blocks.0.", "text_transformer_blocks.0."),
+        foreign_marks=(*KANDINSKY6_MARKS, *KANDINSKY6_SR_MARKS),
     )
     #: the release (in ``model/``, no config.json) is told apart by `layouts`
     folders = Folders("kandinsky5")

@@ -314,6 +314,8 @@ class Qwen25VLFamily(TextEncoder):
         diffusers_marks=("model.layers.0.", "model.language_model.layers.0."),
         # the vision tower's fused qkv: no other encoder here has it (a Qwen2.5 LLM has no tower)
         own_marks=("visual.blocks.0.attn.qkv.", "model.visual.blocks.0.attn.qkv."),
+        # Qwen3-VL's tower has the fused qkv too, and DeepStack's mergers beside it (`qwen3vl`)
+        foreign_marks=("model.visual.deepstack_merger_list.", "visual.deepstack_merger_list."),
         library="transformers",
     )
     class_prefixes = CLASS_PREFIXES

@@ -137,5 +137,10 @@ def runnable_names(family: Family, names: Sequence[str], where: Path) -> dict[st
         f"has no counterpart in diffusers' {family.diffusers_class} (a {family.title} variant it does not "
         "implement): this model cannot be run for a forward pass"
     )
+    if family.detection.library is None:  # a variant only ComfyUI runs
+        lacking = (
+            f"has no counterpart in diffusers, which has no {family.title} class (ComfyUI's "
+            f"{family.diffusers_class} runs it): this model cannot be run for a forward pass"
+        )
     stacked = runnable_stacks(family, runs)  # cut into the class's tensors instead
     return renamed([n for n in runs if n not in stacked], family.diffusers_name, where, lacking)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from ..errors import InputError
 from .family import (
     CardWords,
+    Carried,
     Detection,
     Family,
     Folders,
@@ -107,6 +108,25 @@ VARIANT_MARKS = (
     "pose_patch_embedding.",
     "fps_embedding.",
     "fps_projection.",
+    # the variants only ComfyUI runs (`wan_variants`): S2V's, HuMo's, the Fun camera models', SCAIL's, WanDancer's
+    "casual_audio_encoder.",
+    "audio_injector.",
+    "trainable_cond_mask.",
+    "frame_packer.",
+    "audio_proj.",
+    "control_adapter.",
+    "patch_embedding_pose.",
+    "patch_embedding_mask.",
+    "patch_embedding_global.",
+    "music_injector.",
+    "music_encoder.",
+    "music_projection.",
+    "img_emb_refimage.",
+    "head_global.",
+    # Wan-Animate-2 (`wan_animate2`): diffusers' names (Wan's module tree, its own projection names) and the
+    # release's in-context wrapper around each block
+    "blocks.0.self_attn.to_q.",
+    "blocks.0.block.",
 )
 
 _NATIVE_MARKS = ("head.modulation", "blocks.0.self_attn.")
@@ -264,7 +284,11 @@ class Wan(Family):
         diffusers_marks=_DIFFUSERS_MARKS,
         foreign_marks=VARIANT_MARKS,
     )
-    plan = PlanPolicy(gguf_architecture="wan")
+    #: a release's ``__metadata__`` ``config`` (its ``transformer`` section), which ComfyUI reads over what it tells
+    #: off the tensors (``comfy/model_detection.py``): the only tell of the variants with no layer of their own,
+    #: FlowRVS (``model_type`` ``flow_rvs``: ``WAN21_FlowRVS``) and the causal autoregressive T2V (``causal_ar``:
+    #: ``WAN21_CausalAR_T2V``), carried into the files so that ComfyUI runs them as such
+    plan = PlanPolicy(gguf_architecture="wan", carried=Carried(metadata=("config",)))
     lora = LoraNames(
         prefixes=(
             "model.diffusion_model.",

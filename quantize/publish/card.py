@@ -265,7 +265,9 @@ def _loading_section(manifest: Manifest, facts: CardFacts) -> list[str]:
         out += _gguf_section(facts.model_files, manifest, facts.family)
     if "loaders" not in info.runs_in:
         return out
-    runs_as = facts.family.diffusers_class if facts.family is not None else None
+    family = facts.family
+    # a family no library's class runs (`Detection.library` None: ComfyUI's alone) is built by the caller
+    runs_as = family.diffusers_class if family is not None and family.detection.library else None
     if runs_as:  # the family's diffusers class takes either naming (the loader renames through the family)
         build = [f"from {facts.family.detection.library} import {runs_as}", ""]
         target = runs_as
@@ -273,6 +275,8 @@ def _loading_section(manifest: Manifest, facts: CardFacts) -> list[str]:
         build = [f"from diffusers import {cls}", ""]
         target = cls
     else:  # not a diffusers class: the caller builds the model whose parameter names match
+        if family is not None and family.detection.library is None:
+            cls = f"ComfyUI's {family.diffusers_class}"
         build = [f"model = ...  # an instance of the model class the checkpoint came from ({cls})"]
         target = "model"
     out += [

@@ -131,6 +131,8 @@ def recipe_for_format(folder: Path, fmt: str) -> tuple[str, SourceLayout]:
         )
     candidates = [(DEFAULT_RECIPES[lay.name].get(fmt), lay) for lay in layouts]
     chosen = [(r, lay) for r, lay in candidates if r is not None]
+    if chosen and all(lay.encoder for _, lay in chosen) and not all(lay.encoder for lay in layouts):
+        chosen = []  # a pipeline whose transformer has no such file: its reason, not its text encoder's recipe
     if len(chosen) > 1 and sum(not lay.encoder for _, lay in chosen) == 1:
         chosen = [(r, lay) for r, lay in chosen if not lay.encoder]  # a pipeline: its transformer
     if len(chosen) == 1:

@@ -411,8 +411,10 @@ class StreamedModel:
         self.param_of = run.family.parameter_names(run.parameters)
         self.plan_of = {param: name for name, param in self.param_of.items()}
         names = {n for n, _ in self.model.named_parameters()}
+        # the persistent buffers a checkpoint may store (Gemma 4's layer scalars): filled for the whole pass
+        stored_buffers = set(self.model.state_dict()) - names
         missing = sorted(names - set(self.plan_of))
-        unexpected = sorted(n for n, p in self.param_of.items() if p not in names)
+        unexpected = sorted(n for n, p in self.param_of.items() if p not in names and p not in stored_buffers)
         if missing or unexpected:
             what = (
                 f"no tensor for parameter {missing[0]!r}"
@@ -429,6 +431,8 @@ class StreamedModel:
         ]
         #: the root's own parameters (a top-level modulation table, say), held for the whole pass
         self.root_params = [n for n, _ in self.model.named_parameters(recurse=False)]
+        #: the checkpoint's buffers of the class, set for the whole pass
+        self.buffers = [p for p in self.plan_of if p in stored_buffers]
 
     def forward(
         self,
@@ -452,6 +456,11 @@ class StreamedModel:
                 handles.append(module.register_forward_pre_hook(lambda m, args, h=hook: h(m, args[0])))
             for name in self.root_params:
                 _set(self.model, name, weights(self.plan_of[name]))
+            for name in self.buffers:
+                owner, _, attr = name.rpartition(".")
+                target = self.model.get_submodule(owner) if owner else self.model
+                held = target._buffers[attr]
+                target._buffers[attr] = weights(self.plan_of[name]).reshape(held.shape).to(held.dtype)
             spec = self.run.inputs
             runs = self.model.get_submodule(spec.module) if spec.module else self.model
             with torch.no_grad():

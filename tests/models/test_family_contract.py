@@ -50,6 +50,7 @@ from quantize.models import (
     component_family,
     family_of,
     get_family,
+    own_names,
     runnable_names,
     same_but_size_one_dims,
 )
@@ -58,6 +59,7 @@ from quantize.plan import make_plan
 from quantize.read.checkpoint import open_component
 from quantize.read.detect import detect_layouts, recipe_for_format
 from quantize.read.files import config_class
+from quantize.read.source import under_own_names
 from quantize.recipes import (
     curated_recipes,
     default_recipes,
@@ -156,6 +158,13 @@ def _models(family: str, layout: str):
     return examples.models(examples.default_preset, layout)
 
 
+def _read_as(names: list[str]) -> list[str]:
+    """A model's tensor names as the tool reads them: a release's other naming under its family's own
+    (`Family.aliases`: Wan-Animate-2's in-context wrapper, read under diffusers' names)."""
+    renamed = own_names(names, "example")
+    return names if renamed is None else [renamed[n] for n in names]
+
+
 _DETECTED: dict[Path, list] = {}
 
 
@@ -225,7 +234,7 @@ def test_the_example_is_one_layout_of_its_family_and_each_model_is_the_familys_a
     # a text encoder in its pipeline folder is told as one (`--format` takes the transformer's recipe beside it)
     assert found.encoder == any(m.component == fam.folders.encoder for m in models), found
     for model in models:
-        names = [n for n, _ in model.tensors]
+        names = _read_as([n for n, _ in model.tensors])
         cls = config_class(model.config)
         if beside is not None and cls == beside.diffusers_class:
             continue  # a pipeline's model beside the family's (LTX-2's connectors): no family's own
@@ -234,7 +243,7 @@ def test_the_example_is_one_layout_of_its_family_and_each_model_is_the_familys_a
             (alone,) = detect_layouts(src / model.component)
             assert (alone.family, alone.encoder) == (family, False), alone
             assert alone.name in _recipes(family), alone
-        owner = component_family(open_component(src, model.component))
+        owner = component_family(under_own_names(open_component(src, model.component)))
         told_by_config = any(k in (model.config or {}) for k in fam.folders.release_config_keys)
         if fam.naming(names) is None and told_by_config:
             # a release told by its config alone (SkyReels-V2's T2V: Wan's model and names): planned as the family
@@ -269,7 +278,7 @@ def test_each_name_leads_back_to_itself_through_the_other_naming(family, layout)
     fam = get_family(family)
     for model in _models(family, layout):
         table = _table(fam, model)
-        names = [n for n, _ in model.tensors if not fam.carried(n)]
+        names = [n for n in _read_as([n for n, _ in model.tensors]) if not fam.carried(n)]
         naming = fam.detection.marks_naming(names)
         if table is not fam.names:  # a model beside the family's: its table is read native-wards
             naming = "diffusers"
@@ -339,7 +348,8 @@ def test_each_model_builds_as_its_class_with_every_parameter_a_tensor_of_the_che
         run = runnable(cp)
         # built, it refuses a parameter no tensor fills, or a tensor that is no parameter
         model = StreamedModel(run).model
-        params = dict(model.named_parameters())
+        # a checkpoint may store a persistent buffer of the class (Gemma 4's layer scalars)
+        params = {**dict(model.named_buffers()), **dict(model.named_parameters())}
         weight = whole_then_cut(run, lambda tp: torch.empty(tp.info.shape, device="meta"))
         for name, param in fam.parameter_names(run.parameters).items():
             got, want = weight(name).shape, params[param].shape
