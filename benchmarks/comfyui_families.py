@@ -30,6 +30,7 @@ Not part of `make test` (ComfyUI is not on PyPI); run it on every change to a fa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib.util
 import json
@@ -51,9 +52,19 @@ EXPECTED = {
     "minimax-h3": {"*": {"MiniMaxH3"}},
     "kandinsky5": {"*": {"Kandinsky5"}},
     "wan-vace": {"*": {"WAN21_Vace"}},
-    "wan-animate": {"*": {"WAN22_Animate", "WAN_Animate2"}},
+    # ComfyUI builds WAN_Animate2 only from a file whose metadata says "animate2" (Wan-Animate-2's: `wan-animate2`);
+    # Wan Animate's face adapter makes it "animate" (comfy/model_detection.py): the two kept apart
+    "wan-animate": {"*": {"WAN22_Animate"}},
+    # ComfyUI tells it from a Wan2.1 I2V by the file's metadata alone (its names are Wan's)
+    "wan-animate2": {"*": {"WAN_Animate2"}},
     "skyreels-v2": {"*": {"WAN21_T2V", "WAN21_I2V"}},
+    "wan-s2v": {"*": {"WAN22_S2V"}},
+    "wan-humo": {"*": {"WAN21_HuMo"}},
+    "wan-camera": {"camera-2.1": {"WAN21_Camera"}, "camera-2.2": {"WAN22_Camera"}},
+    "wan-scail": {"scail": {"WAN21_SCAIL"}, "scail2": {"WAN21_SCAIL2"}},
+    "wan-dancer": {"*": {"WAN22_WanDancer"}},
     "wan": {"ti2v": {"WAN22_T2V"}},
+    "qwen-image": {"*": {"QwenImage"}},
 }
 #: the prefix ComfyUI's loaders strip from a full checkpoint's diffusion model (comfy/model_detection.py
 #: unet_prefix_from_state_dict)
@@ -66,6 +77,33 @@ FORMATS = ["comfy_fp8", "comfy_int8", "comfy_nvfp4", "comfy_mxfp8", "gguf"]
 #: bundled recipe's blocks kept as its first two and last two (the others quantized); for the layouts named (the
 #: release, and a diffusers pipeline with its connectors/)
 GGUF_AT_RELEASED_WIDTHS = {"ltx2": ("19b", 5, ("release", "pipeline"))}
+#: family -> presets checked beside its default one, in every layout (case ids ``family@preset/layout/...``): LTX-2.5
+PRESETS = {"ltx2": ("tiny-2.5", "comfyui-2.5"), "qwen-image": ("comfyui",)}
+#: (family, preset) -> the only layouts its example is checked in (else every one)
+PRESET_LAYOUTS = {("ltx2", "comfyui-2.5"): ("pipeline",)}
+#: family -> why its default example is not loaded, only its `PRESETS`: ComfyUI builds Qwen-Image at the released
+#: widths whatever the file holds (comfy/model_detection.py reads only in_channels and the block count), so only
+#: the ``comfyui`` example (those widths, two blocks) loads
+DEFAULT_PRESET_UNLOADED = {
+    "qwen-image": "ComfyUI builds the released widths (3072 wide, 24 heads of 128) only"
+}
+#: (family, preset) -> why its GGUF file is loaded with the file's string key-values handed to ComfyUI as its
+#: metadata, as ComfyUI-GGUF does since its PR #399 (January 2026): a ComfyUI-GGUF that hands none (the one checked
+#: here, if older) makes ComfyUI build LTXAVModel's defaults, the 2.0 structure, whatever the tensors are; LTX-2.3's
+#: and 2.5's structure (gated attention, the text cross-attention's adaLN, 2.5's video feed-forward without bias) is
+#: told by the metadata alone, at any width
+GGUF_WITH_METADATA = {
+    ("ltx2", "tiny-2.5"): "LTX-2.5's structure is in the metadata alone (ComfyUI-GGUF PR #399 hands it over)",
+    (
+        "ltx2",
+        "comfyui-2.5",
+    ): "LTX-2.5's structure is in the metadata alone (ComfyUI-GGUF PR #399 hands it over)",
+    # its names are a Wan2.1 I2V's: without the metadata ComfyUI builds WAN21_I2V (which runs, without the pose branch)
+    (
+        "wan-animate2",
+        None,
+    ): "Wan-Animate-2 is told from a Wan2.1 I2V by the metadata alone (ComfyUI-GGUF PR #399)",
+}
 
 
 def parse_args():
@@ -193,6 +231,8 @@ def _case(
     path: Path,
     expected: set[str],
     source_unexpected: frozenset | None = frozenset(),
+    gguf_metadata: bool = False,
+    forward=None,
 ) -> dict:
     """One file loaded as ComfyUI's node does. `source_unexpected`: the keys the family's bf16 sources left unused
     too (a pass allows those only); None: this is such a source, whose unused keys are reported, not failed."""
@@ -200,7 +240,8 @@ def _case(
     runner.cap.records.clear()
     t0 = time.time()
     try:
-        patcher = runner.load(case_id, path)
+        with _gguf_metadata_handed(path if gguf_metadata else None):
+            patcher = runner.load(case_id, path)
         m = patcher.model
         r["class"] = type(m.model_config).__name__
         logs = list(runner.cap.records)
@@ -218,6 +259,9 @@ def _case(
         r["q"] = f"{len(found)}/{len(want)}"
         r["q_mismatch"] = sorted(k for k in set(want) | set(found) if want.get(k) != found.get(k))
         r["layouts"] = sorted(set(found.values()))
+        if forward is not None:  # `FORWARDS`: the outputs, compared with the bf16 source's by the caller
+            r["out"] = forward(runner, patcher)
+            r["finite"] = all(bool(runner.torch.isfinite(o).all()) for o in r["out"])
         del patcher, m
     except Exception as e:  # noqa: BLE001
         r["error"] = f"{type(e).__name__}: {str(e).strip()[:400]} [{check.where(e, runner.roots)}]"
@@ -231,17 +275,145 @@ def _case(
         and (source_unexpected is None or not set(r["unexpected"]) - source_unexpected)
         and not r["leftover"]
         and not r["q_mismatch"]
+        and r.get("finite", True)
     )
     return r
+
+
+@contextlib.contextmanager
+def _gguf_metadata_handed(path: Path | None):
+    """While ComfyUI-GGUF's Unet Loader loads `path`, ComfyUI is handed the file's string key-values as its metadata
+    (what ComfyUI-GGUF does since its PR #399: `GGUF_WITH_METADATA`); None: as the checked ComfyUI-GGUF does."""
+    if path is None:
+        yield
+        return
+    import comfy.sd
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    metadata = {k: f.contents() for k, f in reader.fields.items() if f.types == [gguf.GGUFValueType.STRING]}
+    load = comfy.sd.load_diffusion_model_state_dict
+    comfy.sd.load_diffusion_model_state_dict = lambda sd, model_options={}, **kw: load(
+        sd, model_options=model_options, metadata=metadata, **kw
+    )
+    try:
+        yield
+    finally:
+        comfy.sd.load_diffusion_model_state_dict = load
+
+
+def _ltx2_forward(runner, patcher) -> list:
+    """``LTXAVModel`` run as ComfyUI holds it (its own dtype, the layers as loaded): 2x2x2 video latents, 3 audio
+    latent frames, 6 text tokens already through the connectors, sigma 0.5 for both; the video and audio outputs in
+    float32."""
+    torch = runner.torch
+    runner.mm.load_models_gpu([patcher])
+    dm, dtype = patcher.model.diffusion_model, patcher.model.get_dtype()
+    g = torch.Generator().manual_seed(0)
+    video = torch.randn(1, dm.in_channels, 2, 2, 2, generator=g)
+    audio = torch.randn(1, dm.num_audio_channels, 3, dm.audio_frequency_bins, generator=g)
+    # the connectors' outputs, video and audio concatenated: as wide as the two cross-attentions (2.3, 2.5), or
+    # twice the caption width (2.0, whose transformer projects them: av_model.py preprocess_text_embeds)
+    width = dm.cross_attention_dim + dm.audio_cross_attention_dim
+    context = torch.randn(
+        1, 6, width if dm.caption_proj_before_connector else 2 * dm.caption_channels, generator=g
+    )
+    sigma = torch.full((1,), 0.5)
+    with torch.no_grad():
+        out = dm([video.to(dtype), audio.to(dtype)], (sigma, sigma), context.to(dtype), frame_rate=25)
+    return [o.float() for o in out]
+
+
+def _ltx25_text_encoder(runner, check, case_id: str, out: Path) -> dict | None:
+    """LTX-2.5's text encoder as ComfyUI's LTXAVTextEncoderLoader builds it (``comfy.sd.load_clip``, type ltxv) of
+    a pipeline's two ComfyUI files: Gemma 4 from ``text_encoder/``, the text projection from the transformer's file
+    (the release keeps it in Gemma 4's; a pipeline's file carries it at its root), at the example encoder's widths
+    (ComfyUI fixes Gemma 4 12B's otherwise: ``gemma4_model_config``, as benchmarks/comfyui_encoders.py passes them).
+    It must be LTX's (Gemma 4 with the per-modality projection), miss no key, leave none of the encoder's file or
+    the projection unused, and encode a prompt to finite features. None: no text encoder file in `out`."""
+    import logging
+
+    import comfy.sd
+
+    from quantize.models.examples import examples_of
+
+    encoder = sorted((out / "text_encoder").glob("*.safetensors"))
+    transformer = sorted((out / "transformer").glob("*.safetensors"))
+    if not encoder or not transformer:
+        return None
+    g = examples_of("gemma4").presets["comfyui"]
+    widths = {
+        "vocab_size": g.vocab_size, "hidden_size": g.hidden, "intermediate_size": g.intermediate,
+        "num_hidden_layers": g.layers, "num_attention_heads": g.heads, "num_key_value_heads": g.kv_heads,
+    }  # fmt: skip
+    lines: list[str] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = lambda record: lines.append(record.getMessage())
+    root = logging.getLogger()
+    level = root.level
+    r = dict(id=f"{case_id}/text_encoder+transformer (LTXAVTextEncoderLoader)", ok=False, encoder=True)
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    try:
+        clip = comfy.sd.load_clip(
+            ckpt_paths=[str(encoder[0]), str(transformer[0])],
+            clip_type=comfy.sd.CLIPType.LTXV,
+            model_options={"model_name": "gemma4", "gemma4_model_config": widths},
+        )
+        model = clip.cond_stage_model
+        r["class"] = f"{type(model).__name__}/{type(model.text_embedding_projection).__name__}"
+        cond = clip.encode_from_tokens_scheduled(clip.tokenize("a cat playing the piano"))[0][0]
+        r["cond"], r["finite"] = tuple(cond.shape), bool(runner.torch.isfinite(cond).all())
+    except Exception as e:  # noqa: BLE001
+        r["error"] = f"{type(e).__name__}: {str(e).strip()[:400]} [{check.where(e, runner.roots)}]"
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    keys = {k: sum((check._keys_in(x) for x in lines if x.startswith(f"clip {k}")), []) for k in ("missing", "unexpected")}  # fmt: skip
+    r["missing"] = keys["missing"]
+    # the transformer's own, and the tokenizer ComfyUI takes from the encoder's file (comfy/sd.py: tokenizer_data)
+    # before its model is handed the rest
+    tokenizer = ("tokenizer_json", "spiece_model")
+    r["unexpected"] = [k for k in keys["unexpected"] if not k.startswith(UNET_PREFIX) and k not in tokenizer]
+    r["ok"] = "error" not in r and r["class"] == "LTXAVTEModel_/DualLinearProjection" and r["finite"]
+    r["ok"] = r["ok"] and not r["missing"] and not r["unexpected"]
+    return r
+
+
+#: (family, preset) -> a check of a pipeline's text encoder as ComfyUI loads it with the transformer's file
+#: (runner, check, case id, output folder) -> result, None where the output has no such files
+ENCODER_CHECKS = {("ltx2", "comfyui-2.5"): _ltx25_text_encoder}
+
+
+#: family -> a forward pass on ComfyUI's loaded model (runner, patcher) -> outputs: each file is run, and a
+#: converted file's outputs are held to its bf16 source's (SQNR, reported; a non-finite output fails)
+FORWARDS = {"ltx2": _ltx2_forward}
+
+
+def _sqnr(ref: list, got: list) -> str:
+    import torch
+
+    return "/".join(
+        f"{10 * torch.log10(a.pow(2).sum() / (a - b).pow(2).sum().clamp_min(1e-30)).item():.1f}"
+        for a, b in zip(ref, got, strict=True)
+    )
 
 
 def _line(r: dict) -> str:
     s = f"{'REF' if r.get('ref') else 'PASS' if r['ok'] else 'FAIL':4} {r['id']:58} "
     if "refused" in r:
         return s + f"refused at plan time: {r['refused']}"
+    if r.get("encoder"):  # `ENCODER_CHECKS`
+        s += f"{r.get('class', '-')} missing {len(r['missing'])} unexpected {len(r['unexpected'])} "
+        s += f"cond {r['cond']} {'finite' if r['finite'] else 'NOT FINITE'} " if "cond" in r else ""
+        s += f"ERROR {r['error']}" if "error" in r else ""
+        return (s + "".join(f"\n       {k}: {r[k][:8]}" for k in ("missing", "unexpected") if r[k])).rstrip()
     if r.get("class"):
         s += f"{r['class']} missing {len(r['missing'])} unexpected {len(r['unexpected'])} leftover {len(r['leftover'])} "
         s += f"quant {r['q']} {','.join(r['layouts']) or '-'} "
+        if "finite" in r:  # `FORWARDS`
+            s += f"forward {'finite' if r['finite'] else 'NOT FINITE'} "
+            s += f"SQNR {r['sqnr']} dB " if r.get("sqnr") else ""
     if "error" in r:
         s += f"ERROR {r['error']}"
     for k in ("missing", "unexpected", "leftover", "q_mismatch"):
@@ -282,6 +454,7 @@ def main() -> int:
     only = re.compile(args.only) if args.only else None
     families = args.families.split(",") if args.families else list(EXPECTED)
     results = []
+    outputs: dict[tuple[str, str], list | None] = {}  # (name, layout) -> the bf16 source's `FORWARDS` outputs
     source_unexpected: dict[
         str, frozenset
     ] = {}  # family -> keys ComfyUI found no place for in its bf16 source
@@ -291,18 +464,25 @@ def main() -> int:
         layouts = [lay for lay in examples_of(fam).layouts if lay in by_layout] or (
             list(examples_of(fam).layouts) if "*" in by_layout else []
         )
-        for layout in layouts:
+        cases = [(None, layout) for layout in layouts if family not in DEFAULT_PRESET_UNLOADED]
+        cases += [
+            (preset, layout)
+            for preset in PRESETS.get(family, ())
+            for layout in layouts
+            if layout in PRESET_LAYOUTS.get((family, preset), (layout,))
+        ]
+        for preset, layout in cases:
             expected = by_layout.get(layout, by_layout.get("*", set()))
-            src = args.work / "fam-src" / f"{family}-{layout}"
+            name = family if preset is None else f"{family}@{preset}"  # the case ids' and folders' name
+            src = args.work / "fam-src" / f"{name}-{layout}"
             p = subprocess.run(
-                [args.quantize, "example", str(src), "--family", family, "--layout", layout],
+                [args.quantize, "example", str(src), "--family", family, "--layout", layout]
+                + ([] if preset is None else ["--preset", preset]),
                 capture_output=True,
                 text=True,
             )
             if p.returncode:
-                r = dict(
-                    id=f"{family}/{layout}/example", ok=False, error=(p.stdout + p.stderr).strip()[-300:]
-                )
+                r = dict(id=f"{name}/{layout}/example", ok=False, error=(p.stdout + p.stderr).strip()[-300:])
                 results.append(r)
                 print(_line(r), flush=True)
                 continue
@@ -311,14 +491,17 @@ def main() -> int:
                 natives = []  # diffusers names: ComfyUI detects no model in them; only our output is loaded
             for comp in natives:
                 rel = comp.relative_to(src).as_posix() or "."
-                cid = f"{family}/{layout}/{rel}/bf16-source"
+                cid = f"{name}/{layout}/{rel}/bf16-source"
                 if only and not only.search(cid):
                     continue
                 ref = _merged(
-                    comp, args.work / "fam-ref" / f"{family}-{layout}-{rel.replace('/', '_')}.safetensors"
+                    comp, args.work / "fam-ref" / f"{name}-{layout}-{rel.replace('/', '_')}.safetensors"
                 )
                 r = _case(
-                    runner, check, cid, ref, expected, source_unexpected=None
+                    runner, check, cid, ref, expected, source_unexpected=None, forward=FORWARDS.get(family)
+                )
+                outputs[name, layout] = r.pop(
+                    "out", None
                 )  # the reference: reported, neither passed nor failed (HunyuanVideo 1.5's release keeps q, k and
                 # v apart, which ComfyUI loads fused: it does not load as released, its conversions do)
                 r["ref"] = True
@@ -328,19 +511,24 @@ def main() -> int:
                 results.append(r)
                 print(_line(r), flush=True)
             for fmt in FORMATS:
-                cid = f"{family}/{layout}/{fmt}"
+                cid = f"{name}/{layout}/{fmt}"
                 if only and not only.search(cid):
                     continue
-                out = args.work / "fam-out" / f"{family}-{layout}-{fmt}"
+                out = args.work / "fam-out" / f"{name}-{layout}-{fmt}"
                 how = ["--format", fmt]
                 source = src
-                if fmt == "gguf" and layout in GGUF_AT_RELEASED_WIDTHS.get(family, (0, 0, ()))[2]:
+                handed = fmt == "gguf" and (family, preset) in GGUF_WITH_METADATA
+                if (
+                    preset is None
+                    and fmt == "gguf"
+                    and layout in GGUF_AT_RELEASED_WIDTHS.get(family, (0, 0, ()))[2]
+                ):
                     source, recipe = _released_widths_gguf(args, family, layout)
                     how = ["--recipe", str(recipe)]
                 p = subprocess.run(
                     [args.quantize, "convert", str(source), str(out), *how], capture_output=True, text=True
                 )
-                (args.work / "logs" / f"{family}-{layout}-{fmt}.log").write_text(p.stdout + p.stderr)
+                (args.work / "logs" / f"{name}-{layout}-{fmt}.log").write_text(p.stdout + p.stderr)
                 if p.returncode:
                     text = (p.stdout + p.stderr).strip().splitlines()[-1:] or [""]
                     refusal = (
@@ -352,6 +540,8 @@ def main() -> int:
                     print(_line(r), flush=True)
                     continue
                 files = sorted(out.rglob("*.gguf" if fmt == "gguf" else "*.safetensors"))
+                # a pipeline's text encoder, converted by the same --format: benchmarks/comfyui_encoders.py's
+                files = [f for f in files if f.relative_to(out).parts[0] != fam.folders.encoder]
                 for f in files:
                     r = _case(
                         runner,
@@ -360,9 +550,22 @@ def main() -> int:
                         f,
                         expected,
                         source_unexpected.get(family, frozenset()),
+                        gguf_metadata=handed,
+                        forward=FORWARDS.get(family),
                     )
+                    got, ref_out = r.pop("out", None), outputs.get((name, layout))
+                    if got is not None and ref_out is not None and source == src:
+                        r["sqnr"] = _sqnr(ref_out, got)  # against its own bf16 source's, video/audio
+                    if handed:
+                        r["id"] += " (metadata handed over)"
                     results.append(r)
                     print(_line(r), flush=True)
+                encoder_check = ENCODER_CHECKS.get((family, preset))
+                if encoder_check is not None and fmt != "gguf":
+                    r = encoder_check(runner, check, cid, out)
+                    if r is not None:
+                        results.append(r)
+                        print(_line(r), flush=True)
     cases = [r for r in results if not r.get("ref")]
     failed = [r for r in cases if not r["ok"]]
     refs = len(results) - len(cases)

@@ -126,7 +126,7 @@ def write_example(
             fixed=dict(model.fixed or {}),
             init=dict(model.init or {}),
         )
-    for rel, content in chosen.files(layout).items():
+    for rel, content in chosen.preset_files(preset, layout).items():
         (out_dir / rel).parent.mkdir(parents=True, exist_ok=True)
         if isinstance(content, bytes):
             (out_dir / rel).write_bytes(content)

@@ -1,4 +1,4 @@
-"""LTX-2 (Lightricks LTX-2 19B and LTX-2.3 22B: audio and video in one transformer; diffusers'
+"""LTX-2 (Lightricks LTX-2 19B, LTX-2.3 22B and LTX-2.5 22B: audio and video in one transformer; diffusers'
 `LTX2VideoTransformer3DModel`): everything the tool knows of it.
 
 Generations (`VERSIONS`): LTX-2.0 (``ltx-2-19b-dev.safetensors``) projects the caption features in the transformer
@@ -9,6 +9,22 @@ carried), gates each attention per head (``to_gate_logits``) and modulates the t
 ``prompt_scale_shift_table``). One name table holds both; `Ltx2.diffusers_config` reads which off the tensors
 (diffusers' ``gated_attn``, ``cross_attn_mod``, ``use_prompt_embeddings`` and their audio twins). The bundled recipes
 keep the gates and every adaLN and modulation table of either.
+
+LTX-2.5 (``ltx-2.5-22b-dev-transformer-bf16.safetensors``, Gemma 4 12B its text encoder) is 2.3's structure with no
+bias in the video feed-forward (diffusers' ``ff_bias`` false; the audio one keeps its bias) and
+``keyframes_abs_pos_embedding`` (one row as wide as the video stream, added to the tokens of generated keyframes: a
+parameter, no Linear, so never quantized: it is carried in the file's dtype like every root table), as its published
+files hold it (4349 tensors, the prompt adaLN kept); diffusers' other 2.5 switch, ``use_prompt_adaln_single`` false
+(the prompt adaLN dropped), is read off the tensors too. Its release file holds the transformer and the two
+connectors alone: its text projection is in the Gemma 4 file (``gemma4-12b-with-proj-ltx-2.5-bf16.safetensors``), its
+VAEs in files of their own, and its duration head (ComfyUI's ``duration_head.py``, 3.8 MB, which ComfyUI's
+ModelPatchLoader casts to float32 whatever it is stored in: nothing to gain by quantizing it) in
+``model_patches/ltx-2.5-duration-head-bf16.safetensors``; a file that holds the head beside the transformer keeps it
+as stored (`DURATION_HEAD`, under either prefix that loader takes). ComfyUI reads ``ff_bias``, ``audio_ff_bias`` and
+``use_prompt_adaln_single`` off the metadata ``config`` alone (and the keyframes' row off its tensor); the release
+names all four (`LTX25_COMFYUI_SWITCHES`), and a pipeline's file names them as the release does. Of the release's
+other metadata (``model_version``, ``gemma_source_checkpoint``, ``license``) only ``config`` is carried, as for
+2.0 and 2.3.
 
 Layouts (`LTX2.layouts`): ``ltx2`` (the release as Lightricks ships it: ONE safetensors file, e.g.
 ``ltx-2-19b-dev.safetensors``, no config.json, holding the transformer under ``model.diffusion_model.`` together with
@@ -33,7 +49,10 @@ pipeline's ``connectors/`` is joined to the transformer as the release carries i
 `CONNECTOR_NAMES` gives its tensors the release's names, the text projection included) and the metadata ``config``
 is made of the two configs (`Ltx2.beside_metadata`), so that the file is the release's but for its VAEs and vocoder.
 A ``transformer/`` with no ``connectors/`` beside it would load with connectors missing: a ComfyUI or GGUF file of
-it is refused at plan time (`Ltx2.diffusers_not_native_why`).
+it is refused at plan time (`Ltx2.diffusers_not_native_why`). An LTX-2.5 pipeline's file is its release's with the
+text projection at the root beside it (diffusers keeps the projection in ``connectors/``; ComfyUI's diffusion model
+loaders read only what is under the prefix, its LTX-2.5 text encoder loader the projection in the Gemma 4 file), and
+one ``--format`` converts its ``text_encoder/`` too, by that encoder's family.
 
 Names: the native ones are the release's, with its ``model.diffusion_model.`` prefix (``patchify_proj``,
 ``adaln_single``, ``av_ca_a2v_gate_adaln_single``, per block ``scale_shift_table_a2v_ca_video``, ``attn1.q_norm``);
@@ -53,7 +72,8 @@ The dimensions ComfyUI fixes (``comfy/model_detection.py``, the 'Lightricks ltxv
 32 heads and 128 channels, and carry a metadata ``config`` naming the rest, as the releases do; a ComfyUI file keeps
 it, and a GGUF file carries it as its string key-value ``config``: ComfyUI-GGUF's Unet loader hands its string
 key-values to ComfyUI as the file's metadata since its PR #399 (January 2026); an older one hands none, and ComfyUI
-then builds its defaults, the 19B's dimensions and the 2.0 structure, which only a 2.0 19B GGUF matches.
+then builds its defaults, the 19B's dimensions and the 2.0 structure, which only a 2.0 19B GGUF matches (an
+LTX-2.3 or 2.5 GGUF, whose structure the metadata alone tells, needs a ComfyUI-GGUF that hands it over).
 
 >>> LTX2.native_name("transformer_blocks.3.attn1.norm_q.weight")
 'model.diffusion_model.transformer_blocks.3.attn1.q_norm.weight'
@@ -97,12 +117,19 @@ __all__ = [
     "CARRIED",
     "COMFYUI_HEADS",
     "LTX23_SWITCHES",
+    "LTX25_SWITCHES",
+    "LTX25_COMFYUI_SWITCHES",
+    "DURATION_HEAD",
     "CONNECTOR_NAMES",
     "CONNECTORS",
 ]
 
 #: where the release keeps the transformer (and its text connectors) in its one file
 PREFIX = "model.diffusion_model."
+#: LTX-2.5's duration head (ComfyUI's ``comfy/ldm/lightricks/duration_head.py``, loaded by its ModelPatchLoader,
+#: which takes it under either prefix: ``normalize_state_dict``): released as a file of its own, carried where a file
+#: holds it beside the transformer
+DURATION_HEAD = (f"{PREFIX}duration_head.", "duration_head.")
 #: what the release's file holds beside the transformer: carried as stored, never converted
 CARRIED = (
     "vae.",
@@ -111,6 +138,7 @@ CARRIED = (
     "text_embedding_projection.",
     f"{PREFIX}video_embeddings_connector.",
     f"{PREFIX}audio_embeddings_connector.",
+    *DURATION_HEAD,
 )
 #: the heads ComfyUI builds video and audio attention with when the file's metadata names none
 COMFYUI_HEADS = 32
@@ -250,6 +278,18 @@ LTX23_SWITCHES = {
     "audio_cross_attn_mod": True,
     "use_prompt_embeddings": False,
     "perturbed_attn": True,
+}
+
+#: LTX-2.5's structure in diffusers' config beyond 2.3's (`LTX23_SWITCHES`), as its published files hold it: no
+#: bias in the video feed-forward (the audio one keeps its), the keyframes' position embedding; the prompt adaLN kept
+LTX25_SWITCHES = {"ff_bias": False, "use_keyframes_abs_pos_embedding": True}
+#: the same in the ``transformer`` section of its metadata ``config``, in ``LTXAVModel``'s argument names: ComfyUI
+#: reads the first three there alone (``comfy/ldm/lightricks/av_model.py``), the last off the tensor too
+LTX25_COMFYUI_SWITCHES = {
+    "ff_bias": False,
+    "audio_ff_bias": True,
+    "use_prompt_adaln_single": True,
+    "use_keyframes_abs_pos_embedding": True,
 }
 
 # --- a forward pass's inputs -------------------------------------------------------------------------------
@@ -431,6 +471,7 @@ class Ltx2(Family):
         projection); what the shapes do not say is what the releases fix (`RELEASE_CONSTANTS`)."""
 
         shape = shape_reader(tensors, where, f"an {self.title} release", PREFIX)
+        self._complete_blocks(tensors, where)
 
         def has(name: str) -> bool:
             return f"{PREFIX}{name}" in tensors
@@ -488,12 +529,28 @@ class Ltx2(Family):
             )
         return built
 
+    def _complete_blocks(self, tensors: Mapping[str, TensorInfo], where: Path) -> None:
+        """Every block of the release holds what its block 0 holds: `InputError` naming the first tensor a partial
+        file lacks (its shapes say nothing of a block they were not read off: ComfyUI would build the block and
+        leave the tensor random)."""
+        prefix = f"{PREFIX}transformer_blocks."
+        first = [n.removeprefix(f"{prefix}0.") for n in tensors if n.startswith(f"{prefix}0.")]
+        for i in range(1, count_blocks(tensors, prefix)):
+            lacking = next(
+                (f"{prefix}{i}.{leaf}" for leaf in first if f"{prefix}{i}.{leaf}" not in tensors), None
+            )
+            if lacking is not None:
+                raise InputError(
+                    f"{where}: no tensor {lacking!r}, which block 0 has: a partial {self.title} release"
+                )
+
     def beside_metadata(self, config: dict, beside_config: dict, where: Path) -> dict[str, str]:
         """The release's metadata ``config`` of a pipeline's transformer and connectors (`CONNECTORS`): its
         ``transformer`` section, what ComfyUI builds ``LTXAVModel`` from (``comfy/model_detection.py`` reads it over
         what the tensors show), in ``LTXAVModel``'s argument names, from `LTX2VideoTransformer3DModel`'s config and
         `LTX2TextConnectors`' (`where`, which an error names); LTX-2.3's switches where the transformer gates its
-        attention (diffusers' ``gated_attn``)."""
+        attention (diffusers' ``gated_attn``); LTX-2.5's four (`LTX25_COMFYUI_SWITCHES`) where any differs from
+        ComfyUI's default (a video feed-forward without bias, the keyframes' position embedding)."""
         t, c = config, beside_config
         try:
             section = {
@@ -524,6 +581,15 @@ class Ltx2(Family):
                     "audio_connector_num_attention_heads": c["audio_connector_num_attention_heads"],
                     "audio_connector_attention_head_dim": c["audio_connector_attention_head_dim"],
                 }
+            switches = {
+                "ff_bias": t.get("ff_bias", True),
+                "audio_ff_bias": t.get("audio_ff_bias", True),
+                "use_prompt_adaln_single": t.get("use_prompt_adaln_single", True),
+                "use_keyframes_abs_pos_embedding": t.get("use_keyframes_abs_pos_embedding", False),
+            }
+            # LTX-2.5's (`LTX25_COMFYUI_SWITCHES`): ComfyUI reads them off the metadata
+            if switches != dict.fromkeys(switches, True) | {"use_keyframes_abs_pos_embedding": False}:
+                section |= switches
         except KeyError as e:
             raise InputError(
                 f"{where}: no {e.args[0]!r} in the config: not an {self.title} pipeline's"

@@ -135,7 +135,11 @@ def tokenizer_files(rel: str, fmt: str, present: Collection[str] | None = None) 
         paths = [posixpath.normpath(posixpath.join(rel, f)) for f in tok.files]
         paths = [p for p in paths if not p.startswith("../")]
         found += paths if present is None else [p for p in paths if p in present][:1]
-    return found
+    if present is None:
+        return found
+    # a tokenizer.json (Gemma 4's own kind) only where no SentencePiece model lies beside it, as the outline takes
+    models_in = {posixpath.dirname(p) for p in found if not p.endswith(".json")}
+    return [p for p in found if not p.endswith(".json") or posixpath.dirname(p) not in models_in]
 
 
 def _beside_folders(recipe) -> list[str]:

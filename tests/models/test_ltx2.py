@@ -13,6 +13,11 @@ is LTX-2.3's structure (per-head gated attention, the text cross-attention's ada
 transformer), 128 wide for video and 64 for audio. Oracles for 2.3 beside those: the rename diffusers' own conversion
 script adds for it and the config it converts LTX-2.3 with (tests/oracles/diffusers_scripts.py), and ComfyUI's rules
 for the switches the release's metadata ``config`` names.
+
+``tiny-2.5`` is LTX-2.5's structure at tiny-2.3's size (2.3's, with no bias in the video feed-forward and the
+keyframes' position embedding; its release file holds the transformer and connectors alone, as the published
+``ltx-2.5-22b-dev-transformer-bf16.safetensors`` does, 4349 tensors at 22B); its pipeline holds a text encoder
+(Gemma 4's tiny example), converted by the same ``--format``.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from quantize.formats import FORMAT_INFO
 from quantize.models import get_family, name_table, runnable_names
 from quantize.models.examples import examples_of
 from quantize.models.examples.ltx2 import connectors_config
-from quantize.models.ltx2 import LTX23_SWITCHES, PREFIX
+from quantize.models.ltx2 import LTX23_SWITCHES, LTX25_COMFYUI_SWITCHES, LTX25_SWITCHES, PREFIX
 from quantize.plan import make_plan
 from quantize.read.checkpoint import TensorInfo, open_component, read_tensor
 from quantize.read.detect import detect_layouts
@@ -54,6 +59,7 @@ LAYOUTS = {"release": "ltx2", "diffusers": "ltx2-diffusers"}
 SOURCES = {
     "release": ("tiny", "release"), "diffusers": ("tiny", "diffusers"),
     "release-2.3": ("tiny-2.3", "release"), "diffusers-2.3": ("tiny-2.3", "diffusers"),
+    "release-2.5": ("tiny-2.5", "release"), "diffusers-2.5": ("tiny-2.5", "diffusers"),
 }  # fmt: skip
 
 TINY = dict(
@@ -63,12 +69,20 @@ TINY = dict(
 )  # fmt: skip
 #: LTX-2.3's switches as diffusers' conversion script sets them
 TINY_23 = TINY | LTX23_SCRIPT_SWITCHES
+#: LTX-2.5's, as its published files hold them; and diffusers' other 2.5 switch, the prompt adaLN dropped (the
+#: text cross-attention's keys and values cacheable across steps)
+TINY_25 = TINY_23 | LTX25_SWITCHES
+TINY_25_NO_PROMPT_ADALN = TINY_25 | {"use_prompt_adaln_single": False}
 
 
 # -- the name table -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("config", [TINY, TINY_23], ids=["2.0", "2.3"])
+@pytest.mark.parametrize(
+    "config",
+    [TINY, TINY_23, TINY_25, TINY_25_NO_PROMPT_ADALN],
+    ids=["2.0", "2.3", "2.5", "2.5-no-prompt-adaln"],
+)
 def test_every_diffusers_name_round_trips_through_diffusers_own_converter(config):
     import diffusers
 
@@ -92,9 +106,13 @@ def test_every_diffusers_name_round_trips_through_diffusers_own_converter(config
         block = f"{PREFIX}transformer_blocks.1"
         assert {f"{block}.video_to_audio_attn.to_gate_logits.weight", f"{block}.audio_prompt_scale_shift_table"} < set(native)  # fmt: skip
         assert not any("caption_projection" in k for k in native)
+    if config.get("use_keyframes_abs_pos_embedding"):  # LTX-2.5's: its video feed-forward has no bias
+        assert LTX.native_name("keyframes_abs_pos_embedding") == f"{PREFIX}keyframes_abs_pos_embedding"
+        assert not any(k.startswith("transformer_blocks.0.ff.") and k.endswith(".bias") for k in state)
+        assert ("prompt_adaln.linear.weight" in state) is config.get("use_prompt_adaln_single", True)
 
 
-@pytest.mark.parametrize("preset", ["tiny", "tiny-2.3"])
+@pytest.mark.parametrize("preset", ["tiny", "tiny-2.3", "tiny-2.5"])
 def test_the_release_names_are_what_diffusers_reads_of_the_release_and_the_connectors_have_none(preset):
     """diffusers' converter drops the connectors (another component) and leaves the rest of the file alone;
     our table gives each transformer tensor of the release the name the converter gives it, and none to the rest."""
@@ -103,13 +121,13 @@ def test_the_release_names_are_what_diffusers_reads_of_the_release_and_the_conne
     ours = runnable_names(LTX, names, Path("here"))
     assert {old: new for old, new in ltx2_diffusers_names(names).items() if old.startswith(PREFIX)} == ours
     carried = [n for n in names if LTX.carried(n)]
-    assert {n.split(".")[0] for n in carried} == {
-        "model",
-        "text_embedding_projection",
-        "vae",
-        "audio_vae",
-        "vocoder",
-    }
+    # LTX-2.5's file holds the connectors alone beside the transformer (its VAEs and projection are files of their own)
+    parts = (
+        {"model"}
+        if preset == "tiny-2.5"
+        else {"model", "text_embedding_projection", "vae", "audio_vae", "vocoder"}
+    )
+    assert {n.split(".")[0] for n in carried} == parts
     assert all(LTX.diffusers_name(n) is None for n in carried)
     assert not any(LTX.carried(n) for n in ours)
 
@@ -138,15 +156,21 @@ def sources(tmp_path_factory) -> dict[str, Path]:
     return {key: root / key for key in SOURCES}
 
 
-@pytest.mark.parametrize("source", ["release-2.3", "diffusers-2.3"])
-def test_ltx23_is_detected_in_both_layouts(sources, source):
-    """LTX-2.3's structure is a layout of LTX-2's (the family contract holds the tiny examples of 2.0 to the rest)."""
+@pytest.mark.parametrize("source", ["release-2.3", "diffusers-2.3", "release-2.5", "diffusers-2.5"])
+def test_ltx23_and_25_are_detected_in_both_layouts(sources, source):
+    """LTX-2.3's and 2.5's structures are layouts of LTX-2's (the family contract holds the tiny examples of 2.0 to
+    the rest)."""
     (found,) = detect_layouts(sources[source])
     assert (found.name, found.family) == (LAYOUTS[SOURCES[source][1]], "ltx2")
 
 
 @pytest.mark.parametrize(
-    ("source", "name"), [("release", "ltx-2-19b-dev"), ("release-2.3", "ltx-2.3-22b-dev")]
+    ("source", "name"),
+    [
+        ("release", "ltx-2-19b-dev"),
+        ("release-2.3", "ltx-2.3-22b-dev"),
+        ("release-2.5", "ltx-2.5-22b-dev-transformer-bf16"),
+    ],
 )
 def test_the_release_is_one_file_that_comfyui_builds_exactly_and_diffusers_detects(sources, source, name):
     from diffusers.loaders.single_file_utils import CHECKPOINT_KEY_NAMES
@@ -158,18 +182,25 @@ def test_the_release_is_one_file_that_comfyui_builds_exactly_and_diffusers_detec
     detected = comfyui_detects(state, metadata)
     assert detected["image_model"] == "ltxav" and detected["num_layers"] == 48
     v23 = source.endswith(
-        "2.3"
+        ("2.3", "2.5")
     )  # the switches LTX-2.3's own file names (its metadata config's transformer section)
     assert all(detected.get(k, False) is v23 for k in ("apply_gated_attention", "cross_attention_adaln", "caption_proj_before_connector", "connector_apply_gated_attention"))  # fmt: skip
     if v23:
         assert detected["caption_projection_first_linear"] is False
+    # LTX-2.5's: ComfyUI reads the feed-forward's bias off the metadata, the keyframes' off the tensor
+    if source.endswith("2.5"):
+        assert {k: detected[k] for k in LTX25_COMFYUI_SWITCHES} == LTX25_COMFYUI_SWITCHES
+        assert f"{PREFIX}transformer_blocks.0.ff.net.0.proj.bias" not in state
+        assert f"{PREFIX}transformer_blocks.0.audio_ff.net.0.proj.bias" in state
     assert comfyui_state(detected) == unet_part(
         state
     )  # ComfyUI builds exactly this transformer and its connectors
     assert any(k in state for k in CHECKPOINT_KEY_NAMES["ltx2"])  # diffusers' single-file detection
 
 
-@pytest.mark.parametrize("preset", ["tiny", "small", "19b", "tiny-2.3", "22b"])
+@pytest.mark.parametrize(
+    "preset", ["tiny", "small", "19b", "tiny-2.3", "22b", "tiny-2.5", "comfyui-2.5", "22b-2.5"]
+)
 def test_examples_have_the_dimensions_comfyui_fixes(preset):
     """32 heads (ComfyUI's attention_head_dim = to_k rows // 32), 128 latent channels; the 19B without metadata is
     exactly what ComfyUI's defaults build (the release's own dimensions); LTX-2.3's structure only with it (ComfyUI
@@ -189,11 +220,14 @@ def test_examples_have_the_dimensions_comfyui_fixes(preset):
             "cross_attention_dim": 4096, "attention_head_dim": 128, "audio_connector_attention_head_dim": 64,
             "connector_num_layers": 8,
         }  # fmt: skip
-    if preset in ("tiny-2.3", "22b"):
+    if preset in ("tiny-2.3", "22b", "tiny-2.5", "comfyui-2.5", "22b-2.5"):
         assert comfyui_state(comfyui_detects(state, None)) != unet_part(state)
+    # ltx-2.5-22b-dev-transformer-bf16.safetensors as published: 4349 tensors, the keyframes' row [1, 4096]
+    if preset == "22b-2.5":
+        assert len(state) == 4349 and state[f"{PREFIX}keyframes_abs_pos_embedding"] == (1, 4096)
 
 
-@pytest.mark.parametrize("version", ["", "-2.3"])
+@pytest.mark.parametrize("version", ["", "-2.3", "-2.5"])
 def test_the_config_read_off_the_release_builds_diffusers_class_with_every_transformer_tensor_in_place(
     sources, version
 ):
@@ -214,6 +248,11 @@ def test_the_config_read_off_the_release_builds_diffusers_class_with_every_trans
     assert switches == (LTX23_SWITCHES if version else {k: not v for k, v in LTX23_SWITCHES.items()})
     assert config["caption_channels"] == (3840 if version else 64) and config["use_prompt_adaln_single"]
     assert (config["num_attention_heads"], config["attention_head_dim"]) == ((32, 4) if version else (32, 2))
+    v25 = (
+        version == "-2.5"
+    )  # its switches read off the tensors: no video feed-forward bias, the keyframes' row
+    assert {k: config[k] for k in LTX25_SWITCHES} == (LTX25_SWITCHES if v25 else {k: not v for k, v in LTX25_SWITCHES.items()})  # fmt: skip
+    assert config["audio_ff_bias"]
 
 
 # -- the bundled recipes ----------------------------------------------------------------------------------------
@@ -245,7 +284,9 @@ def test_each_bundled_recipe_quantizes_the_middle_blocks_and_keeps_the_rest(sour
         assert set(quantized) == {m for m in linears if QUANTIZED[layout].fullmatch(m)}, fmt
         assert len(quantized) == 44 * (6 * 4 + 4)
         assert not any(LTX.carried(t.name) for t in cp.tensors if t.quantize)
-        if source.endswith("2.3"):  # LTX-2.3's gates and prompt adaLN are there, and kept as every adaLN is
+        if source.endswith(
+            ("2.3", "2.5")
+        ):  # LTX-2.3's gates and prompt adaLN are there, kept as every adaLN is
             gates = {
                 m for m in linears if m.endswith(".to_gate_logits") and ".transformer_blocks." in f".{m}"
             }
@@ -314,7 +355,7 @@ def _output_file(out: Path, layout: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("source", ["release", "release-2.3"])
+@pytest.mark.parametrize("source", ["release", "release-2.3"])  # LTX-2.5's: by diffusers and the real ComfyUI
 @pytest.mark.parametrize("fmt", ["comfy_fp8", "gguf"])
 def test_verify_forward_runs_the_release_and_our_loader_computes_its_figure(
     sources, converted, references, fmt, source
@@ -369,8 +410,8 @@ def test_our_loader_runs_every_format_of_the_release_and_the_other_parts_are_car
 
 @pytest.mark.parametrize(
     ("source", "fmt"),
-    [("release", f) for f in NATIVE_FORMATS] + [("release-2.3", f) for f in ("comfy_fp8", "gguf")],
-)
+    [("release", f) for f in NATIVE_FORMATS] + [("release-2.3", f) for f in ("comfy_fp8", "gguf")] + [("release-2.5", "comfy_fp8")],
+)  # fmt: skip
 def test_comfy_and_gguf_files_of_the_release_hold_what_comfyui_detects(sources, converted, fmt, source):
     (release,) = examples_of(LTX).models(SOURCES[source][0], "release")
     want = comfyui_detects(dict(release.tensors), dict(release.metadata))
@@ -429,14 +470,25 @@ def test_the_diffusers_layout_is_refused_comfyui_and_gguf_at_plan_time_saying_wh
     assert len(proc.stderr.strip().splitlines()) == 1 and not out.exists()
 
 
-def test_a_torchao_output_loads_in_diffusers_from_pretrained_and_runs(converted):
+@pytest.mark.parametrize("source", ["diffusers", "diffusers-2.5"])
+def test_a_torchao_output_loads_in_diffusers_from_pretrained_and_runs(converted, source):
     import diffusers
 
-    comp = converted("diffusers", "torchao_fp8") / "transformer"
+    comp = converted(source, "torchao_fp8") / "transformer"
     model = diffusers.LTX2VideoTransformer3DModel.from_pretrained(comp, torch_dtype=torch.bfloat16)
     x = {k: v.to(torch.bfloat16) for k, v in load_inputs(None, LTX, model.config).items()}
+    call = LTX.inputs.call(model.config, x)
+    if source.endswith(
+        "2.5"
+    ):  # its keyframes' position, on the first latent frame; no video feed-forward bias
+        assert (
+            model.config.use_keyframes_abs_pos_embedding
+            and model.transformer_blocks[2].ff.net[2].bias is None
+        )
+        mask = torch.zeros(1, x["hidden_states"].shape[1], 1, dtype=torch.bfloat16)
+        call["video_keyframes_mask"] = mask.index_fill(1, torch.tensor([0]), 1.0)
     with torch.no_grad():
-        video, audio = model(**LTX.inputs.call(model.config, x))
+        video, audio = model(**call)
     assert video.shape == x["hidden_states"].shape and audio.shape == x["audio_hidden_states"].shape
     assert torch.isfinite(video).all() and torch.isfinite(audio).all()
     assert type(model.transformer_blocks[2].attn1.to_q.weight).__name__ == "Float8Tensor"
@@ -610,3 +662,103 @@ def _transformer_config(out: Path) -> dict:
         with safe_open(path, "pt") as f:
             text = f.metadata()["config"]
     return json.loads(text)["transformer"]
+
+
+# -- LTX-2.5: its pipeline (transformer/, connectors/, text_encoder/) by one --format; bad releases -----------------
+
+
+@pytest.fixture(scope="module")
+def pipeline_25(tmp_path_factory) -> Path:
+    """`quantize example --preset tiny-2.5 --layout pipeline`: transformer/, connectors/ (the text projection
+    included, as diffusers keeps it), and the preset's text encoder in text_encoder/ with its tokenizer."""
+    out = tmp_path_factory.mktemp("ltx25") / "pipeline"
+    run_cli("example", out, "--family", "ltx2", "--preset", "tiny-2.5", "--layout", "pipeline", check=True)
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["comfy_fp8", "gguf"])
+def test_one_format_makes_the_ltx25_pipeline_the_releases_file_with_its_connectors_and_converts_its_encoder(
+    sources, converted, pipeline_25, tmp_path, fmt
+):
+    """The pipeline's transformer and connectors become the release's one file (its names and metadata config, the
+    text projection beside them at the root, which ComfyUI's diffusion model loader leaves to the text encoder's),
+    what ComfyUI builds LTXAV of exactly; the same --format converts its text encoder where that has such a file."""
+    out = tmp_path / "out"
+    said = run_cli("convert", pipeline_25, out, "--format", fmt, check=True).stdout
+    (release,) = examples_of(LTX).models("tiny-2.5", "release")
+    ours = _file_tensors(out / "transformer")
+    projection = {n for n in ours if n.startswith("text_embedding_projection.")}
+    assert {n for n in ours if not n.endswith(COMFY_PARTS)} == {n for n, _ in release.tensors} | projection
+    assert (
+        len(projection) == 4
+        and _transformer_config(out / "transformer") == json.loads(release.metadata["config"])["transformer"]
+    )
+    encoder = read_json(out / "quantize_manifest.json").get("nested", [])
+    if fmt == "comfy_fp8":  # ComfyUI's Gemma 4 file of the encoder beside it
+        assert "text_encoder/: recipe gemma4-comfy-fp8" in said and encoder == ["text_encoder"]
+        path = _output_file(out, "pipeline")
+        with safe_open(path, "pt") as f:
+            state, metadata = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}, f.metadata()
+        assert comfyui_state(comfyui_detects(state, metadata)) == {
+            k: v for k, v in unet_part(state).items() if not k.endswith(COMFY_PARTS)
+        } | {k: dict(release.tensors)[k] for k in unet_part(state) if k + ".comfy_quant" in state}  # fmt: skip
+    else:  # ComfyUI-GGUF reads no Gemma 4: left out, saying why
+        assert "text_encoder/: no bundled gguf recipe for Gemma 4" in said and not encoder
+
+
+def test_one_format_converts_the_ltx25_pipelines_transformer_and_text_encoder_for_the_libraries(
+    pipeline_25, tmp_path
+):
+    out = tmp_path / "out"
+    run_cli("convert", pipeline_25, out, "--format", "torchao_fp8", check=True)
+    assert read_json(out / "quantize_manifest.json")["nested"] == ["text_encoder"]
+    for comp in ("transformer", "text_encoder"):
+        manifest = read_json((out / comp / "quantize_manifest.json") if comp != "transformer" else out / "quantize_manifest.json")  # fmt: skip
+        assert any(c["quantized"] for c in manifest["components"]), comp
+    assert (out / "connectors" / "config.json").exists() and (out / "tokenizer" / "tokenizer.json").exists()
+
+
+def test_a_duration_head_held_beside_the_transformer_is_carried_under_either_prefix():
+    """LTX-2.5's duration head is a file of its own (ComfyUI's ModelPatchLoader reads it); a file holding it beside
+    the transformer keeps it as stored: no diffusers name, never converted."""
+    for name in (f"{PREFIX}duration_head.attention_pooler.query_tokens", "duration_head.mlp_out.weight"):
+        assert LTX.carried(name) and LTX.diffusers_name(name) is None
+
+
+def _broken_release(sources, tmp_path: Path, edit: str) -> Path:
+    """The tiny-2.5 release, truncated, or without one tensor of block 7."""
+    from safetensors.torch import save_file
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (path,) = sources["release-2.5"].glob("*.safetensors")
+    target = bad / path.name
+    if edit == "truncated":
+        target.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    else:
+        with safe_open(path, "pt") as f:
+            state = {
+                k: f.get_tensor(k) for k in f.keys() if k != f"{PREFIX}transformer_blocks.7.ff.net.2.weight"
+            }
+            save_file(state, target, metadata=f.metadata())
+    return bad
+
+
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        ("truncated", "ltx-2.5-22b-dev-transformer-bf16.safetensors: tensor data ends at byte"),
+        (
+            "missing",
+            f"no tensor '{PREFIX}transformer_blocks.7.ff.net.2.weight', which block 0 has: a partial LTX-2",
+        ),
+    ],
+)
+@pytest.mark.parametrize("fmt", ["comfy_fp8", "torchao_fp8"])
+def test_a_broken_ltx25_release_is_one_line_exit_2_and_nothing_is_written(sources, tmp_path, edit, said, fmt):
+    bad = _broken_release(sources, tmp_path, edit)
+    proc = run_cli("convert", bad, tmp_path / "out", "--format", fmt)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert said in line and str(bad) in line, line
+    assert not (tmp_path / "out").exists()

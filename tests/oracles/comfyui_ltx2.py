@@ -57,6 +57,9 @@ def comfyui_state(detected: dict) -> dict:
       heads) (av_model.py:615 into BasicAVTransformerBlock, model.py:455-458);
     - ``caption_proj_before_connector``: the caption projections are a ``NormSingleLinearTextProjection`` (only
       ``linear_1``) when ``caption_projection_first_linear``, else nothing (model.py:805-823, av_model.py:533-551);
+    - LTX-2.5's ``ff_bias`` / ``audio_ff_bias`` (False: no bias in a block's video / audio feed-forward,
+      av_model.py:183-186, model.py:318-321; the connectors' keep theirs, LTXAVModel passing none) and
+      ``use_keyframes_abs_pos_embedding`` (one row as wide as the video stream, model.py:788-789);
     - the connectors: ``audio_connector_*`` heads (default the video connector's, av_model.py:559-561), and
       ``to_gate_logits`` in their blocks' attn1 when ``connector_apply_gated_attention`` (av_model.py:554,
       embeddings_connector.py:60-70)."""
@@ -66,8 +69,10 @@ def comfyui_state(detected: dict) -> dict:
     modulations = 9 if cross_adaln else 6
     s = {}
 
-    def linear(name, i, o):
-        s[f"{PREFIX}{name}.weight"], s[f"{PREFIX}{name}.bias"] = (o, i), (o,)
+    def linear(name, i, o, bias=True):
+        s[f"{PREFIX}{name}.weight"] = (o, i)
+        if bias:
+            s[f"{PREFIX}{name}.bias"] = (o,)
 
     def adaln(
         name, dim, coefficient
@@ -97,11 +102,13 @@ def comfyui_state(detected: dict) -> dict:
         ):  # NormSingleLinearTextProjection: its RMSNorm has none
             linear(f"{name}.linear_1", c["caption_channels"], width)
 
-    def feed_forward(name, dim):  # GELU_approx(dim, 4 dim) then Linear(4 dim, dim)
-        linear(f"{name}.net.0.proj", dim, 4 * dim)
-        linear(f"{name}.net.2", 4 * dim, dim)
+    def feed_forward(name, dim, bias=True):  # GELU_approx(dim, 4 dim) then Linear(4 dim, dim), both of `bias`
+        linear(f"{name}.net.0.proj", dim, 4 * dim, bias)
+        linear(f"{name}.net.2", 4 * dim, dim, bias)
 
     linear("patchify_proj", c["in_channels"], v)
+    if c.get("use_keyframes_abs_pos_embedding", False):  # model.py:788-789
+        s[f"{PREFIX}keyframes_abs_pos_embedding"] = (1, v)
     adaln("adaln_single", v, modulations)
     if cross_adaln and c.get("use_prompt_adaln_single", True):
         adaln("prompt_adaln_single", v, 2)
@@ -141,8 +148,8 @@ def comfyui_state(detected: dict) -> dict:
         attention(f"{b}.audio_attn2", a, c["audio_cross_attention_dim"], ah, ad, gated)
         attention(f"{b}.audio_to_video_attn", v, a, ah, ad, gated)
         attention(f"{b}.video_to_audio_attn", a, v, ah, ad, gated)
-        feed_forward(f"{b}.ff", v)
-        feed_forward(f"{b}.audio_ff", a)
+        feed_forward(f"{b}.ff", v, c.get("ff_bias", True))
+        feed_forward(f"{b}.audio_ff", a, c.get("audio_ff_bias", True))
         s[f"{PREFIX}{b}.scale_shift_table"] = (modulations, v)
         s[f"{PREFIX}{b}.audio_scale_shift_table"] = (modulations, a)
         if cross_adaln:

@@ -71,6 +71,12 @@ class Examples(abc.ABC):
         model (a tokenizer, say), which a recipe's `copy_other_files` copies."""
         return {}
 
+    def preset_files(self, preset: str, layout: str) -> dict[str, str | bytes]:
+        """The other files of the `preset`'s example of `layout` (what `quantize example` writes beside the
+        models): the layout's (`files`) unless a preset holds another model's (LTX-2.5's pipeline, its text
+        encoder's tokenizer)."""
+        return self.files(layout)
+
     def lora(self, preset: str, layout: str, rank: int) -> list[LoraTensor]:
         """(key, shape, dtype) of a LoRA for `models(preset, layout)`, as this family's LoRAs are written."""
         raise InputError(f"{self.family.title} has no example LoRA")

@@ -1,14 +1,28 @@
 """LTX-2's example checkpoints: the release's one file (the transformer in native names under its prefix, with a
-few tensors of each other part, its metadata ``config``, no config.json) and diffusers' ``transformer/``, in both
-generations (2.0, 2.3)."""
+few tensors of each other part, its metadata ``config``, no config.json), diffusers' ``transformer/`` and a diffusers
+pipeline (``transformer/`` with ``connectors/``; LTX-2.5's with its text encoder too), in three generations (2.0, 2.3,
+2.5)."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 
-from ..ltx2 import COMFYUI_HEADS, CONNECTOR_NAMES, LTX2, LTX23_SWITCHES, PREFIX, RELEASE_CONSTANTS
+from ..ltx2 import (
+    COMFYUI_HEADS,
+    CONNECTOR_NAMES,
+    LTX2,
+    LTX23_SWITCHES,
+    LTX25_COMFYUI_SWITCHES,
+    LTX25_SWITCHES,
+    PREFIX,
+    RELEASE_CONSTANTS,
+)
 from .base import ExampleModel, Examples, _diffusers, diffusers_example, linear
+from .gemma4 import GEMMA4_EXAMPLES
+
+#: the text encoders a pipeline preset may hold (`Ltx2Shape.text_encoder`), by family name: LTX-2.5's Gemma 4
+TEXT_ENCODERS: dict[str, Examples] = {GEMMA4_EXAMPLES.family.name: GEMMA4_EXAMPLES}
 
 __all__ = [
     "LTX2_EXAMPLES",
@@ -17,14 +31,21 @@ __all__ = [
     "connector_tensors",
     "connectors_config",
     "release_others",
+    "text_projection",
 ]
 
 #: the generations of LTX-2's transformer an example is made of (`Ltx2Shape.version`): ``2.0`` (the 19B) projects the
 #: caption features itself (PixArt caption projections); ``2.3`` (the 22B) gates every attention per head
 #: (``to_gate_logits``), modulates the text cross-attention by the timestep too (9 rows of ``scale_shift_table``,
 #: ``prompt_adaln_single``, ``prompt_scale_shift_table``) and takes the connectors' outputs as they are (its text
-#: projection is per modality, ahead of the connectors: ``text_embedding_projection.{video,audio}_aggregate_embed``)
-VERSIONS = ("2.0", "2.3")
+#: projection is per modality, ahead of the connectors: ``text_embedding_projection.{video,audio}_aggregate_embed``);
+#: ``2.5`` (``ltx-2.5-22b-dev-transformer-bf16.safetensors``) is 2.3's structure with no bias in the video
+#: feed-forward (``ff_bias`` false; the audio one keeps its own) and the generated keyframes' learned position
+#: (``keyframes_abs_pos_embedding``, one row as wide as the video stream); its release file holds the transformer and
+#: the two connectors alone (the VAEs, the Gemma 4 encoder with the text projection and the duration head are files
+#: of their own) and its metadata names the switches (``ff_bias``, ``audio_ff_bias``, ``use_prompt_adaln_single``,
+#: ``use_keyframes_abs_pos_embedding``) as ComfyUI reads them
+VERSIONS = ("2.0", "2.3", "2.5")
 
 
 @dataclass(frozen=True)
@@ -53,6 +74,10 @@ class Ltx2Shape:
     #: the audio connector's heads and their width (ComfyUI's ``audio_connector_*``; None: the video connector's)
     audio_connector_heads: int | None = None
     audio_connector_head_dim: int | None = None
+    #: the text encoder a pipeline example holds in ``text_encoder/`` (family, preset of its examples; None: none):
+    #: its hidden width and layers + 1 are the preset's `caption_channels` and `text_layers` (the hidden states of
+    #: every layer and the embeddings, concatenated, are what the text projection takes)
+    text_encoder: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         if self.version not in VERSIONS:
@@ -65,8 +90,15 @@ class Ltx2Shape:
 
     @property
     def v23(self) -> bool:
-        """The 2.3 structure: gated attention, the text cross-attention's adaLN, no caption projection."""
-        return self.version == "2.3"
+        """The 2.3 structure (2.3's and 2.5's): gated attention, the text cross-attention's adaLN, no caption
+        projection."""
+        return self.version in ("2.3", "2.5")
+
+    @property
+    def v25(self) -> bool:
+        """LTX-2.5's: no bias in the video feed-forward, the keyframes' position embedding, a release of the
+        transformer and connectors alone."""
+        return self.version == "2.5"
 
     @property
     def dim(self) -> int:
@@ -96,6 +128,8 @@ class Ltx2Shape:
     @property
     def release_stem(self) -> str:
         """The release file's name (the dev model's of its generation), so that the example reads as released."""
+        if self.v25:
+            return "ltx-2.5-22b-dev-transformer-bf16"
         return "ltx-2.3-22b-dev" if self.v23 else "ltx-2-19b-dev"
 
     def config(self) -> dict:
@@ -116,7 +150,7 @@ class Ltx2Shape:
             "caption_channels": self.caption_channels,
             **RELEASE_CONSTANTS,
         }
-        return config | (LTX23_SWITCHES if self.v23 else {})
+        return config | (LTX23_SWITCHES if self.v23 else {}) | (LTX25_SWITCHES if self.v25 else {})
 
     def comfyui_config(self) -> dict:
         """The ``transformer`` section of the release's metadata ``config``, in ``LTXAVModel``'s argument names
@@ -148,6 +182,8 @@ class Ltx2Shape:
                 "audio_connector_num_attention_heads": heads,
                 "audio_connector_attention_head_dim": head,
             }
+        if self.v25:  # as LTX-2.5's own file names them: ComfyUI reads these off the metadata alone
+            config |= LTX25_COMFYUI_SWITCHES
         return config
 
 
@@ -195,21 +231,28 @@ def connector_tensors(s: Ltx2Shape, name: str) -> list[tuple[str, tuple[int, ...
     return out
 
 
-def release_others(s: Ltx2Shape) -> list[tuple[str, tuple[int, ...]]]:
-    """What the release's file holds beside the transformer (`CARRIED`), a few tensors of each part with the names
-    ComfyUI and diffusers read: the text feature projection (Gemma's layers concatenated -> the caption width, no
-    bias; 2.3: one per modality, to the attention widths, with biases: ``comfy/text_encoders/lt.py``'s
-    ``DualLinearProjection``), both connectors, and a handful of the video VAE's, audio VAE's and vocoder's tensors
-    (2-D to 5-D)."""
+def text_projection(s: Ltx2Shape) -> list[tuple[str, tuple[int, ...]]]:
+    """The text feature projection in the release's names (the text encoder's layers concatenated -> the caption
+    width, no bias; 2.3 and 2.5: one per modality, to the attention widths, with biases: ``comfy/text_encoders/lt.py``'s
+    ``DualLinearProjection``)."""
     c, features = s.caption_channels, s.caption_channels * s.text_layers
     if s.v23:
         out = linear("text_embedding_projection.video_aggregate_embed", s.dim, features)
-        out += linear("text_embedding_projection.audio_aggregate_embed", s.audio_dim, features)
-    else:
-        out = [("text_embedding_projection.aggregate_embed.weight", (c, features))]
-    out += connector_tensors(s, "video_embeddings_connector") + connector_tensors(
+        return out + linear("text_embedding_projection.audio_aggregate_embed", s.audio_dim, features)
+    return [("text_embedding_projection.aggregate_embed.weight", (c, features))]
+
+
+def release_others(s: Ltx2Shape) -> list[tuple[str, tuple[int, ...]]]:
+    """What the release's file holds beside the transformer (`CARRIED`), a few tensors of each part with the names
+    ComfyUI and diffusers read: the text feature projection (`text_projection`), both connectors, and a handful of
+    the video VAE's, audio VAE's and vocoder's tensors (2-D to 5-D). LTX-2.5's file holds the two connectors alone:
+    its projection is in its text encoder's file, its VAEs in their own."""
+    connectors = connector_tensors(s, "video_embeddings_connector") + connector_tensors(
         s, "audio_embeddings_connector"
     )
+    if s.v25:
+        return connectors
+    out = text_projection(s) + connectors
     for vae, latent in (("vae", s.in_channels), ("audio_vae", 8)):
         for stat in ("mean-of-means", "std-of-means"):
             out.append((f"{vae}.per_channel_statistics.{stat}", (latent,)))
@@ -280,6 +323,49 @@ class Ltx2Examples(Examples):
             audio_connector_heads=32,
             audio_connector_head_dim=64,
         ),
+        # the LTX-2.5 structure at tiny-2.3's size; its pipeline holds its text encoder (`Ltx2Shape.text_encoder`:
+        # Gemma 4's tiny example, 64 wide, 2 layers) whose width and layers + 1 the connectors' projection takes
+        "tiny-2.5": Ltx2Shape(
+            attention_head_dim=4,
+            audio_attention_head_dim=2,
+            caption_channels=64,
+            connector_heads=2,
+            connector_head_dim=64,
+            connector_layers=1,
+            version="2.5",
+            audio_connector_heads=2,
+            audio_connector_head_dim=32,
+            text_layers=3,
+            text_encoder=("gemma4", "tiny"),
+        ),
+        # tiny-2.5 with Gemma 4's ``comfyui`` example as its pipeline's encoder (the 48 layers ComfyUI tells Gemma 4
+        # 12B by, 256 wide): its ComfyUI files load in ComfyUI's LTX-2.5 text encoder loader
+        # (benchmarks/comfyui_families.py)
+        "comfyui-2.5": Ltx2Shape(
+            attention_head_dim=4,
+            audio_attention_head_dim=2,
+            caption_channels=256,
+            connector_heads=2,
+            connector_head_dim=64,
+            connector_layers=1,
+            version="2.5",
+            audio_connector_heads=2,
+            audio_connector_head_dim=32,
+            text_encoder=("gemma4", "comfyui"),
+        ),
+        # LTX-2.5 22B (ltx-2.5-22b-dev-transformer-bf16.safetensors): 2.3's dimensions (4349 tensors in all), for
+        # benchmarks
+        "22b-2.5": Ltx2Shape(
+            attention_head_dim=128,
+            audio_attention_head_dim=64,
+            caption_channels=3840,
+            connector_heads=32,
+            connector_head_dim=128,
+            connector_layers=8,
+            version="2.5",
+            audio_connector_heads=32,
+            audio_connector_head_dim=64,
+        ),
     }
     layouts = ("release", "diffusers", "pipeline")
 
@@ -287,7 +373,8 @@ class Ltx2Examples(Examples):
         """``release``: the one file at the root (the transformer in native names with the release's other
         parts, its metadata ``config``, no config.json); ``diffusers``: ``transformer/`` with the names and shapes
         diffusers' own class has (built on meta); ``pipeline``: that and ``connectors/`` beside it, the release's
-        text projection and connectors in `LTX2TextConnectors`' names (`CONNECTOR_NAMES`), with its config."""
+        text projection and connectors in `LTX2TextConnectors`' names (`CONNECTOR_NAMES`), with its config, and the
+        preset's text encoder in ``text_encoder/`` where it names one (`Ltx2Shape.text_encoder`)."""
         shape: Ltx2Shape = self.shape(preset, layout)
         native = [(self.family.native_name(n), s) for n, s in _class_tensors(shape.config())]
         native += release_others(shape)
@@ -297,10 +384,39 @@ class Ltx2Examples(Examples):
             if layout == "diffusers":
                 return [transformer]
             connectors = [(n, s) for n, s in native if CONNECTOR_NAMES.diffusers(n) is not None]
+            if shape.v25:  # its release keeps the projection with the encoder; diffusers' connectors hold it
+                connectors = text_projection(shape) + connectors
             named = [(CONNECTOR_NAMES.diffusers(n), s) for n, s in connectors]
-            return [transformer, ExampleModel("connectors", named, connectors_config(shape))]
+            models = [transformer, ExampleModel("connectors", named, connectors_config(shape))]
+            return models + _text_encoder(shape)
         metadata = {"config": json.dumps({"transformer": shape.comfyui_config()}, sort_keys=True)}
         return [ExampleModel(".", native, None, shape.release_stem, metadata)]
+
+    def preset_files(self, preset: str, layout: str) -> dict[str, str | bytes]:
+        """A pipeline with a text encoder (`Ltx2Shape.text_encoder`) has its tokenizer beside it, as that
+        encoder's examples write it; nothing else."""
+        shape: Ltx2Shape = self.shape(preset, layout)
+        if layout != "pipeline" or shape.text_encoder is None:
+            return {}
+        return dict(TEXT_ENCODERS[shape.text_encoder[0]].files("pipeline"))
+
+
+def _text_encoder(shape: Ltx2Shape) -> list[ExampleModel]:
+    """The pipeline's ``text_encoder/`` of the preset's encoder (`Ltx2Shape.text_encoder`: its examples' pipeline
+    layout), held to the widths the connectors' projection takes."""
+    if shape.text_encoder is None:
+        return []
+    family, preset = shape.text_encoder
+    models = [m for m in TEXT_ENCODERS[family].models(preset, "pipeline") if m.component == "text_encoder"]
+    for m in models:
+        text = m.config.get("text_config", m.config)
+        widths = (text["hidden_size"], text["num_hidden_layers"] + 1)
+        if widths != (shape.caption_channels, shape.text_layers):
+            raise ValueError(
+                f"{family} {preset}: {widths[0]} wide, {widths[1]} hidden states; the LTX-2 preset's projection "
+                f"takes {shape.caption_channels} x {shape.text_layers}"
+            )
+    return models
 
 
 def _class_tensors(config: dict) -> list[tuple[str, tuple[int, ...]]]:
