@@ -442,6 +442,8 @@ def test_a_qwen_image_pipeline_becomes_gguf_files_with_its_qwen25vl_encoder(tmp_
     said = run_cli("convert", source, tmp_path / "gguf", "--format", "gguf", check=True).stdout
     assert "recipe qwen-image-gguf-q8_0" in said and "text_encoder/: recipe qwen25vl-gguf-q8_0" in said
     run_cli("verify", tmp_path / "gguf", "--source", source, check=True)
-    arch = gguf.GGUFReader(tmp_path / "gguf" / "transformer" / "transformer.gguf").fields["general.architecture"]
+    arch = gguf.GGUFReader(tmp_path / "gguf" / "transformer" / "transformer.gguf").fields[
+        "general.architecture"
+    ]
     assert arch.contents() == "qwen_image"
     assert len(list((tmp_path / "gguf" / "text_encoder").glob("*.gguf"))) == 2
