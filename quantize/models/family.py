@@ -578,7 +578,8 @@ class Family(abc.ABC):
     def is_diffusers(self, comp: Component, registered: Collection[str] = ()) -> bool:
         """A diffusers model of this family: its config names the class, or names none and its tensors have this
         family's diffusers names. A config that names another class is never the family's, whether a family is
-        registered by it (`registered`) or not (a newer model, Kandinsky 6's, may share a family's marks)."""
+        registered by it (`registered`) or not (a newer model, Kandinsky 6's super-resolution transformer, may
+        share a family's marks)."""
         cls = config_class(comp.config)
         if cls is not None:
             return cls == self.diffusers_class
