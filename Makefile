@@ -74,6 +74,7 @@ bench-large: setup
 	$(BIN)/python benchmarks/bench_large_family.py --family minimax-h3 --preset 33b --write docs/BENCHMARKS.md
 	$(BIN)/python benchmarks/bench_large_family.py --family hunyuanvideo15 --preset 8.3b --write docs/BENCHMARKS.md
 	$(BIN)/python benchmarks/bench_large_family.py --family ltx2 --preset 19b --write docs/BENCHMARKS.md
+	$(BIN)/python benchmarks/bench_large_family.py --family ltx2 --preset 22b-2.5 --section ltx2.5 --write docs/BENCHMARKS.md
 	$(BIN)/python benchmarks/bench_large_family.py --family umt5 --preset xxl --layout pipeline --formats fp8_channel comfy_fp8 gguf --write docs/BENCHMARKS.md
 	$(BIN)/python benchmarks/bench_large_family.py --family umt5 --preset xxl --layout single --release-pth --formats fp8_channel comfy_fp8 gguf --write docs/BENCHMARKS.md
 	$(BIN)/python benchmarks/bench_large_family.py --family gemma3 --preset 12b --layout pipeline --formats fp8_channel comfy_fp8 gguf --write docs/BENCHMARKS.md

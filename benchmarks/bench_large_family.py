@@ -192,6 +192,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--formats", nargs="+", default=list(FORMATS))
     p.add_argument("--data-dir", type=Path, default=REPO / "bench-data")
     p.add_argument("--write", type=Path, help="update this markdown file's section for the family")
+    p.add_argument(
+        "--section",
+        default=None,
+        help="the section's name (default: the family's; another preset's: its own)",
+    )
     p.add_argument("--generate", action="store_true", help=argparse.SUPPRESS)
     p.add_argument(
         "--release-pth",
@@ -258,7 +263,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(body)
     if args.write:
-        update_section(args.write, body, markers(args.family + ("-pth" if args.release_pth else "")))
+        update_section(
+            args.write, body, markers(args.section or args.family + ("-pth" if args.release_pth else ""))
+        )
 
 
 if __name__ == "__main__":
