@@ -63,16 +63,24 @@ def lowest_sqnr(report: dict) -> float | None:
     return min(figures) if figures else None
 
 
+def reason(text: str, src: Path) -> str:
+    """An error's last line as a note: without the ``error:`` and the temporary folder it names, nor the list of
+    the layout's other recipes (the table shows them)."""
+    line = text.strip().splitlines()[-1] if text.strip() else "exit 2"
+    line = line.removeprefix("error: ").replace(f"{src.parent}/", "")
+    return line.split("; for this layout there are:")[0]
+
+
 def cell(src: Path, out: Path, fmt: str) -> tuple[str, str | None]:
     """The table cell of one conversion and its note (a refusal's reason, a failure's line)."""
     code, text = run(["convert", str(src), str(out), "--format", fmt])
     if code == 2:
-        return "refused", text.strip().splitlines()[-1] if text.strip() else "exit 2"
+        return "refused", reason(text, src)
     if code != 0:
         return "FAILED", f"convert exit {code}: {text.strip().splitlines()[-1] if text.strip() else ''}"
     code, text = run(["verify", str(out), "--source", str(src), "--forward", "--json"])
     if code == 2:  # no forward runs it (a Wan variant only ComfyUI runs): its parity alone
-        why = text.strip().splitlines()[-1] if text.strip() else "exit 2"
+        why = reason(text, src)
         code, text = run(["verify", str(out), "--source", str(src)])
         return ("no forward", why) if code == 0 else ("FAILED", f"verify exit {code}: {why}")
     try:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import InputError
 from ..read.files import config_class
-from .family import Family, ModelInputs, SourceLayout, count_blocks
+from .family import Family, ModelInputs, SourceLayout, count_blocks, lacking_in_blocks
 
 if TYPE_CHECKING:
     import torch
@@ -71,18 +71,16 @@ def complete_blocks(
     names = list(tensors)
     for blocks in family.names.blocks if family.names is not None else ():
         prefix = f"{blocks.diffusers}."
-        first = [n.removeprefix(f"{prefix}0.") for n in names if n.startswith(f"{prefix}0.")]
         wanted = (counts or {}).get(blocks.diffusers)
-        have = count_blocks(tensors, prefix)
-        for i in range(1, max(have, wanted or 0)):
-            lacking = next(
-                (f"{prefix}{i}.{leaf}" for leaf in first if f"{prefix}{i}.{leaf}" not in tensors), None
+        lacking = lacking_in_blocks(names, prefix, wanted)
+        if lacking is not None:
+            index = int(lacking.removeprefix(prefix).split(".", 1)[0])
+            held = (
+                "block 0 has" if index < count_blocks(names, prefix) else f"the config's {wanted} blocks need"
             )
-            if lacking is not None:
-                held = "block 0 has" if i < have else f"the config's {wanted} blocks need"
-                raise InputError(
-                    f"{where}: no tensor {lacking!r}, which {held}: a partial {family.title} checkpoint"
-                )
+            raise InputError(
+                f"{where}: no tensor {lacking!r}, which {held}: a partial {family.title} checkpoint"
+            )
 
 
 class TextEncoder(Family):

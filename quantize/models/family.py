@@ -59,6 +59,7 @@ __all__ = [
     "FormatFacts",
     "HOOKS",
     "count_blocks",
+    "lacking_in_blocks",
     "shape_reader",
 ]
 
@@ -220,6 +221,21 @@ def shape_reader(
         return tuple(tensors[prefix + name].shape)
 
     return shape
+
+
+def lacking_in_blocks(tensors: Collection[str], prefix: str, blocks: int | None = None) -> str | None:
+    """The first tensor ``<prefix><i>.<leaf>`` a numbered list of blocks lacks where its block 0 holds
+    ``<prefix>0.<leaf>``, over the blocks the names hold or `blocks` of them (a config's count), whichever is more;
+    None when every block is whole. A release's config is read off block 0's shapes, which say nothing of the
+    others: a file without one of their tensors would convert to one its runtimes build with a random tensor."""
+    first = [n.removeprefix(f"{prefix}0.") for n in tensors if n.startswith(f"{prefix}0.")]
+    for i in range(1, max(blocks or 0, count_blocks(tensors, prefix))):
+        lacking = next(
+            (f"{prefix}{i}.{leaf}" for leaf in first if f"{prefix}{i}.{leaf}" not in tensors), None
+        )
+        if lacking is not None:
+            return lacking
+    return None
 
 
 def count_blocks(tensors: Mapping[str, object], prefix: str) -> int:

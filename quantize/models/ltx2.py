@@ -99,6 +99,7 @@ from .family import (
     ModelInputs,
     PlanPolicy,
     count_blocks,
+    lacking_in_blocks,
     shape_reader,
 )
 from .names import BlockNames, Blocks
@@ -533,16 +534,11 @@ class Ltx2(Family):
         """Every block of the release holds what its block 0 holds: `InputError` naming the first tensor a partial
         file lacks (its shapes say nothing of a block they were not read off: ComfyUI would build the block and
         leave the tensor random)."""
-        prefix = f"{PREFIX}transformer_blocks."
-        first = [n.removeprefix(f"{prefix}0.") for n in tensors if n.startswith(f"{prefix}0.")]
-        for i in range(1, count_blocks(tensors, prefix)):
-            lacking = next(
-                (f"{prefix}{i}.{leaf}" for leaf in first if f"{prefix}{i}.{leaf}" not in tensors), None
+        lacking = lacking_in_blocks(tensors, f"{PREFIX}transformer_blocks.")
+        if lacking is not None:
+            raise InputError(
+                f"{where}: no tensor {lacking!r}, which block 0 has: a partial {self.title} release"
             )
-            if lacking is not None:
-                raise InputError(
-                    f"{where}: no tensor {lacking!r}, which block 0 has: a partial {self.title} release"
-                )
 
     def beside_metadata(self, config: dict, beside_config: dict, where: Path) -> dict[str, str]:
         """The release's metadata ``config`` of a pipeline's transformer and connectors (`CONNECTORS`): its

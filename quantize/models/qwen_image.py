@@ -64,6 +64,7 @@ from .family import (
     PlanPolicy,
     SourceLayout,
     count_blocks,
+    lacking_in_blocks,
     shape_reader,
 )
 from .names import BlockNames, Blocks
@@ -466,16 +467,9 @@ def _check_blocks(family: Family, tensors: Mapping[str, object], layers: int | N
     """Every block holds what block 0 holds, and there are `layers` of them where a config.json says so:
     `InputError` naming the first tensor a partial model lacks (a runtime would build the block and leave the
     tensor random, or fail on loading it)."""
-    prefix = "transformer_blocks."
-    first = [n.removeprefix(f"{prefix}0.") for n in tensors if n.startswith(f"{prefix}0.")]
-    for i in range(1, max(layers or 0, count_blocks(tensors, prefix))):
-        lacking = next(
-            (f"{prefix}{i}.{leaf}" for leaf in first if f"{prefix}{i}.{leaf}" not in tensors), None
-        )
-        if lacking is not None:
-            raise InputError(
-                f"{where}: no tensor {lacking!r}, which block 0 has: a partial {family.title} model"
-            )
+    lacking = lacking_in_blocks(tensors, "transformer_blocks.", layers)
+    if lacking is not None:
+        raise InputError(f"{where}: no tensor {lacking!r}, which block 0 has: a partial {family.title} model")
 
 
 def _complete_layouts(

@@ -67,6 +67,7 @@ from .family import (
     PlanPolicy,
     SourceLayout,
     count_blocks,
+    lacking_in_blocks,
     shape_reader,
 )
 from .names import BlockNames, Blocks
@@ -361,17 +362,13 @@ class WanAnimate2(Family):
 def _check_blocks(tensors: Mapping[str, TensorInfo], layers: int, where: Path) -> None:
     """Every block holds what block 0 holds: `InputError` naming the first tensor one lacks (in diffusers' names
     and the release's, which it is read from)."""
-    first = [n.removeprefix("blocks.0.") for n in tensors if n.startswith("blocks.0.")]
-    for i in range(1, layers):
-        for leaf in first:
-            name = f"blocks.{i}.{leaf}"
-            if name not in tensors:
-                release = RELEASE_NAMES.native(name)
-                also = f" (the release's {release!r})" if release else ""
-                raise InputError(
-                    f"{where}: no tensor {name!r}{also}, which block 0 has: a partial {WAN_ANIMATE2.title} "
-                    "checkpoint"
-                )
+    name = lacking_in_blocks(tensors, "blocks.", layers)
+    if name is not None:
+        release = RELEASE_NAMES.native(name)
+        also = f" (the release's {release!r})" if release else ""
+        raise InputError(
+            f"{where}: no tensor {name!r}{also}, which block 0 has: a partial {WAN_ANIMATE2.title} checkpoint"
+        )
 
 
 WAN_ANIMATE2 = WanAnimate2()

@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InputError
-from .family import CardWords, Detection, Folders, ModelInputs, PlanPolicy, count_blocks
+from .family import CardWords, Detection, Folders, ModelInputs, PlanPolicy, lacking_in_blocks
 from .policy import Policy
 from .wan import INPUTS as WAN_INPUTS
 from .wan import NAMES as WAN_NAMES
@@ -160,17 +160,13 @@ class ComfyWanVariant(WanVariant):
         of its numbered lists (`stacks`) holds what member 0 holds: `InputError` naming the first tensor a partial
         file lacks (ComfyUI would build the layer and leave it random)."""
         for prefix, count in self.stacks.items():
-            first = [n.removeprefix(f"{prefix}0.") for n in tensors if n.startswith(f"{prefix}0.")]
-            if not first:
+            if not any(n.startswith(f"{prefix}0.") for n in tensors):
                 raise InputError(f"{where}: no tensor {prefix}0.*: not a {self.title} model")
-            for i in range(1, count or count_blocks(tensors, prefix)):
-                lacking = next(
-                    (f"{prefix}{i}.{leaf}" for leaf in first if f"{prefix}{i}.{leaf}" not in tensors), None
+            lacking = lacking_in_blocks(tensors, prefix, count)
+            if lacking is not None:
+                raise InputError(
+                    f"{where}: no tensor {lacking!r}, which {prefix}0 has: a partial {self.title} release"
                 )
-                if lacking is not None:
-                    raise InputError(
-                        f"{where}: no tensor {lacking!r}, which {prefix}0 has: a partial {self.title} release"
-                    )
         return None
 
 
