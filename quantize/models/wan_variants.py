@@ -38,9 +38,8 @@ the variant by its layers) and to fp8_channel (the release's own names); the tor
 diffusers' ``from_pretrained`` loads, are refused at plan time saying so, and a forward pass (``verify --forward``,
 ``sensitivity``) refuses naming the first layer diffusers lacks. Quantized: Wan's block layers and, where they are
 attention projections like Wan's, the variant's (S2V's audio and WanDancer's music injectors, HuMo's audio
-cross-attention), which
-ComfyUI's ops read quantized as any Linear. Kept: what Wan keeps, and each variant's conditioning entries (below,
-in each policy's words).
+cross-attention), which ComfyUI's ops read quantized as any Linear. Kept: what Wan keeps, and each variant's
+conditioning entries (below, in each policy's words).
 
 >>> WAN_CAMERA.owns(None, ["head.modulation", "blocks.0.self_attn.q.weight", "control_adapter.conv.weight"])
 True
