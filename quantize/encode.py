@@ -209,7 +209,7 @@ def _weight_options(fmt: Format, tp: TensorPlan, ranges: list[tuple[int, int]]) 
     format that decides nothing never reads)."""
     with _named(tp):
         return fmt.weight_options(
-            (tp.source.read_rows(r0, r1, torch.float32) for r0, r1 in ranges), tp.options
+            (tp.source.read_rows(r0, r1, torch.float32) for r0, r1 in ranges), tp.options, tp.info.shape
         )
 
 

@@ -31,6 +31,7 @@ from .formats import (
     NO_OPTIONS,
     Format,
     FormatOptions,
+    UnfittedShapeError,
     UnsupportedShapeError,
     format_for,
     format_info,
@@ -101,8 +102,10 @@ class TensorPlan:
     outputs: tuple[TensorSpec, ...]
     parts: tuple[str, ...]
     #: what the format's `parts`, `encode` and `decode` take besides the data (gguf's GGML type; none for a format
-    #: with one encoding, and for a kept tensor)
+    #: with one encoding, and for a kept tensor), fitted to the tensor's shape (`Format.fitted`)
     options: FormatOptions = NO_OPTIONS
+    #: why a tensor a target hits is kept all the same (no ConvRot group fits its width); None: it is not
+    reason: str | None = None
 
     @property
     def qtype(self) -> str | None:
@@ -452,7 +455,11 @@ def _planned(
         _check_quantizable(info, target, where, linear)
         # checked when the recipe was validated
         options = fmt.options_type.from_type(recipe.type if type_ is None else type_)
-        return _quantized_plan(source, target, out_name, fmt, options, where)
+        try:
+            return _quantized_plan(source, target, out_name, fmt, options, where, named=type_ is not None)
+        except UnfittedShapeError as e:  # the recipe's own type, which this layer cannot take: kept, saying why
+            kept = _kept_plan(source, target, out_name, fmt, recipe.keep_dtype, linear)
+            return dataclasses.replace(kept, reason=f"{options.type_name} {e}")
     return _kept_plan(source, ignored, out_name, fmt, recipe.keep_dtype, linear)
 
 
@@ -563,11 +570,25 @@ def _stacked_source(component: Component, stack, out_name: str, source_of, where
 
 
 def _quantized_plan(
-    source: TensorSource, pattern: str, out_name: str, fmt: Format, options: FormatOptions, where: str
+    source: TensorSource,
+    pattern: str,
+    out_name: str,
+    fmt: Format,
+    options: FormatOptions,
+    where: str,
+    named: bool = True,
 ) -> TensorPlan:
+    """The plan of a tensor quantized with `options`, fitted to its shape. A shape the options cannot be fitted to
+    raises `UnfittedShapeError` where the recipe's own type gave them (not `named`: the caller keeps the tensor),
+    any other shape the format cannot hold an `InputError`."""
     info = source.info
     try:
+        options = format_for(fmt, options).fitted(options, info.shape)
         parts = quantized_parts(fmt, module_name(out_name), info.shape, options)
+    except UnfittedShapeError as e:
+        if not named:
+            raise
+        raise InputError(f"{where}: tensor {info.name!r} {e}: add it to the recipe's ignore") from None
     except UnsupportedShapeError as e:
         raise InputError(f"{where}: tensor {info.name!r} {e}: add it to the recipe's ignore") from None
     outs = tuple(TensorSpec(k, dt, shape) for k, (dt, shape) in parts.values())

@@ -35,8 +35,9 @@ class ComfyInt8Linear(QuantizedLinear):
 
     def _input_rows(self, x: torch.Tensor) -> torch.Tensor:
         rows = _rows(x, self.in_features).contiguous()
-        if self.FORMAT.layout(self.options).convrot:  # X·Wᵀ = (X·H)·(W·H)ᵀ: the stored weight is W·H
-            rows = comfy_int8.rotate_activations(rows)
+        own = self.FORMAT.layout(self.options)
+        if own.convrot:  # X·Wᵀ = (X·H)·(W·H)ᵀ: the stored weight is W·H
+            rows = comfy_int8.rotate_activations(rows, own.group)
         return rows
 
     def fast_forward(self, x: torch.Tensor) -> torch.Tensor:

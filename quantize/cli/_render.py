@@ -129,7 +129,8 @@ def _plan_groups(plan) -> list[tuple]:
                 if tp.quantize
                 else ("keep" if kept_as == tp.info.dtype else f"keep as {kept_as}")
             )
-            groups[(cp.rel, generic, tp.info.dtype, becomes, tp.pattern or "")].append(tp)
+            why = tp.pattern or "" if tp.reason is None else f"{tp.pattern}; kept: {tp.reason}"
+            groups[(cp.rel, generic, tp.info.dtype, becomes, why)].append(tp)
     rows = []
     for (rel, generic, dt, becomes, pattern), tps in sorted(
         groups.items(), key=lambda kv: (kv[0][0], kv[0][1])

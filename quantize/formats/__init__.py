@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 
 from ..errors import InputError
 from ..names import part_key
-from .base import Format, NonFiniteWeightError, PartSpec, UnsupportedShapeError
+from .base import Format, NonFiniteWeightError, PartSpec, UnfittedShapeError, UnsupportedShapeError
 from .info import FORMAT_INFO, FormatInfo, format_info
 from .options import (
     KEPT,
@@ -48,6 +48,7 @@ __all__ = [
     "PartSpec",
     "NonFiniteWeightError",
     "UnsupportedShapeError",
+    "UnfittedShapeError",
     "part_key",
 ]
 

@@ -25,13 +25,15 @@ from collections.abc import Callable, Iterable
 import torch
 
 from . import format_info
-from .base import Format, MetadataEntry, NonFiniteWeightError
-from .options import COMFY_INPUT_RANGES, ComfyOptions, FormatOptions
+from . import _hadamard
+from .base import Format, MetadataEntry, NonFiniteWeightError, UnfittedShapeError
+from .options import COMFY_INPUT_RANGES, CONVROT_LAYOUTS, ComfyOptions, FormatOptions
 
 __all__ = [
     "MARKER",
     "INPUT_SCALE",
     "CONVROT_GROUP",
+    "W4A8_GROUP",
     "ComfyFormat",
     "marker_bytes",
     "marker",
@@ -46,8 +48,10 @@ __all__ = [
 MARKER = "comfy_quant"
 #: the optional static scale of a layer's input (float32 []; FP8 and NVFP4 layouts)
 INPUT_SCALE = "input_scale"
-#: ConvRot's Hadamard group: what ComfyUI assumes when a marker gives none, and all we write
-CONVROT_GROUP = 256
+#: ConvRot's Hadamard group: what ComfyUI assumes when a marker gives none
+CONVROT_GROUP = _hadamard.DEFAULT_GROUP
+#: W4A8's group of inputs per FP8 scale: comfy-kitchen's default, the one its CUDA kernel runs
+W4A8_GROUP = 16
 #: one rung up for a layer that needs more bits (`quantize sensitivity`): NVFP4 to MXFP8 (both Blackwell's native
 #: block formats), everything else to kept
 _RAISED = {"nvfp4": "mxfp8"}
@@ -57,9 +61,13 @@ CHECKPOINT_PREFIX = "model.diffusion_model."
 
 def marker_json(options: ComfyOptions) -> dict:
     """The marker's JSON for a layer in `options`' layout, keys in the order ComfyUI's own ``state_dict`` writes
-    them (``comfy/ops.py`` ``_quantized_weight_state_dict``)."""
+    them (``comfy/ops.py`` ``_quantized_weight_state_dict``); a ConvRot layout's with the layer's group."""
     if options.convrot:
-        return {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": CONVROT_GROUP}
+        return {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": options.group}
+    if options.layout == "asym_w4a8_int8":
+        return {"format": options.layout, "group_size": W4A8_GROUP, "convrot_groupsize": options.group}
+    if options.layout == "convrot_w4a4":
+        return {"format": options.layout, "convrot_groupsize": options.group}
     return {"format": options.layout}
 
 
@@ -78,17 +86,25 @@ def read_marker(t: torch.Tensor) -> dict:
 
 
 def layout_of_marker(conf: dict) -> ComfyOptions:
-    """The layout a marker's JSON declares, as ComfyUI's loader reads it (ConvRot from ``convrot``, at the top
-    level or under ``params``); ValueError naming what it holds for a layout this package does not write."""
+    """The layout a marker's JSON declares, as ComfyUI's loader reads it (ConvRot from ``convrot``, a group from
+    ``convrot_groupsize``, each at the top level or under ``params``; 256 where it gives none); ValueError naming
+    what it holds for a layout or a setting this package does not write."""
     params = conf.get("params") if isinstance(conf.get("params"), dict) else {}
+
+    def setting(key: str, default):
+        return conf.get(key, params.get(key, default))
+
     fmt = conf.get("format")
-    if fmt == "int8_tensorwise" and conf.get("convrot", params.get("convrot", False)):
-        group = int(conf.get("convrot_groupsize", params.get("convrot_groupsize", CONVROT_GROUP)))
-        if group != CONVROT_GROUP:
-            raise ValueError(f"ConvRot group {group}; only {CONVROT_GROUP} is read here")
-        return ComfyOptions("int8_convrot")
-    if fmt == "int8_convrot":  # our type name, never a marker's
+    if fmt == "int8_tensorwise" and setting("convrot", False):
+        fmt = "int8_convrot"
+    elif fmt == "int8_convrot":  # our type name, never a marker's
         raise ValueError("format 'int8_convrot'")
+    if fmt == "asym_w4a8_int8" and int(setting("group_size", W4A8_GROUP)) != W4A8_GROUP:
+        raise ValueError(f"W4A8 group_size {setting('group_size', None)}; only {W4A8_GROUP} is read here")
+    if fmt == "convrot_w4a4" and setting("linear_dtype", "int4") != "int4":
+        raise ValueError(f"W4A4 linear_dtype {setting('linear_dtype', None)!r}; only 'int4' is read here")
+    if fmt in CONVROT_LAYOUTS:
+        return ComfyOptions(str(fmt), convrot_group=int(setting("convrot_groupsize", CONVROT_GROUP)))
     return ComfyOptions(str(fmt))
 
 
@@ -187,6 +203,23 @@ class ComfyFormat(Format):
                     f"{options.layout} with an input_scale of {float(scale)!r}, not a positive finite value"
                 ) from None
         return options
+
+    def fitted(self, options: FormatOptions, shape: tuple[int, ...]) -> FormatOptions:
+        """A ConvRot layout with the layer's group (`_hadamard.group_for`: the largest that divides the input
+        width, as ComfyUI reads ``convrot_groupsize`` per layer); `UnfittedShapeError` where none does (the layout's
+        own multiple included: W4A8 16, W4A4 64). Other layouts as they are."""
+        own = self.layout(options)
+        if not own.rotated or len(shape) != 2:
+            return options
+        need = CONVROT_LAYOUTS[own.layout]
+        group = _hadamard.group_for(shape[1], multiple_of=need)
+        if group is None:
+            whole = f" a multiple of {need} and of" if need > 1 else ""
+            raise UnfittedShapeError(
+                f"has {shape[1]} inputs: {own.layout} needs in_features{whole} a ConvRot group "
+                f"({', '.join(map(str, _hadamard.GROUPS))})"
+            )
+        return dataclasses.replace(own, convrot_group=group)
 
     def raised(self, options: FormatOptions) -> FormatOptions | None:
         up = _RAISED.get(self.layout(options).layout)

@@ -21,7 +21,15 @@ from .options import NO_OPTIONS, FormatOptions
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Format", "PartSpec", "RowCut", "MetadataEntry", "NonFiniteWeightError", "UnsupportedShapeError"]
+__all__ = [
+    "Format",
+    "PartSpec",
+    "RowCut",
+    "MetadataEntry",
+    "NonFiniteWeightError",
+    "UnsupportedShapeError",
+    "UnfittedShapeError",
+]
 
 #: A part of an encoded weight: (dtype name from `quantize.dtypes`, shape; None for a late blob, see `writer`).
 PartSpec = tuple[str, tuple[int, ...] | None]
@@ -39,6 +47,11 @@ class NonFiniteWeightError(ValueError):
 
 class UnsupportedShapeError(ValueError):
     """The format cannot hold a weight of this shape; the message says why."""
+
+
+class UnfittedShapeError(UnsupportedShapeError):
+    """The options cannot be fitted to this weight's shape (`Format.fitted`: no ConvRot group divides its input
+    width): a recipe's own targets keep the layer and the plan says why; a layer its `types` names is refused."""
 
 
 class Format(abc.ABC):
@@ -115,6 +128,12 @@ class Format(abc.ABC):
         n = shape[0] if rows is None else rows[1] - rows[0]
         return w if tuple(w.shape) == (n, shape[1]) else w[:n, : shape[1]]
 
+    def fitted(self, options: FormatOptions, shape: tuple[int, ...]) -> FormatOptions:
+        """`options` fitted to a weight of `shape`, what the plan stores for it (a ConvRot layout's group: the
+        largest that divides the input width); `UnfittedShapeError`, saying why, where nothing fits. Default: the
+        options as they are."""
+        return options
+
     def stored_options(
         self,
         dtype_of: Callable[[str], str | None],
@@ -128,11 +147,16 @@ class Format(abc.ABC):
         return NO_OPTIONS
 
     def weight_options(
-        self, chunks: Iterable[torch.Tensor], options: FormatOptions = NO_OPTIONS
+        self,
+        chunks: Iterable[torch.Tensor],
+        options: FormatOptions = NO_OPTIONS,
+        shape: tuple[int, int] | None = None,
     ) -> dict[str, torch.Tensor]:
         """What `encode` takes, as keyword arguments, from the whole weight before encoding any chunk of it
-        (comfy_fp8's per-tensor scale), from one streamed pass over its float32 row chunks. Default: nothing,
-        and the chunks are not read."""
+        (comfy_fp8's per-tensor scale, W4A8's codebook), from one streamed pass over its float32 row chunks, in
+        order; `shape` is the whole weight's (None: the chunks are all of it). Default: nothing, and the chunks are
+        not read.
+        """
         return {}
 
     def cut_rows(

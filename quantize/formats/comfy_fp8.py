@@ -63,7 +63,10 @@ class ComfyFp8(_comfy.ComfyFormat):
         }
 
     def weight_options(
-        self, chunks: Iterable[torch.Tensor], options: FormatOptions = NO_OPTIONS
+        self,
+        chunks: Iterable[torch.Tensor],
+        options: FormatOptions = NO_OPTIONS,
+        shape: tuple[int, int] | None = None,
     ) -> dict[str, torch.Tensor]:
         """The weight's scale from its float32 row chunks: max|w| / M (1 for an all-zero weight)."""
         _, _, top = FLOAT8[self.layout(options).layout]

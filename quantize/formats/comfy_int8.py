@@ -10,12 +10,13 @@ scale = max(rowmax|w| / 127, 1e-30); q = clamp(round(w / scale), -128, 127), rou
 all-zero row gets the scale 1e-30 and exact zeros. Decoding: q.float() · scale, comfy-kitchen's
 ``dequantize_int8_simple``. ComfyUI runs it with int8 matmuls on the CPU and on GPUs from Turing on.
 
-ConvRot (``type: int8_convrot``; ComfyUI >= 0.27 reads it): each row is first rotated in groups of 256 inputs
-by the normalized regular Hadamard matrix H (``H4 ⊗ H4 ⊗ H4 ⊗ H4 / 16``, symmetric and orthogonal), W_rot = W·Hᵀ,
-then quantized as above; the marker says ``{"format": "int8_tensorwise", "convrot": true, "convrot_groupsize":
-256}`` and ComfyUI rotates the activations the same way, so X·Wᵀ = (X·H)·(W·H)ᵀ. Rotating spreads an outlier
+ConvRot (``type: int8_convrot``; ComfyUI >= 0.27 reads it): each row is first rotated in groups of g inputs by the
+normalized regular Hadamard matrix H (``H4 ⊗ H4 ⊗ H4 ⊗ H4 / 16`` for g = 256, symmetric and orthogonal; `_hadamard`),
+W_rot = W·Hᵀ, then quantized as above; the marker says ``{"format": "int8_tensorwise", "convrot": true,
+"convrot_groupsize": g}`` and ComfyUI rotates the activations the same way, so X·Wᵀ = (X·H)·(W·H)ᵀ. g is the
+layer's (`Format.fitted`): 256, or the largest of 64, 16, 4 that divides a narrower or odd input width. Rotating spreads an outlier
 over its group, so the row's scale fits the rest better. The reference is comfy-kitchen's
-``quantize_int8_convrot_weight(w.float(), 256)``, whose rotation is a float32 matrix product: its last bit
+``quantize_int8_convrot_weight(w.float(), g)``, whose rotation is a float32 matrix product: its last bit
 depends on how the BLAS blocks it (on this CPU the rows of a product differ with the number of rows and of
 threads), so no encoder can be bit-exact to it as called. Ours rotates with the same matrix exactly, in
 float64 (every product w·(±1/16) is exact) by a fixed sequence of additions (four 4-point butterflies), then
@@ -32,11 +33,9 @@ ComfyUI multiplies int8 by int8: each call's input is quantized per row the same
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from . import _comfy
+from . import _comfy, _hadamard
 from .base import NonFiniteWeightError, PartSpec, UnsupportedShapeError
 from .options import NO_OPTIONS, FormatOptions
 
@@ -56,7 +55,6 @@ WEIGHT = "weight"
 SCALE = "weight_scale"
 INT8_MAX = 127.0
 MIN_SCALE = 1e-30  # comfy-kitchen's floor for a row's scale
-GROUP = _comfy.CONVROT_GROUP
 #: the signs of H4 (symmetric): output e of a 4-point butterfly is the sum over a of _H4[a][e] · x_a
 _H4 = ((1, 1, 1, -1), (1, 1, -1, 1), (1, -1, 1, 1), (-1, 1, 1, 1))
 
@@ -69,9 +67,10 @@ class ComfyInt8(_comfy.ComfyFormat):
 
     def parts(self, shape: tuple[int, ...], options: FormatOptions = NO_OPTIONS) -> dict[str, PartSpec]:
         out, inp = shape
-        if self.layout(options).convrot and inp % GROUP:
+        own = self.layout(options)
+        if own.convrot and inp % own.group:
             raise UnsupportedShapeError(
-                f"is [{out}, {inp}]; ConvRot rotates groups of {GROUP} inputs: in_features must be a multiple"
+                f"is [{out}, {inp}]; ConvRot rotates groups of {own.group} inputs: in_features must be a multiple"
             )
         return {
             WEIGHT: ("I8", (out, inp)),
@@ -93,7 +92,7 @@ class ComfyInt8(_comfy.ComfyFormat):
         if own.convrot:
             if not bool(torch.isfinite(w).all()):  # the rotation would spread a NaN over its group
                 raise NonFiniteWeightError("holds NaN or Inf values")
-            w = hadamard_rotate(w)
+            w = _hadamard.rotate(w, own.group)
         q, scale = quantize_rows(w)
         if not bool(torch.isfinite(scale).all()):  # a NaN or Inf anywhere in a row makes its scale one
             raise NonFiniteWeightError("holds NaN or Inf values")
@@ -111,7 +110,8 @@ class ComfyInt8(_comfy.ComfyFormat):
         if rows is not None:
             q, scale = q[rows[0] : rows[1]], scale[rows[0] : rows[1]]
         w = q.float().mul_(scale)
-        return (hadamard_rotate(w) if self.layout(options).convrot else w).to(dtype)
+        own = self.layout(options)
+        return (_hadamard.rotate(w, own.group) if own.convrot else w).to(dtype)
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,35 +131,9 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (x / divisor).round_().clamp_(-128.0, 127.0).to(torch.int8), scale  # round: half to even
 
 
-def hadamard_rotate(x: torch.Tensor) -> torch.Tensor:
-    """x·H in groups of `GROUP` along the last dim (H = H4⊗H4⊗H4⊗H4 / 16, its own inverse), computed in float64
-    and rounded once to x's dtype: the same bits on every machine and for any batch of rows. H4 is the all-ones
-    matrix less twice the anti-diagonal, so each 4-point stage is y_e = ((x_0 + x_1) + x_2) + x_3 - 2·x_(3-e), a
-    fixed sequence of float64 operations (no BLAS, whose summation order varies). ValueError if the last dim is
-    not whole groups."""
-    *lead, n = x.shape
-    if n % GROUP:
-        raise ValueError(f"ConvRot rotates groups of {GROUP}; the last dim is {n}")
-    y = x.double().reshape(-1, 4, 4, 4, 4)  # (rows · groups, a, b, c, d): a group's index is abcd in base 4
-    for axis in range(1, 5):
-        x0, x1, x2, x3 = y.unbind(axis)
-        total = (x0 + x1).add_(x2).add_(x3).unsqueeze(axis)
-        y = y.flip(axis).mul_(-2.0).add_(total)
-    return y.div_(16.0).reshape(*lead, n).to(x.dtype)
-
-
-def rotate_activations(x: torch.Tensor) -> torch.Tensor:
-    """x·H in groups of `GROUP` along the last dim, as ComfyUI rotates a ConvRot layer's input (comfy-kitchen's
-    ``_rotate_activation``): a matrix product in x's dtype with the normalized Hadamard matrix (exact in it:
-    ±1/16), summed as the BLAS sums. The weight's rotation is `hadamard_rotate`'s, the same on every machine."""
-    h = _hadamard(x.device, x.dtype)
-    return torch.matmul(x.reshape(-1, x.shape[-1] // GROUP, GROUP), h).reshape(x.shape)
-
-
-@functools.cache
-def _hadamard(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """The normalized Hadamard matrix H of ConvRot (`hadamard_rotate` of the identity), in `dtype` on `device`."""
-    return hadamard_rotate(torch.eye(GROUP, dtype=torch.float64)).to(device, dtype)
+#: ConvRot's rotation (`_hadamard`), under the names this module gave it first
+hadamard_rotate = _hadamard.rotate
+rotate_activations = _hadamard.rotate_activations
 
 
 FORMAT = ComfyInt8()

@@ -89,7 +89,10 @@ class ComfyNvfp4(_comfy.ComfyFormat):
         }
 
     def weight_options(
-        self, chunks: Iterable[torch.Tensor], options: FormatOptions = NO_OPTIONS
+        self,
+        chunks: Iterable[torch.Tensor],
+        options: FormatOptions = NO_OPTIONS,
+        shape: tuple[int, int] | None = None,
     ) -> dict[str, torch.Tensor]:
         """The tensor's scale from its float32 row chunks: max|w| / 2688 (1 for an all-zero weight)."""
         return {"scale": _comfy.tensor_scale(_comfy.amax_of(chunks), E4M3_MAX * E2M1_MAX)}

@@ -32,6 +32,9 @@ __all__ = [
     "ComfyInt8Options",
     "ComfyNvfp4Options",
     "ComfyMxfp8Options",
+    "ComfyW4a8Options",
+    "ComfyW4a4Options",
+    "CONVROT_LAYOUTS",
     "KEPT",
 ]
 
@@ -130,7 +133,14 @@ COMFY_LAYOUTS: dict[str, str] = {
     "float8_e5m2": "comfy_fp8",
     "int8_tensorwise": "comfy_int8",
     "int8_convrot": "comfy_int8",
+    "asym_w4a8_int8": "comfy_w4a8",
+    "convrot_w4a4": "comfy_w4a4",
 }
+
+#: the layouts whose weight is rotated by ConvRot's Hadamard matrix in groups of inputs (`ComfyOptions.convrot_group`),
+#: and what a layer's input width must be a multiple of besides (W4A8: 16 codes a scale; W4A4: comfy-kitchen's int4
+#: GEMM tiles of 64)
+CONVROT_LAYOUTS: dict[str, int] = {"int8_convrot": 1, "asym_w4a8_int8": 16, "convrot_w4a4": 64}
 
 #: layout -> (the ComfyUI that reads it: the first version after the commit that added it, and what else it needs;
 #: the GPUs that run it fast): what the card and docs/formats.md say. Elsewhere ComfyUI decodes the weight per layer.
@@ -159,6 +169,14 @@ COMFY_RUNTIMES: dict[str, tuple[str, str]] = {
         "ComfyUI 0.27 or later (ConvRot)",
         "int8 matmuls on every GPU from Turing (RTX 20xx, 30xx, A100) and the CPU",
     ),
+    "asym_w4a8_int8": (
+        "ComfyUI 0.31 or later, with comfy-kitchen 0.2.40 or later",
+        "int8 tensor cores from Ampere (RTX 30xx, A100: SM80+), 4-bit weights decoded to int8 in the GEMM",
+    ),
+    "convrot_w4a4": (
+        "ComfyUI 0.28 or later, with comfy-kitchen 0.2.40 or later",
+        "int4 tensor cores from Turing (RTX 20xx-40xx, A100: SM75+)",
+    ),
 }
 
 
@@ -182,16 +200,27 @@ class ComfyOptions(FormatOptions):
 
     `input_scale`: the layer's static input scale (a positive finite float32 value), for the layouts of
     `COMFY_INPUT_RANGES` only: `convert --calibrate` plans it, the layer stores it as ``input_scale``. A recipe never
-    names it (`type_name` is the layout alone)."""
+    names it (`type_name` is the layout alone).
+
+    `convrot_group`: the Hadamard group of a ConvRot layout (`CONVROT_LAYOUTS`), one of 4, 16, 64, 256; the plan
+    fits it to the layer's input width (`Format.fitted`: the largest that divides it), the marker stores it as
+    ``convrot_groupsize``. None: not fitted yet (`group` is then ComfyUI's default, 256)."""
 
     layout: str
     input_scale: float | None = None
+    convrot_group: int | None = None
 
     TYPES: ClassVar[tuple[str, ...]] = tuple(COMFY_LAYOUTS)
 
     def __post_init__(self) -> None:
         if self.layout not in COMFY_LAYOUTS:
             raise ValueError(f"a ComfyUI layout is one of {', '.join(COMFY_LAYOUTS)}; got {self.layout!r}")
+        group = self.convrot_group
+        if group is not None:
+            if self.layout not in CONVROT_LAYOUTS:
+                raise ValueError(f"a {self.layout} layer has no ConvRot group")
+            if group not in (4, 16, 64, 256):
+                raise ValueError(f"a ConvRot group is one of 4, 16, 64, 256; got {group!r}")
         scale = self.input_scale
         if scale is None:
             return
@@ -218,8 +247,18 @@ class ComfyOptions(FormatOptions):
 
     @property
     def convrot(self) -> bool:
-        """int8 with its weight rotated by a Hadamard matrix in groups of `CONVROT_GROUP` inputs (ComfyUI >= 0.27)."""
+        """int8 with its weight rotated by a Hadamard matrix in groups of `group` inputs (ComfyUI >= 0.27)."""
         return self.layout == "int8_convrot"
+
+    @property
+    def rotated(self) -> bool:
+        """The layout rotates the weight (and ComfyUI each call's input) in ConvRot groups (`CONVROT_LAYOUTS`)."""
+        return self.layout in CONVROT_LAYOUTS
+
+    @property
+    def group(self) -> int:
+        """The ConvRot group the layer is rotated in: `convrot_group`, or ComfyUI's default (256) before fitting."""
+        return 256 if self.convrot_group is None else self.convrot_group
 
 
 class ComfyFp8Options(ComfyOptions):
@@ -244,3 +283,16 @@ class ComfyMxfp8Options(ComfyOptions):
     """comfy_mxfp8's one layout."""
 
     TYPES = ("mxfp8",)
+
+
+class ComfyW4a8Options(ComfyOptions):
+    """comfy_w4a8's one layout: 4-bit codes of a 16-level codebook, an FP8 scale per 16 inputs and an FP32 one per
+    row, ConvRot-rotated."""
+
+    TYPES = ("asym_w4a8_int8",)
+
+
+class ComfyW4a4Options(ComfyOptions):
+    """comfy_w4a4's one layout: signed int4 with one FP32 scale per row, ConvRot-rotated."""
+
+    TYPES = ("convrot_w4a4",)
