@@ -7,7 +7,7 @@
 this runs its environment and its loading (`import_comfy`, `Runner.load`, `Runner.quantized_layers`, imported
 from that file) over the other families, whose forwards ComfyUI conditions in family-specific ways. For each
 family, example layout and native-named format (the ones ComfyUI reads: comfy_fp8, comfy_int8, comfy_nvfp4,
-comfy_mxfp8, gguf):
+comfy_mxfp8, comfy_w4a8, comfy_w4a4, gguf; `--formats` picks some):
 
   - `quantize example --family F --layout L` writes the source, `quantize convert --format FMT` its file (a plan-time
     refusal, exit 2, is reported as such and counts as passed when the family says why it has no such output (`Family.why_no`));
@@ -69,7 +69,7 @@ EXPECTED = {
 #: the prefix ComfyUI's loaders strip from a full checkpoint's diffusion model (comfy/model_detection.py
 #: unet_prefix_from_state_dict)
 UNET_PREFIX = "model.diffusion_model."
-FORMATS = ["comfy_fp8", "comfy_int8", "comfy_nvfp4", "comfy_mxfp8", "gguf"]
+FORMATS = ["comfy_fp8", "comfy_int8", "comfy_nvfp4", "comfy_mxfp8", "comfy_w4a8", "comfy_w4a4", "gguf"]
 #: family -> (preset, blocks) of the example its GGUF file is checked on, where the family's small one cannot load
 #: through ComfyUI-GGUF. Its Unet Loader hands ComfyUI no file metadata (nodes.py: load_diffusion_model_state_dict
 #: without it), so ComfyUI builds LTX-2 at LTXAVModel's defaults, the 19B's widths, reading only the block count and
@@ -116,6 +116,9 @@ def parse_args():
         "--families", default=None, help="comma-separated family names (default: every one in EXPECTED)"
     )
     p.add_argument("--only", default=None, help="regex on case ids")
+    p.add_argument(
+        "--formats", default=",".join(FORMATS), help=f"comma-separated formats (default: {','.join(FORMATS)})"
+    )
     p.add_argument("--venv", type=Path, default=None)
     p.add_argument("--no-venv", action="store_true")
     a = p.parse_args()
@@ -510,7 +513,7 @@ def main() -> int:
                 )
                 results.append(r)
                 print(_line(r), flush=True)
-            for fmt in FORMATS:
+            for fmt in args.formats.split(","):
                 cid = f"{name}/{layout}/{fmt}"
                 if only and not only.search(cid):
                     continue

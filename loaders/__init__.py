@@ -19,6 +19,8 @@ from .modules import (
     ComfyInt8Linear,
     ComfyMXFP8Linear,
     ComfyNVFP4Linear,
+    ComfyW4a4Linear,
+    ComfyW4a8Linear,
     Float8Linear,
     FP8ChannelLinear,
     FP8Linear,
@@ -49,6 +51,8 @@ __all__ = [
     "NF4Linear",
     "ComfyNVFP4Linear",
     "ComfyMXFP8Linear",
+    "ComfyW4a4Linear",
+    "ComfyW4a8Linear",
     "TorchaoInt8Linear",
     # the classes' earlier names: aliases, the same class objects (loaders.modules says which is which)
     "FP8Linear",

@@ -304,7 +304,9 @@ def _quantized_part_suffixes() -> tuple[str, ...]:
     ours = {
         part
         for fmt in FORMATS.values()
-        for part in quantized_parts(fmt, "m", _PROBE_SHAPE, fmt.options_type.choices()[0])
+        for part in quantized_parts(
+            fmt, "m", _PROBE_SHAPE, fmt.fitted(fmt.options_type.choices()[0], _PROBE_SHAPE)
+        )
     } - {"weight"}
     return tuple(sorted(f".{part}" for part in ours | set(_FOREIGN_PARTS)))
 
@@ -457,9 +459,11 @@ def _planned(
         options = fmt.options_type.from_type(recipe.type if type_ is None else type_)
         try:
             return _quantized_plan(source, target, out_name, fmt, options, where, named=type_ is not None)
-        except UnfittedShapeError as e:  # the recipe's own type, which this layer cannot take: kept, saying why
+        except (
+            UnfittedShapeError
+        ) as e:  # the recipe's own type, which this layer cannot take: kept, saying why
             kept = _kept_plan(source, target, out_name, fmt, recipe.keep_dtype, linear)
-            return dataclasses.replace(kept, reason=f"{options.type_name} {e}")
+            return dataclasses.replace(kept, reason=str(e))  # it names the layout
     return _kept_plan(source, ignored, out_name, fmt, recipe.keep_dtype, linear)
 
 
@@ -619,11 +623,15 @@ def replanned(
     return _quantized_plan(tp.source, tp.pattern or "", tp.output_name, fmt, options, str(tp.info.file))
 
 
-def with_input_scales(plan: Plan, amax: Mapping[str, float]) -> Plan:
+def with_input_scales(
+    plan: Plan, amax: Mapping[str, float], smoothing: Mapping[str, tuple[float, ...]] = {}
+) -> Plan:
     """`plan` with a static input scale for each quantized Linear that `amax` names (by its weight's manifest key,
     ``<component>/<output name>``: the largest |x| its input reached in a calibration pass) and whose format
     stores one (`Format.calibrated`: ComfyUI's FP8 and NVFP4 layers); the others as they were. A key that names no
-    quantized tensor of the plan is an `InputError`: the calibration was of another plan."""
+    quantized tensor of the plan is an `InputError`: the calibration was of another plan. `smoothing` gives some
+    of those Linears a per-input-channel ``pre_quant_scale`` (`Format.smoothed`: ComfyUI's NVFP4 layers; their
+    amax is then that of the input times it); one whose format has none is an `InputError`."""
     fmt, known = plan.format, set()
     components = []
     for cp in plan.components:
@@ -633,8 +641,13 @@ def with_input_scales(plan: Plan, amax: Mapping[str, float]) -> Plan:
             options = None
             if tp.quantize and key in amax:
                 known.add(key)
+                layer_fmt = format_for(fmt, tp.options)
                 try:
-                    options = format_for(fmt, tp.options).calibrated(tp.options, amax[key])
+                    options = layer_fmt.calibrated(tp.options, amax[key])
+                    if key in smoothing and options is not None:
+                        options = layer_fmt.smoothed(options, smoothing[key])
+                        if options is None:
+                            raise ValueError(f"its {tp.options.type_name} layout has no pre_quant_scale")
                 except ValueError as e:
                     raise InputError(f"{key}: {e}") from None
             if options is not None:
@@ -643,7 +656,7 @@ def with_input_scales(plan: Plan, amax: Mapping[str, float]) -> Plan:
                 )
             tensors.append(tp)
         components.append(dataclasses.replace(cp, tensors=tuple(tensors)))
-    unknown = sorted(set(amax) - known)
+    unknown = sorted(set(amax) - known) or sorted(set(smoothing) - set(amax))
     if unknown:
         raise InputError(f"{unknown[0]}: calibrated, but no quantized tensor of the plan has this name")
     return dataclasses.replace(plan, components=tuple(components))

@@ -33,8 +33,8 @@ def test_dump_round_trips():
         ("format: fp8_channel\n", "missing required field 'targets'"),
         (
             "format: int3\ntargets: [a]\n",
-            "field 'format': unknown format 'int3' \\(known: comfy_fp8, comfy_int8, comfy_mxfp8, comfy_nvfp4, fp8_channel, "
-            "gguf, nf4, torchao_fp8, torchao_int8\\)",
+            "field 'format': unknown format 'int3' \\(known: comfy_fp8, comfy_int8, comfy_mxfp8, comfy_nvfp4, comfy_w4a4, "
+            "comfy_w4a8, fp8_channel, gguf, nf4, torchao_fp8, torchao_int8\\)",
         ),
         ("format: fp8_channel\ntargets: []\n", "field 'targets' must list at least one entry"),
         (

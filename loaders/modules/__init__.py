@@ -23,6 +23,8 @@ all, the CPU included (how the tests hold it to its reference there).
 | `ComfyInt8Linear` | comfy_int8 | activations to int8 per row (ConvRot: rotated first), `torch._int_mm` (int32 accumulate), scaled by both scales |
 | `ComfyNVFP4Linear` | comfy_nvfp4 | SM100+: activations to NVFP4, block-scaled `torch._scaled_mm`; elsewhere decoded per call |
 | `ComfyMXFP8Linear` | comfy_mxfp8 | SM100+: activations to MXFP8, block-scaled `torch._scaled_mm`; elsewhere decoded per call |
+| `ComfyW4a8Linear` | comfy_w4a8 | activations rotated and to int8 per row, `torch._int_mm` (int32 accumulate) on the 4-bit codes decoded to int8, scaled by both row scales |
+| `ComfyW4a4Linear` | comfy_w4a4 | none (torch has no int4 GEMM): the packed int4 weight decoded and rotated back per call |
 | `GGUFLinear` | gguf | none: the stored blocks stay as they are, each call decodes the layer (torch decoders) |
 | `TorchaoFP8Linear` | torchao_fp8 | torchao's `Float8Tensor` dispatch |
 | `NF4Linear` | nf4 | bitsandbytes (`matmul_4bit`; on the CPU its dequantization) |
@@ -54,6 +56,8 @@ from .comfy_fp8 import ComfyFP8Linear
 from .comfy_int8 import ComfyInt8Linear
 from .comfy_mxfp8 import ComfyMXFP8Linear
 from .comfy_nvfp4 import ComfyNVFP4Linear
+from .comfy_w4a4 import ComfyW4a4Linear
+from .comfy_w4a8 import ComfyW4a8Linear
 from .fp8_channel import FP8ChannelLinear
 from .gemm import int_mm as int_mm  # public before the split (the fused kernels' tests use it)
 from .gguf import GGUFLinear
@@ -71,6 +75,8 @@ __all__ = [
     "NF4Linear",
     "ComfyNVFP4Linear",
     "ComfyMXFP8Linear",
+    "ComfyW4a4Linear",
+    "ComfyW4a8Linear",
     "TorchaoInt8Linear",
     # the earlier names, aliases of the classes above
     "FP8Linear",
@@ -107,6 +113,8 @@ MODULES: dict[str, type[QuantizedLinear]] = {
         TorchaoInt8Linear,
         ComfyNVFP4Linear,
         ComfyMXFP8Linear,
+        ComfyW4a4Linear,
+        ComfyW4a8Linear,
     )
 }
 

@@ -1,10 +1,14 @@
 """`comfy_nvfp4` at run time: `ComfyNVFP4Linear`, ComfyUI's NVFP4 (E2M1 values, E4M3 block scales, a tensor scale).
 
 Blackwell (SM100+) runs the block-scaled `torch._scaled_mm` on activations the format itself encodes; elsewhere the
-weight is decoded for each call, as ComfyUI does.
+weight is decoded for each call, as ComfyUI does. A smoothed layer (``pre_quant_scale``, `convert --calibrate`):
+the kernel multiplies the input by it and takes the stored W / p, as ComfyUI's Linear; the decoded path takes
+the weight `decode` gives, W / p times p, exact for the powers of two `calibrate` writes: the same products.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -31,8 +35,22 @@ class ComfyNVFP4Linear(QuantizedLinear):
         return _block_scaled_problem(self, x, "nvfp4")
 
     def _encoded_input(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
-        static = self._buffers.get(comfy_nvfp4.INPUT_SCALE)  # a part only where the options have it
+        """The call's input as the kernel takes it: times the stored ``pre_quant_scale`` first where the layer has
+        one (cast to the input's dtype, as ComfyUI's Linear multiplies it), then NVFP4 with the static scale."""
+        smoothing = self._buffers.get(comfy_nvfp4.PRE_QUANT_SCALE)  # a part only where the options have it
+        if smoothing is not None:
+            rows = rows * smoothing.to(rows.dtype)
+        static = self._buffers.get(comfy_nvfp4.INPUT_SCALE)
         return comfy_nvfp4.FORMAT.encode(rows, **({} if static is None else {"scale": static}))
+
+    def _stored_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        """The weight as stored (W / p where the layer is smoothed: what the kernel multiplies), decoded."""
+        plain = dataclasses.replace(self.options, pre_quant_scale=None) if self.smoothed else self.options
+        return self.FORMAT.decoded(self.stored(), (self.out_features, self.in_features), dtype, options=plain)
+
+    @property
+    def smoothed(self) -> bool:
+        return getattr(self.options, "pre_quant_scale", None) is not None
 
     def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = _rows(x, self.in_features)
@@ -54,4 +72,4 @@ class ComfyNVFP4Linear(QuantizedLinear):
     def kernel_operands(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         a = self._encoded_input(rows)
         shape = (rows.shape[0], self.in_features)
-        return self.FORMAT.decoded(a, shape, torch.float64), self.dequantize(torch.float64)
+        return self.FORMAT.decoded(a, shape, torch.float64), self._stored_weight(torch.float64)

@@ -505,6 +505,7 @@ def _recorded_parts(
     failed check, where the format cannot hold what the manifest records."""
     try:
         options = fmt.options_type.from_type(t.type)  # the manifest names them (gguf: the GGML type)
+        options = format_for(fmt, options).fitted(options, tuple(t.shape))  # as the plan fitted them
         parts = quantized_parts(fmt, module_name(name), tuple(t.shape), options)
     except ValueError as e:
         report.fail(
@@ -605,7 +606,47 @@ def _recorded_input_scale(manifest: Manifest, key: str, fmt: Format, options):
         raise ValueError(
             f"the calibration records the input scale {entry.input_scale!r}, its amax makes {calibrated.input_scale!r}"
         )
+    if entry.smoothing is not None:  # a pre_quant_scale of one value per input (the values are the file's)
+        width = manifest.tensors[key].shape[-1]
+        calibrated = format_for(fmt, options).smoothed(calibrated, (1.0,) * width)
+        if calibrated is None:
+            raise ValueError(
+                f"its {options.type_name} layout has no pre_quant_scale, the calibration records one"
+            )
     return calibrated
+
+
+def _stored_smoothing(
+    manifest: Manifest, components: dict[str, Component | None], fmt: Format
+) -> dict[str, tuple[float, ...]]:
+    """The ``pre_quant_scale`` each Linear the calibration records as smoothed stores (by manifest key), read from
+    the checkpoint: the plan re-encodes the source with it (what the calibration chose is a record, as the amax
+    is; the weight is re-quantized with it bit for bit). A layer whose part is missing or no [in] float32 tensor
+    of powers of two is left out: its keys and layout checks name it."""
+    found = {}
+    if manifest.calibration is None:
+        return found
+    names = [c.path for c in manifest.components]
+    for key, entry in manifest.calibration.tensors.items():
+        if entry.smoothing is None:
+            continue
+        rel, name = split_manifest_key(key, names)
+        stored = components.get(rel)
+        recorded = manifest.tensors[key]
+        try:  # a record the format cannot hold fails the integrity checks (`_recorded_parts`)
+            options = _recorded_input_scale(manifest, key, fmt, fmt.options_type.from_type(recorded.type))
+            parts = quantized_parts(fmt, module_name(name), tuple(recorded.shape), options)
+        except ValueError:
+            continue
+        full, spec = parts["pre_quant_scale"]
+        info = None if stored is None else stored.tensors.get(full)
+        if info is None or info.dtype != spec[0] or tuple(info.shape) != spec[1]:
+            continue
+        values = read_tensor(info)
+        mantissa, _ = torch.frexp(values)
+        if bool(torch.all((mantissa == 0.5) & torch.isfinite(values))):
+            found[key] = tuple(values.tolist())
+    return found
 
 
 # --- provenance --------------------------------------------------------------------------------
@@ -658,7 +699,7 @@ def _check_parity(
         plan = make_plan(source, recipe, steps=steps)
         if manifest.calibration is not None:  # the static input scales, re-derived from the amaxes recorded
             amax = {key: e.input_amax for key, e in manifest.calibration.tensors.items()}
-            plan = with_input_scales(plan, amax)
+            plan = with_input_scales(plan, amax, _stored_smoothing(manifest, components, fmt))
     except QuantizeError as e:
         report.fail("parity", "keys", f"the recipe no longer applies to {source.folder}: {e}")
         return None

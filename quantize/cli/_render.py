@@ -57,10 +57,13 @@ def print_plan(source: str, origin: str, plan, merge) -> None:
         ("after", "right"),
     ):
         table.add_column(col, justify=just)
-    for rel, generic, n, dt, becomes, pattern, before, after in _plan_groups(plan):
+    reasons = []  # (component, tensors, why a target's tensors are kept all the same)
+    for rel, generic, n, dt, becomes, pattern, before, after, reason in _plan_groups(plan):
         table.add_row(
             rel, escape(generic), str(n), dt, becomes, labels.get(pattern, ""), gb(before), gb(after)
         )
+        if reason is not None:
+            reasons.append((rel, generic, reason))
     table.add_section()
     table.add_row(
         "total", "", str(plan.tensor_count), "", "", "", gb(plan.source_bytes), gb(plan.output_bytes)
@@ -77,6 +80,8 @@ def print_plan(source: str, origin: str, plan, merge) -> None:
     for p, label in labels.items():
         hits.add_row(label, escape(p), *(str(cp.pattern_matches[p]) for cp in plan.components))
     out.print(hits)
+    for rel, generic, reason in reasons:
+        out.print(f"kept in {rel}: {escape(generic)}: {escape(reason)}")
     if merge is not None:
         _print_loras(merge, [cp.rel for cp in plan.components])
     ratio = plan.output_bytes / max(1, plan.source_bytes)
@@ -129,10 +134,9 @@ def _plan_groups(plan) -> list[tuple]:
                 if tp.quantize
                 else ("keep" if kept_as == tp.info.dtype else f"keep as {kept_as}")
             )
-            why = tp.pattern or "" if tp.reason is None else f"{tp.pattern}; kept: {tp.reason}"
-            groups[(cp.rel, generic, tp.info.dtype, becomes, why)].append(tp)
+            groups[(cp.rel, generic, tp.info.dtype, becomes, tp.pattern or "", tp.reason)].append(tp)
     rows = []
-    for (rel, generic, dt, becomes, pattern), tps in sorted(
+    for (rel, generic, dt, becomes, pattern, reason), tps in sorted(
         groups.items(), key=lambda kv: (kv[0][0], kv[0][1])
     ):
         rows.append(
@@ -145,6 +149,7 @@ def _plan_groups(plan) -> list[tuple]:
                 pattern,
                 sum(t.info.nbytes for t in tps),
                 sum(t.output_bytes for t in tps),
+                reason,
             )
         )
     return rows
@@ -177,10 +182,18 @@ def _print_calibration(manifest) -> None:
     out.print(
         f"input scales: {len(cal.tensors)} layers, from the amax of their inputs on {escape(cal.inputs.file)}"
     )
+    smoothed = [e.smoothing for e in cal.tensors.values() if e.smoothing is not None]
+    if smoothed:
+        out.print(
+            f"smoothing: {len(smoothed)} NVFP4 layers hold a pre_quant_scale (AWQ's rule, measured better than "
+            "plain NVFP4 on those inputs)"
+        )
     for rel, f in cal.forward.items():
+        plain = cal.unsmoothed_static_sqnr_db
+        without = f"; without smoothing, static scales {_db_text(plain[rel])}" if rel in plain else ""
         out.print(
             f"forward SQNR of {escape(rel)} on {escape(cal.inputs.file)}, inputs quantized: static scales "
-            f"{_db_text(f.static_sqnr_db)}, dynamic {_db_text(f.dynamic_sqnr_db)}"
+            f"{_db_text(f.static_sqnr_db)}, dynamic {_db_text(f.dynamic_sqnr_db)}{without}"
         )
 
 

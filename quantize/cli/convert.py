@@ -47,8 +47,9 @@ __all__ = ["convert_cmd"]
     default=None,
     metavar="INPUTS",
     help="Static activation scales (ComfyUI's input_scale) for the FP8 and NVFP4 layers, from the amax of each "
-    "one's input in a streamed forward pass of the source on INPUTS (captured inputs, as --inputs takes them); "
-    "prints the forward SQNR with them against dynamic scales.",
+    "one's input in a streamed forward pass of the source on INPUTS (captured inputs, as --inputs takes them), "
+    "and for the NVFP4 layers a per-input-channel smoothing (ComfyUI's pre_quant_scale, AWQ's rule) where it "
+    "measures better on those inputs; prints the forward SQNR with them against dynamic scales.",
 )
 @lora_options
 def convert_cmd(

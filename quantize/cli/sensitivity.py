@@ -69,7 +69,15 @@ def sensitivity_cmd(
     lora_unmatched: str,
 ) -> int:
     """Measure how much each quantized Linear of SOURCE hurts the output under RECIPE (one streamed forward pass),
-    and with --min-forward-sqnr or --max-size propose the recipe that raises the most sensitive ones."""
+    and with --min-forward-sqnr or --max-size propose the recipe that raises the most sensitive ones.
+
+    \b
+    A Wan2.1 14B that fits a 12 GB card: one ComfyUI file, W4A8 but for the layers that hurt most (int8, ConvRot),
+    the best forward SQNR measured within 11 GB on disk, then converted and proved:
+      quantize sensitivity ./Wan2.1-T2V-14B --recipe wan-comfy-w4a8 --max-size 11GB --write-recipe wan-12gb.yaml
+      quantize convert ./Wan2.1-T2V-14B ./Wan2.1-T2V-14B-12gb --recipe wan-12gb.yaml
+      quantize verify ./Wan2.1-T2V-14B-12gb --source ./Wan2.1-T2V-14B --forward
+    """
     from ..plan import make_plan
     from ..read.files import parse_size
     from ..read.source import open_source

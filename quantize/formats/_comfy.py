@@ -14,6 +14,12 @@ NVFP4) may also hold ``<m>.input_scale``, float32 [] (ComfyUI's QUANTIZATION.md:
 Linear loads (``load_extra_params``) and passes as ``scale=`` to the layout's ``quantize`` of each call's input
 instead of computing one: `convert --calibrate` writes it (`calibrated`: amax / the layout's range, in float32, the
 scale a call whose input reached that amax would take), written once per weight.
+
+An NVFP4 layer (`options.COMFY_SMOOTHED`) may also hold ``<m>.pre_quant_scale``, float32 [in]: ComfyUI's Linear
+multiplies each call's input by it (cast to the input's dtype) before quantizing it (ModelOpt's AWQ-style
+smoothing), so the layer stores W·diag(1/p); `convert --calibrate` writes it where it measures better
+(`run.calibrate`), and our `decode` returns W (the stored weight times p), the input quantized as the runtime does
+being divided by p again (`quantized_input`): the same products.
 """
 
 from __future__ import annotations
@@ -24,14 +30,14 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from . import format_info
-from . import _hadamard
+from . import _hadamard, format_info
 from .base import Format, MetadataEntry, NonFiniteWeightError, UnfittedShapeError
-from .options import COMFY_INPUT_RANGES, CONVROT_LAYOUTS, ComfyOptions, FormatOptions
+from .options import COMFY_INPUT_RANGES, COMFY_SMOOTHED, CONVROT_LAYOUTS, ComfyOptions, FormatOptions
 
 __all__ = [
     "MARKER",
     "INPUT_SCALE",
+    "PRE_QUANT_SCALE",
     "CONVROT_GROUP",
     "W4A8_GROUP",
     "ComfyFormat",
@@ -48,13 +54,18 @@ __all__ = [
 MARKER = "comfy_quant"
 #: the optional static scale of a layer's input (float32 []; FP8 and NVFP4 layouts)
 INPUT_SCALE = "input_scale"
+#: the optional per-input-channel factor of a layer's input (float32 [in]; NVFP4: `options.COMFY_SMOOTHED`)
+PRE_QUANT_SCALE = "pre_quant_scale"
 #: ConvRot's Hadamard group: what ComfyUI assumes when a marker gives none
 CONVROT_GROUP = _hadamard.DEFAULT_GROUP
 #: W4A8's group of inputs per FP8 scale: comfy-kitchen's default, the one its CUDA kernel runs
 W4A8_GROUP = 16
 #: one rung up for a layer that needs more bits (`quantize sensitivity`): NVFP4 to MXFP8 (both Blackwell's native
-#: block formats), everything else to kept
-_RAISED = {"nvfp4": "mxfp8"}
+#: block formats); W4A8 and W4A4 to int8 ConvRot: the same Hadamard rotation of each call's input, so an outlier the
+#: 4-bit layer's rotation spread stays spread (int8 per row without it loses a row that holds one), int8 GEMMs on
+#: every GPU from Turing and the CPU, a ComfyUI (0.27) no newer than theirs: the raised file runs wherever the 4-bit
+#: one does; everything else to kept
+_RAISED = {"nvfp4": "mxfp8", "asym_w4a8_int8": "int8_convrot", "convrot_w4a4": "int8_convrot"}
 #: where a full ComfyUI checkpoint keeps its diffusion model; both of ComfyUI's loaders strip it
 CHECKPOINT_PREFIX = "model.diffusion_model."
 
@@ -106,6 +117,11 @@ def layout_of_marker(conf: dict) -> ComfyOptions:
     if fmt in CONVROT_LAYOUTS:
         return ComfyOptions(str(fmt), convrot_group=int(setting("convrot_groupsize", CONVROT_GROUP)))
     return ComfyOptions(str(fmt))
+
+
+def pre_quant_scale(options: ComfyOptions, device: torch.device | None = None) -> torch.Tensor:
+    """The layer's ``pre_quant_scale`` as a float32 [in] tensor (what ``<m>.pre_quant_scale`` holds)."""
+    return torch.tensor(options.pre_quant_scale, dtype=torch.float32, device=device)
 
 
 def amax_of(chunks: Iterable[torch.Tensor]) -> torch.Tensor:
@@ -171,13 +187,25 @@ class ComfyFormat(Format):
         own = self.layout(options)
         if own.layout not in COMFY_INPUT_RANGES:
             return None
-        plain = dataclasses.replace(own, input_scale=None)
+        plain = dataclasses.replace(own, input_scale=None, pre_quant_scale=None)
+        smoothing = None if own.pre_quant_scale is None else pre_quant_scale(own, x.device)
+        if smoothing is not None:  # the runtime quantizes x · p; the weight `decode` gives is W, not W / p
+            x = x * smoothing
         if static and own.input_scale is not None:
             scale = torch.tensor(own.input_scale, dtype=torch.float32)
         else:
             scale = self.weight_options([x], plain)["scale"]
         parts = self.encode(x, plain, scale=scale)
-        return self.decoded(parts, (x.shape[0], x.shape[1]), torch.float32, options=plain)
+        q = self.decoded(parts, (x.shape[0], x.shape[1]), torch.float32, options=plain)
+        return q if smoothing is None else q / smoothing
+
+    def smoothed(self, options: FormatOptions, scale: tuple[float, ...]) -> FormatOptions | None:
+        """The layout with the ``pre_quant_scale`` `scale`, for the layouts of `COMFY_SMOOTHED` (ValueError where
+        it is not one positive float32 value per input channel); None for the others."""
+        own = self.layout(options)
+        if own.layout not in COMFY_SMOOTHED:
+            return None
+        return dataclasses.replace(own, pre_quant_scale=tuple(float(v) for v in scale))
 
     def stored_options(
         self,
@@ -185,8 +213,9 @@ class ComfyFormat(Format):
         read: Callable[[str], torch.Tensor] | None = None,
     ) -> FormatOptions | None:
         """The layout the marker of a stored Linear declares (any of ComfyUI's: a mixed file's layers differ), with
-        the static input scale it holds (``input_scale``, float32 [], for an FP8 or NVFP4 layout); None where it has
-        no marker (kept). Without `read`, the recipe format's default layout."""
+        the static input scale it holds (``input_scale``, float32 [], for an FP8 or NVFP4 layout) and its smoothing
+        (``pre_quant_scale``, float32 [in], NVFP4); None where it has no marker (kept). Without `read`, the recipe
+        format's default layout."""
         if dtype_of(MARKER) is None:
             return None
         if read is None:
@@ -202,6 +231,23 @@ class ComfyFormat(Format):
                 raise ValueError(
                     f"{options.layout} with an input_scale of {float(scale)!r}, not a positive finite value"
                 ) from None
+        smoothing = dtype_of(PRE_QUANT_SCALE)
+        if options.layout in COMFY_SMOOTHED and smoothing is not None:
+            if smoothing != "F32":
+                raise ValueError(
+                    f"{options.layout} with a {smoothing} pre_quant_scale; only F32 is read here"
+                )
+            scale = read(PRE_QUANT_SCALE)
+            if scale.dim() != 1:
+                raise ValueError(
+                    f"{options.layout} with a pre_quant_scale of shape {list(scale.shape)}, not [in]"
+                )
+            try:
+                options = dataclasses.replace(options, pre_quant_scale=tuple(scale.tolist()))
+            except ValueError:
+                raise ValueError(
+                    f"{options.layout} with a pre_quant_scale holding a value that is not positive and finite"
+                ) from None
         return options
 
     def fitted(self, options: FormatOptions, shape: tuple[int, ...]) -> FormatOptions:
@@ -214,9 +260,9 @@ class ComfyFormat(Format):
         need = CONVROT_LAYOUTS[own.layout]
         group = _hadamard.group_for(shape[1], multiple_of=need)
         if group is None:
-            whole = f" a multiple of {need} and of" if need > 1 else ""
+            whole = f" {need} and of" if need > 1 else ""
             raise UnfittedShapeError(
-                f"has {shape[1]} inputs: {own.layout} needs in_features{whole} a ConvRot group "
+                f"has {shape[1]} inputs: {own.layout} needs in_features a multiple of{whole} a ConvRot group "
                 f"({', '.join(map(str, _hadamard.GROUPS))})"
             )
         return dataclasses.replace(own, convrot_group=group)

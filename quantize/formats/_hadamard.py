@@ -56,7 +56,9 @@ def rotate(x: torch.Tensor, group: int = DEFAULT_GROUP) -> torch.Tensor:
     *lead, n = x.shape
     if n % group:
         raise ValueError(f"ConvRot rotates groups of {group}; the last dim is {n}")
-    y = x.double().reshape(-1, *([4] * m))  # (rows · groups, digits…): an input's index in base 4, high digit first
+    y = x.double().reshape(
+        -1, *([4] * m)
+    )  # (rows · groups, digits…): an input's index in base 4, high digit first
     for axis in range(1, m + 1):
         x0, x1, x2, x3 = y.unbind(axis)
         total = (x0 + x1).add_(x2).add_(x3).unsqueeze(axis)

@@ -230,3 +230,9 @@ class Format(abc.ABC):
         scale of this call (dynamic). None: this runtime does not quantize its input that way (a forward leaves
         it as it is). Default: None."""
         return None
+
+    def smoothed(self, options: FormatOptions, scale: tuple[float, ...]) -> FormatOptions | None:
+        """`options` with the per-input-channel `scale` (`FormatOptions.pre_quant_scale`: float32 values the runtime
+        multiplies the Linear's input by) that `convert --calibrate` chose for the layer; `parts` then stores it and
+        the weight divided by it. None: this format (or layout) has no such scale. Default: None."""
+        return None

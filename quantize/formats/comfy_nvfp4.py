@@ -10,6 +10,9 @@ for a weight [out, in] padded with zeros to [R, C] = [out, in] rounded up to mul
   ``<m>.comfy_quant``    uint8 [n]   UTF-8 JSON ``{"format": "nvfp4"}``
   ``<m>.input_scale``    float32 []  only with a static input scale (`convert --calibrate`): max|x| / (448 · 6) of
                          the layer's input over the calibration pass, the tensor scale of each call's input
+  ``<m>.pre_quant_scale`` float32 [in]  only with smoothing (`convert --calibrate`, where it measures better): p,
+                         each a power of two; ComfyUI multiplies each call's input by it before the layer, and
+                         the weight parts above hold W·diag(1/p)
 ComfyUI's loader reads the weight's logical shape from the model and strips the padding.
 
 Reference numerics, bit for bit: comfy-kitchen's ``TensorCoreNVFP4Layout.quantize(w.float())`` (what ComfyUI's
@@ -22,17 +25,24 @@ float32.
 
 The tensor's scale is a first streamed pass (`weight_options`, as comfy_fp8's); then the weight is encoded in row
 chunks of whole scale tiles (`ROW_BLOCK` = 128 rows), each giving its rows of every part (`_blocked`).
+
+Smoothed (`options.pre_quant_scale`), the weight quantized is W / p by columns, what ModelOpt's AWQ export stores
+(the reference is the quantizer above on ``w.float() / p``), and `decode` returns it times p: W's basis again, as
+every reader of a decoded weight here expects (figures, `verify --forward`, the loader's decoded path). `calibrate`
+makes each p_j a power of two, so W / p and decoded · p are exact in float32 and x · p exact in bf16, fp16 and
+float32: a decoded x · (Q · p)ᵀ has the very products of ComfyUI's (x · p) · Qᵀ.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Iterable
 
 import torch
 
 from . import _blocked, _comfy
-from .base import PartSpec
+from .base import PartSpec, UnsupportedShapeError
 from .options import NO_OPTIONS, FormatOptions
 
 __all__ = [
@@ -43,6 +53,7 @@ __all__ = [
     "SCALE",
     "SCALE_2",
     "INPUT_SCALE",
+    "PRE_QUANT_SCALE",
     "BLOCK",
     "E2M1_MAX",
     "e2m1_codes",
@@ -53,6 +64,7 @@ WEIGHT = "weight"
 SCALE = "weight_scale"
 SCALE_2 = "weight_scale_2"
 INPUT_SCALE = _comfy.INPUT_SCALE  # only with a static input scale
+PRE_QUANT_SCALE = _comfy.PRE_QUANT_SCALE  # only with smoothing
 BLOCK = 16
 E2M1_MAX = 6.0
 E4M3_MAX = 448.0
@@ -74,18 +86,26 @@ class ComfyNvfp4(_comfy.ComfyFormat):
     NAME = "comfy_nvfp4"
     ROW_SEPARABLE = True
     ROW_BLOCK = _blocked.TILE_ROWS
-    WEIGHT_PARTS = (SCALE_2, _comfy.MARKER, INPUT_SCALE)
+    WEIGHT_PARTS = (SCALE_2, _comfy.MARKER, INPUT_SCALE, PRE_QUANT_SCALE)
     LAYOUT = LAYOUT
 
     def parts(self, shape: tuple[int, ...], options: FormatOptions = NO_OPTIONS) -> dict[str, PartSpec]:
-        self.layout(options)
+        own = self.layout(options)
         rows, cols = _blocked.padded_shape(*shape, BLOCK)
+        smoothing = {}
+        if own.pre_quant_scale is not None:
+            if len(own.pre_quant_scale) != shape[1]:
+                raise UnsupportedShapeError(
+                    f"has {shape[1]} inputs and a pre_quant_scale of {len(own.pre_quant_scale)} values"
+                )
+            smoothing = {PRE_QUANT_SCALE: ("F32", (shape[1],))}
         return {
             WEIGHT: ("U8", (rows, cols // 2)),
             SCALE: ("F8_E4M3", _blocked.blocked_shape(rows, cols // BLOCK)),
             SCALE_2: ("F32", ()),
             _comfy.MARKER: self.marker_spec(options),
             **self.input_scale_spec(options),
+            **smoothing,
         }
 
     def weight_options(
@@ -94,7 +114,12 @@ class ComfyNvfp4(_comfy.ComfyFormat):
         options: FormatOptions = NO_OPTIONS,
         shape: tuple[int, int] | None = None,
     ) -> dict[str, torch.Tensor]:
-        """The tensor's scale from its float32 row chunks: max|w| / 2688 (1 for an all-zero weight)."""
+        """The tensor's scale from its float32 row chunks: max|w| / 2688 (1 for an all-zero weight); smoothed, of
+        the weight divided by the ``pre_quant_scale``."""
+        own = self.layout(options)
+        if own.pre_quant_scale is not None:
+            p = _comfy.pre_quant_scale(own)
+            chunks = (chunk.float() / p for chunk in chunks)
         return {"scale": _comfy.tensor_scale(_comfy.amax_of(chunks), E4M3_MAX * E2M1_MAX)}
 
     def encode(
@@ -110,8 +135,13 @@ class ComfyNvfp4(_comfy.ComfyFormat):
             raise ValueError(f"comfy_nvfp4 quantizes 2-D weights, got shape {list(weight.shape)}")
         own = self.layout(options)
         x = weight.float()
+        smoothing = {}
+        if own.pre_quant_scale is not None:
+            p = _comfy.pre_quant_scale(own, x.device)
+            x = x / p  # W · diag(1/p), ModelOpt's stored weight: exact for powers of two
+            smoothing = {PRE_QUANT_SCALE: p}
         if scale is None:
-            scale = self.weight_options([x], own)["scale"]
+            scale = self.weight_options([x], dataclasses.replace(own, pre_quant_scale=None))["scale"]
         x = _blocked.padded(x, BLOCK)
         rows, cols = x.shape
         blocks = x.view(rows, cols // BLOCK, BLOCK)
@@ -131,6 +161,7 @@ class ComfyNvfp4(_comfy.ComfyFormat):
             SCALE_2: scale,
             _comfy.MARKER: _comfy.marker(own),
             **self.input_scale_part(own),
+            **smoothing,
         }
 
     def decode(
@@ -142,7 +173,9 @@ class ComfyNvfp4(_comfy.ComfyFormat):
     ) -> torch.Tensor:
         """E2M1 value · (tensor scale · block scale) in float32 (comfy-kitchen's ``dequantize_nvfp4`` to float32),
         cast to `dtype` (comfy-kitchen's to bf16 rounds the scale product in bf16 first: a last bit apart); the
-        padded weight (or its rows [r0, r1)): `Format.decoded` crops it."""
+        padded weight (or its rows [r0, r1)): `Format.decoded` crops it. Smoothed, times the ``pre_quant_scale``
+        by columns (the stored part where `parts` has it): W's basis, not the stored W / p."""
+        own = self.layout(options)
         packed = parts[WEIGHT]
         r0, r1 = rows if rows is not None else (0, packed.shape[0])
         packed = packed[r0:r1]
@@ -152,7 +185,12 @@ class ComfyNvfp4(_comfy.ComfyFormat):
         values = _values(packed.device).index_select(0, codes.reshape(-1).int()).view(r1 - r0, cols)
         total = parts[SCALE_2].float() * block.float()
         blocks = values.view(r1 - r0, cols // BLOCK, BLOCK).mul_(total.unsqueeze(-1))
-        return blocks.view(r1 - r0, cols).to(dtype)
+        w = blocks.view(r1 - r0, cols)
+        if own.pre_quant_scale is not None:
+            p = parts.get(PRE_QUANT_SCALE)
+            p = _comfy.pre_quant_scale(own, w.device) if p is None else p.to(w.device, torch.float32)
+            w[:, : p.shape[0]].mul_(p)  # the padded columns are zeros
+        return w.to(dtype)
 
 
 def e2m1_codes(x: torch.Tensor) -> torch.Tensor:

@@ -204,6 +204,10 @@ FORMAT_INFO: dict[str, FormatInfo] = {
             recipe_suffix="comfy-w4a8",
             checks=(("min_sqnr_db", 19), ("min_cosine", 0.99)),
             block_scaled=True,
+            # no sensitive_type: its bundled recipes are 4-bit throughout (the file the issue's budget compares
+            # with NF4's at no more bytes; int8 for a policy's `sensitive` layers, a third of a Wan block's weights
+            # in its ffn.2, would make it a quarter larger); `quantize sensitivity --max-size` raises the layers
+            # that measure worst to int8 ConvRot instead (`_comfy._RAISED`), within the budget given
         ),
         FormatInfo(
             name="comfy_w4a4",
@@ -222,7 +226,9 @@ FORMAT_INFO: dict[str, FormatInfo] = {
             diffusers_layout=False,
             options=ComfyW4a4Options,
             recipe_suffix="comfy-w4a4",
-            checks=(("min_sqnr_db", 12), ("min_cosine", 0.97)),
+            # its weights measure 4-6 dB below NVFP4's and W4A8's (16.9 against 22.7 dB on a gaussian): the forward
+            # floor 3 dB below the default 20 (the families' examples: 19.5 to 29.6 dB where no family lowers it)
+            checks=(("min_sqnr_db", 12), ("min_cosine", 0.97), ("min_forward_sqnr_db", 17)),
         ),
         FormatInfo(
             name="torchao_int8",

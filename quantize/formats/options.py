@@ -28,6 +28,7 @@ __all__ = [
     "COMFY_LAYOUTS",
     "COMFY_RUNTIMES",
     "COMFY_INPUT_RANGES",
+    "COMFY_SMOOTHED",
     "ComfyFp8Options",
     "ComfyInt8Options",
     "ComfyNvfp4Options",
@@ -84,6 +85,12 @@ class FormatOptions:
     def input_scale(self) -> float | None:
         """The static scale of the Linear's input that these options store (`convert --calibrate`: ComfyUI's
         ``input_scale``, a float32 value); None: none (the runtime scales each call's input itself)."""
+        return None
+
+    @property
+    def pre_quant_scale(self) -> tuple[float, ...] | None:
+        """The per-input-channel factor the runtime multiplies the Linear's input by before the layer
+        (`convert --calibrate`'s smoothing: ComfyUI's ``pre_quant_scale``), float32 values; None: none."""
         return None
 
 
@@ -186,6 +193,11 @@ COMFY_RUNTIMES: dict[str, tuple[str, str]] = {
 #: scale of a call is (FP8: max|x| / 448 for e4m3, / 57344 for e5m2; NVFP4: the tensor scale max|x| / (448 · 6)).
 COMFY_INPUT_RANGES: dict[str, float] = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0, "nvfp4": 2688.0}
 
+#: The layouts whose ComfyUI Linear multiplies its input by a stored ``pre_quant_scale`` before the layer (in their
+#: ``QUANT_ALGOS`` "parameters"; ModelOpt's AWQ-style smoothing): `convert --calibrate` writes one where it measures
+#: better (`run.calibrate`).
+COMFY_SMOOTHED: tuple[str, ...] = ("nvfp4",)
+
 
 def _is_float32(x: float) -> bool:
     return struct.unpack("<f", struct.pack("<f", x))[0] == x
@@ -204,11 +216,16 @@ class ComfyOptions(FormatOptions):
 
     `convrot_group`: the Hadamard group of a ConvRot layout (`CONVROT_LAYOUTS`), one of 4, 16, 64, 256; the plan
     fits it to the layer's input width (`Format.fitted`: the largest that divides it), the marker stores it as
-    ``convrot_groupsize``. None: not fitted yet (`group` is then ComfyUI's default, 256)."""
+    ``convrot_groupsize``. None: not fitted yet (`group` is then ComfyUI's default, 256).
+
+    `pre_quant_scale`: the layer's smoothing (`convert --calibrate`), for the layouts of `COMFY_SMOOTHED` only: one
+    positive finite float32 value p_j per input channel; ComfyUI multiplies each call's input by it before the
+    layer, so the layer stores the weight W·diag(1/p) (the format's `decode` gives W back: times p)."""
 
     layout: str
     input_scale: float | None = None
     convrot_group: int | None = None
+    pre_quant_scale: tuple[float, ...] | None = None
 
     TYPES: ClassVar[tuple[str, ...]] = tuple(COMFY_LAYOUTS)
 
@@ -221,6 +238,16 @@ class ComfyOptions(FormatOptions):
                 raise ValueError(f"a {self.layout} layer has no ConvRot group")
             if group not in (4, 16, 64, 256):
                 raise ValueError(f"a ConvRot group is one of 4, 16, 64, 256; got {group!r}")
+        smoothing = self.pre_quant_scale
+        if smoothing is not None:
+            if self.layout not in COMFY_SMOOTHED:
+                raise ValueError(f"a {self.layout} layer has no pre_quant_scale")
+            if not (isinstance(smoothing, tuple) and smoothing):
+                raise ValueError("a pre_quant_scale is a non-empty tuple of values, one per input channel")
+            if not all(
+                isinstance(v, float) and math.isfinite(v) and v > 0 and _is_float32(v) for v in smoothing
+            ):
+                raise ValueError("a pre_quant_scale holds positive finite float32 values")
         scale = self.input_scale
         if scale is None:
             return

@@ -150,7 +150,12 @@ _KEPT = (
     "embedding a convolution) and every norm (Gemma's RMSNorms scale by 1 + weight)"
 )
 #: 4-bit weights compound through the layers: the output's floor
-_CHECKS = {"nf4": {"min_forward_sqnr_db": 12}, "comfy_nvfp4": {"min_forward_sqnr_db": 12}}
+_CHECKS = {
+    "nf4": {"min_forward_sqnr_db": 12},
+    "comfy_nvfp4": {"min_forward_sqnr_db": 12},
+    "comfy_w4a8": {"min_forward_sqnr_db": 12},
+    "comfy_w4a4": {"min_forward_sqnr_db": 10},
+}
 
 #: what Gemma 3's text model alone (`gemma3_text`) shares: a layer's modules, its targets, in words, the floors
 LAYER, layer_targets, LAYER_QUANTIZED, LAYER_CHECKS = _LAYER, _targets, _QUANTIZED, _CHECKS

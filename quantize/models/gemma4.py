@@ -153,7 +153,12 @@ _KEPT = (
 )
 #: 4-bit weights compound through the layers: the output's floor (Comfy-Org's single file measures 11.9 dB in nf4
 #: at the tiny preset, `benchmarks/family_forward.py`: a dB under Gemma 3's floor)
-LAYER_CHECKS = {"nf4": {"min_forward_sqnr_db": 11}, "comfy_nvfp4": {"min_forward_sqnr_db": 11}}
+LAYER_CHECKS = {
+    "nf4": {"min_forward_sqnr_db": 11},
+    "comfy_nvfp4": {"min_forward_sqnr_db": 11},
+    "comfy_w4a8": {"min_forward_sqnr_db": 11},
+    "comfy_w4a4": {"min_forward_sqnr_db": 9},
+}
 
 GEMMA4_POLICY = Policy(
     what=f"Gemma 4 12B text encoder ({CLASS}, LTX-2.5's) in transformers' layout (a pipeline's text_encoder/, or "

@@ -171,6 +171,13 @@ def _call(config: dict, t: dict[str, torch.Tensor]) -> dict:
 INPUTS = ModelInputs(keys=lambda config: _KEYS, shapes=_shapes, random=_random, call=_call, accepts=_KEYS)
 
 
+#: 4-bit weights compound through the blocks: the output's floor
+_FORWARD_FLOOR = {
+    "nf4": {"min_forward_sqnr_db": 15},
+    "comfy_nvfp4": {"min_forward_sqnr_db": 15},
+    "comfy_w4a8": {"min_forward_sqnr_db": 15},
+    "comfy_w4a4": {"min_forward_sqnr_db": 15},
+}
 POLICY = Policy(
     what="Kandinsky 5 DiT",
     components=("transformer",),
@@ -189,7 +196,7 @@ POLICY = Policy(
     ),
     sensitive=(r"text_transformer_blocks\.\d+\..*", r"visual_transformer_blocks\.0\..*"),
     sensitive_why="the text blocks (the linguistic token refiner every visual block attends to) and the first visual block",
-    checks={"nf4": {"min_forward_sqnr_db": 15}, "comfy_nvfp4": {"min_forward_sqnr_db": 15}},
+    checks=_FORWARD_FLOOR,
 )
 
 

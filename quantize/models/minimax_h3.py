@@ -218,7 +218,12 @@ _KEPT = (
     "an AdaLN gate to damp an error; 2.3% of the weights), {final} (float32 in the release: they write the video "
     "and audio velocities directly), every norm{rope}"
 )
-_FORWARD_FLOOR = {"nf4": {"min_forward_sqnr_db": 15}, "comfy_nvfp4": {"min_forward_sqnr_db": 15}}
+_FORWARD_FLOOR = {
+    "nf4": {"min_forward_sqnr_db": 15},
+    "comfy_nvfp4": {"min_forward_sqnr_db": 15},
+    "comfy_w4a8": {"min_forward_sqnr_db": 14},
+    "comfy_w4a4": {"min_forward_sqnr_db": 10},
+}
 RELEASE_POLICY = Policy(
     what="MiniMax-H3 as released (the single file of Comfy-Org/MiniMax-H3 at the root: the original names, no config.json)",
     targets=(

@@ -271,7 +271,12 @@ LAYER_QUANTIZED = (
     "up and down projections)"
 )
 #: 4-bit weights compound through the layers: the output's floor
-LAYER_CHECKS = {"nf4": {"min_forward_sqnr_db": 12}, "comfy_nvfp4": {"min_forward_sqnr_db": 12}}
+LAYER_CHECKS = {
+    "nf4": {"min_forward_sqnr_db": 12},
+    "comfy_nvfp4": {"min_forward_sqnr_db": 12},
+    "comfy_w4a8": {"min_forward_sqnr_db": 12},
+    "comfy_w4a4": {"min_forward_sqnr_db": 12},
+}
 _KEPT = (
     "the token embedding and the output head (embed_tokens and lm_head: 152064 rows each, 0.55B parameters apiece "
     "in the 7B, lookup tables where a quantization error reaches every token; the head unused by an encoder), the "

@@ -254,6 +254,13 @@ _MODULATION_WHY = (
     "20B: kept in bf16 they would leave 13.6 GB unquantized; their input is the time embedding alone, and per-row "
     "scales keep each modulation channel's own range)"
 )
+#: 4-bit weights compound through the blocks: the output's floor
+_FORWARD_FLOOR = {
+    "nf4": {"min_forward_sqnr_db": 15},
+    "comfy_nvfp4": {"min_forward_sqnr_db": 15},
+    "comfy_w4a8": {"min_forward_sqnr_db": 15},
+    "comfy_w4a4": {"min_forward_sqnr_db": 15},
+}
 _KEPT = (
     "img_in (the latent patch embedding), txt_norm and txt_in (the Qwen2.5-VL text input every block attends to), "
     "time_text_embed (the timestep embedding every modulation is made from), norm_out.linear and proj_out (the "
@@ -276,7 +283,7 @@ POLICY = Policy(
         "the first block, every feed-forward down projection (GELU's outliers) and the modulation (it scales and "
         "gates the whole residual stream: 4 bits there is the riskiest choice)"
     ),
-    checks={"nf4": {"min_forward_sqnr_db": 15}, "comfy_nvfp4": {"min_forward_sqnr_db": 15}},
+    checks=_FORWARD_FLOOR,
 )
 RELEASE_POLICY = Policy(
     what=(
@@ -315,7 +322,7 @@ POLICY_21 = Policy(
     block_why=_BLOCK_WHY.format(down="img_mlp.out"),
     sensitive=(r"transformer_blocks\.0\..*", r"transformer_blocks\.\d+\.img_mlp\.out"),
     sensitive_why="the first block and every SwiGLU down projection (img_mlp.out: its outliers)",
-    checks={"nf4": {"min_forward_sqnr_db": 15}, "comfy_nvfp4": {"min_forward_sqnr_db": 15}},
+    checks=_FORWARD_FLOOR,
 )
 
 _LORA = LoraNames(

@@ -160,7 +160,12 @@ _KEPT = (
 )
 _EXCEPTIONS = {"nf4": nf4_without_wo(CLASS)}
 #: 4-bit weights compound through the blocks: the output's floor
-_CHECKS = {"nf4": {"min_forward_sqnr_db": 15}, "comfy_nvfp4": {"min_forward_sqnr_db": 12}}
+_CHECKS = {
+    "nf4": {"min_forward_sqnr_db": 15},
+    "comfy_nvfp4": {"min_forward_sqnr_db": 12},
+    "comfy_w4a8": {"min_forward_sqnr_db": 12},
+    "comfy_w4a4": {"min_forward_sqnr_db": 12},
+}
 
 UMT5_POLICY = Policy(
     what=f"umT5 text encoder ({CLASS}) in transformers' layout (a pipeline's text_encoder/, or that folder itself)",

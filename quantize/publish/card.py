@@ -8,6 +8,7 @@ rendered by huggingface_hub's `ModelCardData`, so the Hub reads it as it writes 
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
@@ -184,6 +185,55 @@ def _calibration_section(manifest: Manifest) -> list[str]:
         f"| `{rel}` | {db(f.static_sqnr_db)} | {db(f.dynamic_sqnr_db)} |" for rel, f in cal.forward.items()
     ]
     out += ["", f"(Measured against the source on `{cal.inputs.file}` itself.)"]
+    return out + _smoothing_section(manifest)
+
+
+#: the smoothed layers a card lists, by their gain
+_CARD_SMOOTHED = 20
+
+
+def _smoothing_section(manifest: Manifest) -> list[str]:
+    """`convert --calibrate`'s smoothing: which NVFP4 layers hold a ``pre_quant_scale``, and both figures."""
+    cal = manifest.calibration
+    smoothed = {k: e.smoothing for k, e in cal.tensors.items() if e.smoothing is not None}
+    if not smoothed:
+        return []
+
+    def db(x: float | None) -> str:
+        return "exact" if x is None else f"{x:.2f} dB"
+
+    def gain(item) -> float:
+        s = item[1]
+        return math.inf if s.smoothed_sqnr_db is None else s.smoothed_sqnr_db - (s.plain_sqnr_db or 0.0)
+
+    out = [
+        "",
+        "### Smoothing",
+        "",
+        f"{len(smoothed)} NVFP4 Linears hold a `pre_quant_scale` (float32, one power of two per input channel): "
+        "ComfyUI multiplies each call's input by it before the layer, which stores the weight divided by it "
+        "(AWQ's rule, mean|x|^-alpha, as ModelOpt exports it). Each layer's alpha was chosen on its inputs in "
+        f"`{cal.inputs.file}` by the layer's output error; a layer is smoothed only where that beats plain NVFP4.",
+        "",
+    ]
+    for rel, plain in cal.unsmoothed_static_sqnr_db.items():
+        out.append(
+            f"Forward SQNR of `{rel}` with static scales: {db(cal.forward[rel].static_sqnr_db)} smoothed, "
+            f"{db(plain)} without smoothing."
+        )
+    out += [
+        "",
+        "| layer | alpha | exponents | output SQNR, plain NVFP4 | smoothed |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    ranked = sorted(smoothed.items(), key=gain, reverse=True)
+    out += [
+        f"| `{key}` | {s.alpha:.2f} | {s.min_exponent}..{s.max_exponent} | {db(s.plain_sqnr_db)} | "
+        f"{db(s.smoothed_sqnr_db)} |"
+        for key, s in ranked[:_CARD_SMOOTHED]
+    ]
+    if len(ranked) > _CARD_SMOOTHED:
+        out += ["", f"(The {_CARD_SMOOTHED} that gained most; every one is in `quantize_manifest.json`.)"]
     return out
 
 

@@ -61,9 +61,10 @@ def convert(
         as the LoRAs merged before quantizing (`lora.open_loras`); each records itself in the manifest.
     on_recovery: told, one line each, what was cleaned up after a conversion into `out` that was killed.
     calibrate: a safetensors file of forward-pass inputs (`run.forward.load_inputs`): static input scales from the
-        source's streamed forward on it, for each layer whose format stores one (`run.calibrate`), with the forward
-        SQNRs they give against dynamic scales, recorded in the manifest's `calibration`; each forward pass is told
-        to `on_pass` (default: `progress.note`).
+        source's streamed forward on it, for each layer whose format stores one (`run.calibrate`), and a
+        ``pre_quant_scale`` for each NVFP4 layer it measures better on (smoothing), with the forward SQNRs they
+        give against dynamic scales, recorded in the manifest's `calibration`; each forward pass is told to
+        `on_pass` (default: `progress.note`).
     nested: folder of SOURCE (local or from the Hub) -> the recipe converting it into OUT's folder of that name, a
         checkpoint of its own (its manifest, recipe.yaml and card), listed in OUT's manifest (`Manifest.nested`)
         and not copied: a pipeline's text encoders beside its transformer (`read.detect.encoder_recipes`), so that
@@ -158,21 +159,35 @@ def _calibration_entry(found, inputs: Path, sha256: str):
     """The manifest's record of a calibration (`run.calibrate.Calibration`) on the file `inputs`."""
     import math
 
-    from .manifest import CalibrationEntry, ForwardFigures, InputScaleEntry, InputsEntry
+    from .manifest import CalibrationEntry, ForwardFigures, InputScaleEntry, InputsEntry, SmoothingEntry
 
     def db(x: float) -> float | None:
         return None if math.isinf(x) else round(x, 3)
 
+    def smoothing(key: str) -> SmoothingEntry | None:
+        chosen = found.smoothing.get(key)
+        if chosen is None:
+            return None
+        exponents = [math.frexp(p)[1] - 1 for p in chosen.scale]  # each p a power of two
+        return SmoothingEntry(
+            alpha=chosen.alpha,
+            min_exponent=min(exponents),
+            max_exponent=max(exponents),
+            plain_sqnr_db=db(chosen.plain_sqnr_db),
+            smoothed_sqnr_db=db(chosen.smoothed_sqnr_db),
+        )
+
     return CalibrationEntry(
         inputs=InputsEntry(file=inputs.name, size=inputs.stat().st_size, sha256=sha256),
         tensors={
-            key: InputScaleEntry(input_amax=found.amax[key], input_scale=scale)
+            key: InputScaleEntry(input_amax=found.amax[key], input_scale=scale, smoothing=smoothing(key))
             for key, scale in found.scales.items()
         },
         forward={
             rel: ForwardFigures(dynamic_sqnr_db=db(dynamic), static_sqnr_db=db(static))
             for rel, (dynamic, static) in found.forward_sqnr_db.items()
         },
+        unsmoothed_static_sqnr_db={rel: db(v) for rel, v in found.unsmoothed_sqnr_db.items()},
     )
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "TensorEntry",
     "RecipeEntry",
     "CalibrationEntry",
+    "SmoothingEntry",
     "Manifest",
     "read_manifest",
 ]
@@ -79,12 +80,27 @@ class InputsEntry(_Strict):
     _confined = field_validator("file")(inside_checkpoint)
 
 
+class SmoothingEntry(_Strict):
+    """One NVFP4 Linear's smoothing (``<m>.pre_quant_scale``, `run.calibrate`): AWQ's exponent chosen for it, the
+    range of the powers of two its scale holds, and the layer's output SQNR on the calibration inputs, as plain
+    NVFP4 and smoothed (None: exact)."""
+
+    alpha: float = Field(ge=0, le=1)
+    min_exponent: int
+    max_exponent: int
+    plain_sqnr_db: float | None
+    smoothed_sqnr_db: float | None
+
+
 class InputScaleEntry(_Strict):
-    """One Linear's static input scale: the largest |x| of its input in the calibration pass, and the scale its
-    format made of it (what ``<m>.input_scale`` holds)."""
+    """One Linear's static input scale: the largest |x| of its input in the calibration pass (times its
+    ``pre_quant_scale`` where it is smoothed), and the scale its format made of it (what ``<m>.input_scale``
+    holds)."""
 
     input_amax: float = Field(ge=0, allow_inf_nan=False)
     input_scale: float = Field(gt=0, allow_inf_nan=False)
+    #: the layer's smoothing; None: none (no ``pre_quant_scale``)
+    smoothing: SmoothingEntry | None = None
 
 
 class ForwardFigures(_Strict):
@@ -105,6 +121,8 @@ class CalibrationEntry(_Strict):
         description="keyed as `tensors`: the Linears that have a scale"
     )
     forward: dict[str, ForwardFigures] = Field(description="keyed by component")
+    #: where some layer is smoothed: the component's forward SQNR with the static scales and no smoothing
+    unsmoothed_static_sqnr_db: dict[str, float | None] = Field(default_factory=dict)
 
 
 class ComponentEntry(_Strict):
@@ -202,7 +220,7 @@ class Manifest(_Strict):
             for key in self.calibration.tensors:
                 if key not in self.tensors:
                     raise ValueError(f"calibration.tensors: {key!r} is not a quantized tensor of `tensors`")
-            for rel in self.calibration.forward:
+            for rel in [*self.calibration.forward, *self.calibration.unsmoothed_static_sqnr_db]:
                 if rel not in components:
                     raise ValueError(f"calibration.forward: {rel!r} is not a component")
         return self
@@ -216,6 +234,12 @@ class Manifest(_Strict):
             del data["steps"]
         if data["calibration"] is None:  # every input scale dynamic: the manifest as it always was
             del data["calibration"]
+        else:  # no layer smoothed: the calibration as it always was
+            for entry in data["calibration"]["tensors"].values():
+                if entry["smoothing"] is None:
+                    del entry["smoothing"]
+            if not data["calibration"]["unsmoothed_static_sqnr_db"]:
+                del data["calibration"]["unsmoothed_static_sqnr_db"]
         if not data["nested"]:  # one model's checkpoint: the manifest as it always was
             del data["nested"]
         return json.dumps(data, indent=2, sort_keys=False) + "\n"

@@ -3,7 +3,8 @@
 Measured, not guessed: one streamed forward pass of the source model (`forward.StreamedModel`) on fixed
 (or captured) inputs sees each targeted Linear's input X while its weight W is loaded. For each rung of
 the layer's ladder (its recipe type, then each type up: GGUF Q4_K -> Q5_K -> Q6_K -> Q8_0 -> kept; ComfyUI nvfp4 ->
-mxfp8 -> kept; one encoding -> kept for the other formats), Q(W) is exactly what `convert` would store (encoded and decoded
+mxfp8 -> kept, W4A8 and W4A4 -> int8 ConvRot -> kept, still one file: ComfyUI reads each layer's layout; one
+encoding -> kept for the other formats), Q(W) is exactly what `convert` would store (encoded and decoded
 by the format, from the source as stored), and the layer's *output SQNR* is
 10·log10(|X·Wᵀ|² / |X·(W − Q(W))ᵀ|²): activation-aware, unlike the weight SQNR beside it. A second pass
 runs the whole recipe (every tensor as the output would hold it) against the source: the *forward SQNR*.

@@ -197,6 +197,49 @@ def comfy_mxfp8(w: torch.Tensor, options: FormatOptions) -> dict[str, torch.Tens
     return {"weight": q, "weight_scale": params.scale.view(torch.uint8), "comfy_quant": _marker("mxfp8")}
 
 
+def comfy_w4a4(w: torch.Tensor, options: FormatOptions) -> dict[str, torch.Tensor]:
+    """comfy-kitchen's eager ``quantize_convrot_w4a4_weight(w.float(), g)`` (what ``TensorCoreConvRotW4A4Layout
+    .quantize`` calls), its rotation by its own ``_rotate_weight`` with its Hadamard matrix in float64 (as
+    comfy_int8's ConvRot: the float32 product's last bit depends on the BLAS's blocking)."""
+    from comfy_kitchen.backends.eager import convrot_w4a4 as ck
+
+    g = options.group
+    h = ck._build_hadamard(g, dtype=torch.float64)
+    q, scale = ck.quantize_signed_int4_rowwise(ck._rotate_weight(w.double(), h, g).float())
+    marker = {"format": "convrot_w4a4", "convrot_groupsize": g}
+    return {"weight": q, "weight_scale": scale, "comfy_quant": _marker_json(marker)}
+
+
+def comfy_w4a8(w: torch.Tensor, options: FormatOptions) -> dict[str, torch.Tensor]:
+    """comfy-kitchen's ``AsymW4A8Int8Layout.quantize(w.float(), convrot_groupsize=g)`` (its defaults: groups of 16,
+    the codebook, float8 group scales), its rotation (``rotate_int8_convrot_weight``, a float32 product whose last
+    bit depends on the BLAS's blocking) the same product of its own Hadamard matrix in float64, as comfy_int8's;
+    keyed as ComfyUI's loader reads the parts (``weight_s_rel``, ...; `test_comfy_w4a8.py` holds the format within
+    one step of the float32 product)."""
+    from comfy_kitchen.backends.eager import w4a8_int8 as ckw
+    from comfy_kitchen.tensor.int8_utils import _build_hadamard, _rotate_weight
+    from comfy_kitchen.tensor.w4a8_int8 import AsymW4A8Int8Layout
+
+    def rotate64(x: torch.Tensor, group: int) -> torch.Tensor:
+        return _rotate_weight(x.double(), _build_hadamard(group, dtype=torch.float64), group).to(x.dtype)
+
+    group = options.group
+    saved = ckw.rotate_int8_convrot_weight
+    ckw.rotate_int8_convrot_weight = rotate64
+    try:
+        q, params = AsymW4A8Int8Layout.quantize(w.float(), convrot_groupsize=group)
+    finally:
+        ckw.rotate_int8_convrot_weight = saved
+    marker = {"format": "asym_w4a8_int8", "group_size": params.group_size, "convrot_groupsize": group}
+    return {
+        "weight": q,
+        "weight_s_rel": params.scale,
+        "weight_s_channel": params.s_channel,
+        "weight_codebook": params.codebook,
+        "comfy_quant": _marker_json(marker),
+    }
+
+
 # --- gguf: gguf-py's quantizers; ggml's own reference quantizer for the K-quants --------------------------------
 
 
@@ -241,5 +284,7 @@ REFERENCES: dict[str, Reference] = {
     "comfy_int8": comfy_int8,
     "comfy_nvfp4": comfy_nvfp4,
     "comfy_mxfp8": comfy_mxfp8,
+    "comfy_w4a8": comfy_w4a8,
+    "comfy_w4a4": comfy_w4a4,
     "gguf": gguf,
 }

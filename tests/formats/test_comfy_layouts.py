@@ -19,7 +19,7 @@ from comfy_kitchen.tensor import (
 )
 from comfy_kitchen.tensor.fp8 import TensorCoreFP8Layout
 
-from quantize.formats import ComfyOptions, _comfy, get_format
+from quantize.formats import ComfyOptions, UnfittedShapeError, _comfy, _hadamard, get_format
 from quantize.formats.comfy_int8 import hadamard_rotate
 from quantize.formats.comfy_nvfp4 import e2m1_codes
 
@@ -173,16 +173,97 @@ def test_the_marker_is_what_comfyui_reads_and_writes(fmt, options, marker):
     t = fmt.encode(_weight((32, 256)), options)["comfy_quant"]
     assert json.loads(t.numpy().tobytes()) == marker  # ComfyUI's reading (ops.py)
     assert t.tolist() == list(json.dumps(marker).encode())  # its own writing, key order included
-    assert _comfy.layout_of_marker(marker) == fmt.fitted(options, (32, 256))  # and ours, as the loader reads it back
+    # and ours, as the loader reads it back
+    assert _comfy.layout_of_marker(marker) == fmt.fitted(options, (32, 256))
 
 
 def test_a_marker_of_a_layout_we_do_not_write_is_refused_naming_it():
     for conf, match in (
-        ({"format": "convrot_w4a4"}, "convrot_w4a4"),
-        ({"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": 64}, "group 64"),
+        ({"format": "int8_convrot"}, "int8_convrot"),  # our type name, never a marker's
+        ({"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": 128}, "got 128"),
+        ({"format": "convrot_w4a4", "convrot_groupsize": 8}, "got 8"),
+        ({"format": "convrot_w4a4", "linear_dtype": "int8"}, "linear_dtype 'int8'"),
+        ({"format": "svdquant_w4a4"}, "svdquant_w4a4"),
     ):
         with pytest.raises(ValueError, match=match):
             _comfy.layout_of_marker(conf)
+
+
+# -- ConvRot's groups: 256, 64, 16, 4 (a layer's own, `Format.fitted`) ---------------------------------------
+
+
+@pytest.fixture
+def our_int8_rotation(monkeypatch):
+    """comfy-kitchen's int8 ConvRot `_rotate_weight` replaced by ours (`_hadamard.rotate`); the groups it was
+    called with."""
+    calls = []
+
+    def rotate(weight, h, group_size):
+        calls.append(group_size)
+        return _hadamard.rotate(weight, group_size)
+
+    monkeypatch.setattr(ck, "_rotate_weight", rotate)
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("group", [256, 64, 16, 4])
+def test_convrot_in_every_group_is_comfy_kitchens_quantizer_where_the_rotation_is_ours(
+    group, dtype, our_int8_rotation
+):
+    """``quantize_int8_convrot_weight(w.float(), g)`` with its rotation ours: the same bytes and scales, and the
+    marker names the group."""
+    w = _weight((24, 256 if group == 256 else 192), dtype, seed=group)
+    options = ComfyOptions("int8_convrot", convrot_group=group)
+    ours = int8.encode(w, options)
+    q, scale = ck.quantize_int8_convrot_weight(w.float(), group)
+    assert our_int8_rotation == [group]
+    assert torch.equal(ours["weight"], q) and torch.equal(ours["weight_scale"], scale)
+    marker = {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": group}
+    assert _comfy.read_marker(ours["comfy_quant"]) == marker
+    assert _comfy.layout_of_marker(marker) == options
+    decoded = int8.decode(ours, options=options)
+    assert torch.equal(decoded, ck.dequantize_int8_convrot_weight(q, scale, group))  # its rotation ours too
+
+
+@pytest.mark.parametrize("group", [256, 64, 16, 4])
+def test_our_rotation_is_comfy_kitchens_hadamard_product_in_float64(group):
+    """`_hadamard.rotate` is x · H_gᵀ of comfy-kitchen's ``_build_hadamard(g)``: exactly on values whose sums float64
+    holds exactly (integers), and rounded once to float32 from the float64 product on a float32 weight."""
+    from comfy_kitchen.tensor.int8_utils import _build_hadamard
+
+    h = _build_hadamard(group, dtype=torch.float64)
+    assert torch.equal(_hadamard.hadamard(group, torch.device("cpu"), torch.float64), h)
+    g = torch.Generator().manual_seed(group)
+    ints = torch.randint(-1000, 1000, (16, 1024), generator=g).double()
+    product = (ints.reshape(16, -1, group) @ h.T).reshape(16, 1024)
+    assert torch.equal(_hadamard.rotate(ints, group), product)
+    w = torch.randn(64, 1024, generator=g)
+    product = (w.double().reshape(64, -1, group) @ h.T).reshape(64, 1024).float()
+    assert torch.equal(_hadamard.rotate(w, group), product)
+
+
+@pytest.mark.parametrize(
+    "width, group",
+    [(5120, 256), (4304, 16), (3072, 256), (320, 64), (80, 16), (48, 16), (100, 4), (36, 4)],
+)
+def test_int8_convrot_fits_the_largest_group_that_divides_the_width(width, group):
+    """Qwen3-VL-8B's 4304 = 16 · 269: group 16; the parts are int8's at any group."""
+    fitted = int8.fitted(CONVROT, (8, width))
+    assert fitted == ComfyOptions("int8_convrot", convrot_group=group)
+    assert int8.parts((8, width), fitted)["weight"] == ("I8", (8, width))
+    marker = _comfy.read_marker(int8.encode(_weight((8, width)), fitted)["comfy_quant"])
+    assert marker["convrot_groupsize"] == group
+
+
+@pytest.mark.parametrize("width", [102, 30, 7])
+def test_a_width_no_convrot_group_divides_is_unfitted(width):
+    with pytest.raises(
+        UnfittedShapeError,
+        match=rf"has {width} inputs: int8_convrot needs in_features a multiple of a ConvRot",
+    ):
+        int8.fitted(CONVROT, (8, width))
+    assert int8.fitted(ComfyOptions("int8_tensorwise"), (8, width)) == ComfyOptions("int8_tensorwise")
 
 
 def test_the_ladder_raises_nvfp4_to_mxfp8_then_keeps():

@@ -107,9 +107,12 @@ def test_the_registry_gives_the_modules_one_instance(name):
     for options in fmt.options_type.choices():
         fmt.check_available(options)  # the dev environment has every format's libraries
         specs = fmt.parts(SHAPE, options)
-        # a whole-weight part only some options have (a static input scale): there where they have it
+        # a whole-weight part only some options have (a static input scale, a pre_quant_scale): there where they
+        # have it
         calibrated = fmt.calibrated(options, 1.0)
         every = set(specs) if calibrated is None else set(fmt.parts(SHAPE, calibrated))
+        smoothed = None if calibrated is None else fmt.smoothed(calibrated, (1.0,) * SHAPE[1])
+        every |= set() if smoothed is None else set(fmt.parts(SHAPE, smoothed))
         assert set(fmt.WEIGHT_PARTS) <= every and set(fmt.CODE_TABLES) <= set(specs)
 
 

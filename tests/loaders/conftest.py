@@ -20,7 +20,7 @@ from tests.conftest import load_all, run_cli
 #: the formats written in the source's own names (diffusers layout: sharded safetensors)
 SOURCE_NAMED = ["fp8_channel", "torchao_fp8", "torchao_int8", "nf4"]
 #: the formats written as one file in the family's native names (ComfyUI's safetensors, GGUF)
-NATIVE_NAMED = ["comfy_fp8", "comfy_int8", "comfy_nvfp4", "comfy_mxfp8", "gguf"]
+NATIVE_NAMED = ["comfy_fp8", "comfy_int8", "comfy_nvfp4", "comfy_mxfp8", "comfy_w4a4", "comfy_w4a8", "gguf"]
 FORMATS = SOURCE_NAMED + NATIVE_NAMED
 MODELS = {
     "wan": ("WanTransformer3DModel", lambda p: models.wan(p, layers=3), models.wan_inputs),
@@ -43,6 +43,8 @@ _WAN_RECIPES = {
     "comfy_int8": "wan-diffusers-comfy-int8",
     "comfy_nvfp4": "wan-diffusers-comfy-nvfp4",  # mixed: MXFP8 in the first block and ffn.net.2
     "comfy_mxfp8": "wan-diffusers-comfy-mxfp8",
+    "comfy_w4a4": "wan-diffusers-comfy-w4a4",
+    "comfy_w4a8": "wan-diffusers-comfy-w4a8",
     "gguf": "wan-diffusers-gguf-q8_0",
 }
 

@@ -35,6 +35,8 @@ from loaders import CheckpointMismatchError, QuantizedLinear, load_quantized
 from loaders.modules import (
     MODULES,
     ComfyFP8Linear,
+    ComfyW4a4Linear,
+    ComfyW4a8Linear,
     Float8Linear,
     FP8Linear,
     GGUFLinear,
@@ -43,7 +45,7 @@ from loaders.modules import (
 )
 from quantize.errors import InputError
 from quantize.formats import format_for, format_info, get_format
-from quantize.formats.options import GgufOptions
+from quantize.formats.options import ComfyOptions, GgufOptions
 from quantize.models import FAMILIES, get_family
 from quantize.read.checkpoint import open_component, read_tensor
 from quantize.recipes import default_recipes
@@ -163,8 +165,9 @@ def reference():
     return get
 
 
-#: formats without a kernel on this machine: GGUF has none; NVFP4's and MXFP8's block-scaled GEMMs need SM100
-NO_KERNEL_HERE = {"gguf", "comfy_nvfp4", "comfy_mxfp8"}
+#: formats without a kernel on this machine: GGUF and W4A4 have none (torch has no int4 GEMM); NVFP4's and MXFP8's
+#: block-scaled GEMMs need SM100
+NO_KERNEL_HERE = {"gguf", "comfy_w4a4", "comfy_nvfp4", "comfy_mxfp8"}
 NAMINGS = {"diffusers": [*FORMATS, Q4_K_M], "native": FORMATS}
 
 
@@ -473,6 +476,60 @@ def test_int8_linear_is_comfy_kitchens_eager_int8_linear_bit_for_bit(shape, dtyp
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(
+    "shape, group", [((96, 256, 10), 256), ((24, 64, 7), 64), ((40, 48, 5), 16)], ids=lambda s: str(s)
+)
+def test_w4a8_linear_is_comfy_kitchens_eager_w4a8_linear_bit_for_bit(shape, group, dtype):
+    """The kernel against comfy-kitchen's eager ``w4a8_int8_linear`` on our parts, and against ComfyUI's `F.linear` on
+    the `QuantizedTensor` its loader builds of them (comfy/ops.py), in every ConvRot group."""
+    from comfy_kitchen.backends.eager.w4a8_int8 import w4a8_int8_linear
+    from comfy_kitchen.tensor import QuantizedTensor
+    from comfy_kitchen.tensor.w4a8_int8 import AsymW4A8Int8Layout
+
+    options = ComfyOptions("asym_w4a8_int8", convrot_group=group)
+    w, b, x = _layer(*shape, dtype)
+    for bias in (b, None):
+        m = ComfyW4a8Linear.from_weight(w, bias, options)
+        skip_without_kernel(m, x)
+        assert m.uses_fast_path(x)
+        p = m.stored()
+        got = m(x)
+        bias_in = None if bias is None else m.bias.to(dtype)
+        want = w4a8_int8_linear(
+            x, p["weight"], p["weight_s_rel"], p["weight_s_channel"], p["weight_codebook"], bias=bias_in,
+            group_size=16, convrot_groupsize=group, out_dtype=dtype,
+        )  # fmt: skip
+        assert got.dtype == dtype and torch.equal(got, want)
+        params = AsymW4A8Int8Layout.Params(
+            scale=p["weight_s_rel"], s_channel=p["weight_s_channel"], codebook=p["weight_codebook"],
+            group_size=16, convrot_groupsize=group, orig_dtype=dtype, orig_shape=tuple(w.shape),
+        )  # fmt: skip
+        comfyui = F.linear(x, QuantizedTensor(p["weight"], "AsymW4A8Int8Layout", params), bias_in)
+        assert torch.equal(got, comfyui)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("group", [256, 64, 16])
+def test_w4a4_linear_decodes_as_comfy_kitchen_dequantizes_and_computes_with_it(group, dtype, monkeypatch):
+    """No int4 GEMM here: every call decodes (comfy-kitchen's ``dequantize_convrot_w4a4_weight`` of the stored parts,
+    bit for bit where its rotation is ours) and runs `F.linear` with it; "kernel" decodes too (there is none)."""
+    from comfy_kitchen.backends.eager import convrot_w4a4 as ck
+
+    from quantize.formats import _hadamard
+
+    monkeypatch.setattr(ck, "_rotate_weight", lambda w, h, g: _hadamard.rotate(w, g))
+    options = ComfyOptions("convrot_w4a4", convrot_group=group)
+    w, b, x = _layer(40, 256, 6, dtype)
+    for compute in ("fast", "kernel"):
+        m = ComfyW4a4Linear.from_weight(w, b, options, compute=compute)
+        assert not m.uses_fast_path(x) and m.options.group == group
+        p = m.stored()
+        want = ck.dequantize_convrot_w4a4_weight(p["weight"], p["weight_scale"], group)
+        assert torch.equal(m.dequantize(), want)
+        assert torch.equal(m(x), F.linear(x, want.to(dtype), b.to(dtype)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(
     "shape", [(96, 128, 10), (12, 20, 7), (33, 45, 5)], ids=lambda s: "x".join(map(str, s))
 )
 def test_torchao_int8_linear_is_torchaos_int8_tensor_linear_bit_for_bit(shape, dtype):
@@ -589,6 +646,8 @@ NEW_MODULES = [
     pytest.param(TorchaoInt8Linear, None, id="TorchaoInt8Linear"),
     pytest.param(GGUFLinear, GgufOptions("Q8_0"), id="GGUFLinear-Q8_0"),
     pytest.param(GGUFLinear, GgufOptions("Q4_K"), id="GGUFLinear-Q4_K"),
+    pytest.param(ComfyW4a8Linear, None, id="ComfyW4a8Linear"),
+    pytest.param(ComfyW4a4Linear, None, id="ComfyW4a4Linear"),
 ]
 
 

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 import loaders.modules as modules
 from loaders import (
     ComfyFP8Linear,
+    ComfyW4a8Linear,
     Float8Linear,
     FP8Linear,
     GGUFLinear,
@@ -43,6 +44,8 @@ KERNELS = [
     pytest.param(NF4Linear, NO_OPTIONS, id="nf4"),
     pytest.param(NVFP4Linear, NO_OPTIONS, id="comfy_nvfp4"),
     pytest.param(MXFP8Linear, NO_OPTIONS, id="comfy_mxfp8"),
+    pytest.param(ComfyW4a8Linear, NO_OPTIONS, id="comfy_w4a8"),
+    pytest.param(ComfyW4a8Linear, ComfyOptions("asym_w4a8_int8", convrot_group=64), id="comfy_w4a8-g64"),
 ]
 
 
@@ -71,7 +74,7 @@ def _on_gpu_the_kernel_must_run(cls, device: str) -> bool:
         from loaders import bnb
 
         return bnb.cuda_problem() is None
-    if cls in (Int8Linear, TorchaoInt8Linear):
+    if cls in (Int8Linear, TorchaoInt8Linear, ComfyW4a8Linear):
         return True
     return capability >= (8, 9)
 

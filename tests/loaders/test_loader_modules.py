@@ -12,6 +12,8 @@ import torch.nn.functional as F
 
 from loaders import (
     ComfyFP8Linear,
+    ComfyW4a4Linear,
+    ComfyW4a8Linear,
     Float8Linear,
     FP8Linear,
     GGUFLinear,
@@ -256,6 +258,8 @@ SCHEMES = [
     pytest.param(Int8Linear, ComfyOptions("int8_convrot"), id="comfy_int8-convrot"),
     pytest.param(NVFP4Linear, NO_OPTIONS, id="comfy_nvfp4"),
     pytest.param(MXFP8Linear, NO_OPTIONS, id="comfy_mxfp8"),
+    pytest.param(ComfyW4a4Linear, ComfyOptions("convrot_w4a4", convrot_group=64), id="comfy_w4a4-g64"),
+    pytest.param(ComfyW4a8Linear, ComfyOptions("asym_w4a8_int8", convrot_group=64), id="comfy_w4a8-g64"),
     *(
         pytest.param(GGUFLinear, GgufOptions(t), id=f"gguf-{t}")
         for t in ("Q8_0", "Q6_K", "Q4_K", "Q5_1", "Q4_0")

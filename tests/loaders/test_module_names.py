@@ -12,6 +12,7 @@ import loaders
 import loaders.materialize
 import loaders.modules
 from loaders.modules import gemm
+from quantize.formats import FORMAT_INFO
 
 #: earlier name -> the class's name now (every other class kept its name)
 RENAMED = {
@@ -21,7 +22,15 @@ RENAMED = {
     "NVFP4Linear": "ComfyNVFP4Linear",
     "MXFP8Linear": "ComfyMXFP8Linear",
 }
-KEPT = ["ComfyFP8Linear", "TorchaoInt8Linear", "NF4Linear", "GGUFLinear", "QuantizedLinear"]
+KEPT = [
+    "ComfyFP8Linear",
+    "TorchaoInt8Linear",
+    "NF4Linear",
+    "GGUFLinear",
+    "ComfyW4a4Linear",
+    "ComfyW4a8Linear",
+    "QuantizedLinear",
+]
 
 
 @pytest.mark.parametrize("old, new", sorted(RENAMED.items()))
@@ -40,7 +49,7 @@ def test_every_class_is_exported_and_lives_in_the_module_of_its_format():
         assert importlib.import_module(cls.__module__).__dict__[cls.__name__] is cls
         assert getattr(loaders, cls.__name__) is cls and cls.__name__ not in RENAMED
     assert loaders.MODULES is loaders.modules.MODULES
-    assert len(set(loaders.modules.MODULES.values())) == len(loaders.modules.MODULES) == 9
+    assert len(set(loaders.modules.MODULES.values())) == len(loaders.modules.MODULES) == len(FORMAT_INFO)
 
 
 def test_int8_gemm_read_and_set_on_the_package_is_the_setting_the_products_read(monkeypatch):

@@ -81,17 +81,19 @@ def _markers(path: Path) -> dict[str, str]:
         }
 
 
-def _plain_amax(src: Path, inputs: Path) -> dict[str, float]:
-    """An ordinary forward of the diffusers model (float32) on the inputs: each Linear's input amax, by its native
-    module name, from torch forward hooks."""
+def _plain_amax(src: Path, inputs: Path) -> dict[str, torch.Tensor]:
+    """An ordinary forward of the diffusers model (float32) on the inputs: each Linear's input amax per input
+    channel (float32 [in]: a smoothed layer's amax is that of x · pre_quant_scale), by its native module name, from
+    torch forward hooks."""
     from diffusers import WanTransformer3DModel
 
     model = WanTransformer3DModel.from_pretrained(src / "transformer", torch_dtype=torch.float32).eval()
-    seen: dict[str, float] = {}
+    seen: dict[str, torch.Tensor] = {}
 
     def hook(name):
         def record(module, args):
-            seen[name] = max(seen.get(name, 0.0), float(args[0].abs().amax()))
+            a = args[0].reshape(-1, args[0].shape[-1]).abs().amax(0)
+            seen[name] = a if name not in seen else torch.maximum(seen[name], a)
 
         return record
 
@@ -121,10 +123,15 @@ def test_each_fp8_and_nvfp4_layer_stores_its_inputs_amax_over_the_range(calibrat
             assert key not in stored
             continue
         scale = stored[key]
-        want = torch.tensor(amax[module], dtype=torch.float32) / RANGE[layout]
+        # the NVFP4 layers `calibrate` smoothed (test_smoothing.py)
+        smoothing = stored.get(f"{module}.pre_quant_scale")
+        top = (amax[module] if smoothing is None else amax[module] * smoothing).amax()
+        want = top / RANGE[layout]
         assert scale.dtype == torch.float32 and scale.shape == () and torch.equal(scale, want), module
         entry = recorded[f"transformer/{module}.weight"]
-        assert entry == {"input_amax": amax[module], "input_scale": float(want)}
+        assert ("smoothing" in entry) == (smoothing is not None)
+        entry.pop("smoothing", None)
+        assert entry == {"input_amax": float(top), "input_scale": float(want)}
     # the manifest records the inputs and the figures; convert prints them
     cal = manifest["calibration"]
     assert manifest["schema_version"] == 3 and cal["statistic"] == "amax"

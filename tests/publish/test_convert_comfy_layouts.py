@@ -124,7 +124,7 @@ def test_mxfp8_and_convrot_files_verify_and_load(small_wan, tmp_path):
         diffusers.WanTransformer3DModel, tmp_path / "wan-comfy-int8-convrot", compute="kernel"
     )
     layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
-    assert layers and all(m.options == ComfyOptions("int8_convrot") for m in layers)
+    assert layers and all(m.options == ComfyOptions("int8_convrot", convrot_group=256) for m in layers)
     x = torch.randn(9, layers[0].in_features, generator=torch.Generator().manual_seed(0))
     got, want = layers[0](x), layers[0].reference_forward(x)
     assert float((got - want).pow(2).sum() / want.pow(2).sum()) < 1e-4  # int8 activations: 40+ dB

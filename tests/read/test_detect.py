@@ -120,8 +120,8 @@ def test_format_refusals_are_one_line_listing_what_there_is(sources, tmp_path):
     assert "(Kandinsky 5 has no GGUF architecture (ComfyUI-GGUF's loader reads only" in line
     line = _one_line_exit_2(run_cli("convert", sources["t2v"], tmp_path / "o", "--format", "fp9"))
     assert (
-        "'fp9' is not a format (formats: comfy_fp8, comfy_int8, comfy_mxfp8, comfy_nvfp4, fp8_channel, gguf, nf4, torchao_fp8, torchao_int8)"
-        in line
+        "'fp9' is not a format (formats: comfy_fp8, comfy_int8, comfy_mxfp8, comfy_nvfp4, comfy_w4a4, comfy_w4a8, "
+        "fp8_channel, gguf, nf4, torchao_fp8, torchao_int8)" in line
     )
     other = tmp_path / "other"
     other.mkdir()

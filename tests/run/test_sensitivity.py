@@ -338,6 +338,66 @@ def test_an_nvfp4_recipe_is_raised_to_a_mixed_file_of_mxfp8_layers(planted, tmp_
     assert json.loads(proc.stdout)["forward"]["transformer"]["output_sqnr_db"] == proposal["forward_sqnr_db"]
 
 
+W4A8 = "wan-diffusers-comfy-w4a8"
+
+
+def test_a_w4a8_recipe_within_a_size_budget_is_one_comfyui_file_mixing_w4a8_and_int8(planted, tmp_path):
+    """W4A8's ladder: asym_w4a8_int8 -> int8_convrot (refitted to the layer's ConvRot group) -> kept. Within a
+    budget the proposal is one ComfyUI file, most layers W4A8 and the raised ones int8, which verify proves."""
+    base_bytes = files_size(make_plan(planted, load_recipe(W4A8).recipe))
+    budget = base_bytes + 200_000
+    written = tmp_path / "fits.yaml"
+    proposed = _json(planted, "-r", W4A8, "--max-size", budget, "--write-recipe", written)
+    proposal = proposed["proposal"]
+    assert proposed["bytes"] == proposal["recipe_bytes"] == base_bytes
+    assert proposal["reached"] and base_bytes < proposal["bytes"] <= budget
+    assert proposal["forward_sqnr_db"] > proposed["forward_sqnr_db"]
+    raised = {r["module"]: r["type"] for r in proposal["raised"]}
+    assert set(raised.values()) == {"int8_convrot"} and 0 < len(raised) < len(proposed["layers"]) / 2
+    recipe = parse_recipe(written.read_text())
+    assert recipe.format == "comfy_w4a8" and set(recipe.types.values()) == {"int8_convrot"}
+    out = tmp_path / "out"
+    run_cli("convert", planted, out, "-r", written, check=True)
+    (path,) = out.rglob("*.safetensors")
+    assert path.stat().st_size == proposal["bytes"]
+    with safe_open(path, "pt") as f:
+        markers = {
+            k.removesuffix(".comfy_quant"): json.loads(f.get_tensor(k).numpy().tobytes())
+            for k in f.keys()
+            if k.endswith("comfy_quant")
+        }
+    assert len(markers) == len(proposed["layers"])
+    int8 = {k for k, m in markers.items() if m["format"] == "int8_tensorwise"}
+    assert len(int8) == len(raised)
+    assert all(
+        markers[k] == {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": 256} for k in int8
+    )
+    assert {m["format"] for k, m in markers.items() if k not in int8} == {"asym_w4a8_int8"}
+    proc = run_cli("verify", out, "--source", planted, "--forward", "--json")
+    assert proc.returncode == 0, proc.stdout
+    assert json.loads(proc.stdout)["forward"]["transformer"]["output_sqnr_db"] == proposal["forward_sqnr_db"]
+
+
+def test_the_4bit_int_layouts_are_raised_to_int8_convrot_fitted_to_the_layer(planted):
+    """W4A8 and W4A4 -> int8 ConvRot -> kept; the raised layer is replanned through `Format.fitted`: its ConvRot
+    group is the one its width takes (the rung itself names none)."""
+    from quantize.formats import get_format
+    from quantize.formats.options import ComfyOptions
+    from quantize.plan import replanned
+    from quantize.run.sensitivity import ladder
+
+    for fmt, layout in (("comfy_w4a8", "asym_w4a8_int8"), ("comfy_w4a4", "convrot_w4a4")):
+        rungs = ladder(get_format(fmt), ComfyOptions(layout, convrot_group=64))
+        assert [r.label(get_format(fmt)) for r in rungs] == [layout, "int8_convrot", "kept"]
+        assert rungs[1].options == ComfyOptions("int8_convrot")
+    plan = make_plan(planted, load_recipe(W4A8).recipe)
+    tp = next(t for t in plan.components[0].tensors if t.module == PLANTED)
+    assert tp.options == ComfyOptions("asym_w4a8_int8", convrot_group=256)
+    up = replanned(tp, plan.format, plan.recipe.keep_dtype, ComfyOptions("int8_convrot"))
+    assert up.options == ComfyOptions("int8_convrot", convrot_group=256) and up.qtype == "int8_convrot"
+    assert up.output_name == tp.output_name and up.output_bytes > tp.output_bytes
+
+
 def test_a_format_with_one_encoding_raises_to_kept(planted, report, tmp_path):
     written = tmp_path / "nf4.yaml"
     target = round(report("wan-diffusers-nf4.yaml")["forward_sqnr_db"] + 3, 2)
