@@ -459,11 +459,10 @@ def _planned(
         options = fmt.options_type.from_type(recipe.type if type_ is None else type_)
         try:
             return _quantized_plan(source, target, out_name, fmt, options, where, named=type_ is not None)
-        except (
-            UnfittedShapeError
-        ) as e:  # the recipe's own type, which this layer cannot take: kept, saying why
+        except UnfittedShapeError as e:
+            # the recipe's own type, which this layer cannot take: kept, saying why (the reason names the layout)
             kept = _kept_plan(source, target, out_name, fmt, recipe.keep_dtype, linear)
-            return dataclasses.replace(kept, reason=str(e))  # it names the layout
+            return dataclasses.replace(kept, reason=str(e))
     return _kept_plan(source, ignored, out_name, fmt, recipe.keep_dtype, linear)
 
 
@@ -624,7 +623,7 @@ def replanned(
 
 
 def with_input_scales(
-    plan: Plan, amax: Mapping[str, float], smoothing: Mapping[str, tuple[float, ...]] = {}
+    plan: Plan, amax: Mapping[str, float], smoothing: Mapping[str, tuple[float, ...]] | None = None
 ) -> Plan:
     """`plan` with a static input scale for each quantized Linear that `amax` names (by its weight's manifest key,
     ``<component>/<output name>``: the largest |x| its input reached in a calibration pass) and whose format
@@ -644,7 +643,7 @@ def with_input_scales(
                 layer_fmt = format_for(fmt, tp.options)
                 try:
                     options = layer_fmt.calibrated(tp.options, amax[key])
-                    if key in smoothing and options is not None:
+                    if smoothing and key in smoothing and options is not None:
                         options = layer_fmt.smoothed(options, smoothing[key])
                         if options is None:
                             raise ValueError(f"its {tp.options.type_name} layout has no pre_quant_scale")

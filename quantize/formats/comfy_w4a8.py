@@ -50,6 +50,7 @@ sums, scaled back by both row scales: the loader's `ComfyW4a8Linear`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 import torch
@@ -306,27 +307,148 @@ def _nearest_per_group(target: torch.Tensor, grid: torch.Tensor) -> torch.Tensor
 
 
 def _quantize_rotated(
-    rotated: torch.Tensor, codebook: torch.Tensor
+    rotated: torch.Tensor, codebook: torch.Tensor, fast: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(packed codes, s_rel, s_channel) of a rotated float32 weight with `codebook`: the numerics of the module
-    docstring, in comfy-kitchen's ``_quantize_rotated_w4a8_int8_weight`` order of float32 operations."""
+    docstring, in comfy-kitchen's ``_quantize_rotated_w4a8_int8_weight`` order of float32 operations. `fast`: each
+    nearest level read off the codebook's `_Steps` (the same codes); False, or a codebook or weight they do not
+    cover (unsorted, non-finite), the straightforward `_nearest` / `_nearest_per_group`."""
     n, k = rotated.shape
     grouped = rotated.float().view(n, k // GROUP, GROUP)
     table = codebook.to(device=rotated.device, dtype=torch.float32)
+    steps = _steps_of(table) if fast else None
+    nearest, per_group = (steps[0].nearest, steps[1].nearest) if steps else (None, None)
+
+    def to_levels(scale: torch.Tensor) -> torch.Tensor:
+        if nearest is not None and bool(torch.isfinite(scale).all()):
+            return nearest(grouped / scale)
+        return _nearest(grouped / scale, table)
+
     scale = grouped.abs().amax(dim=-1, keepdim=True).clamp(min=MIN_SCALE)
-    codes = _nearest(grouped / scale, table)
+    codes = to_levels(scale)
     for _ in range(REFINE_ROUNDS):  # least squares for each group's scale, given its levels
-        levels = table[codes]
+        levels = table.index_select(0, codes.flatten()).view(codes.shape)
         fit = (grouped * levels).sum(-1, keepdim=True)
         scale = (fit / (levels * levels).sum(-1, keepdim=True).clamp(min=MIN_SCALE)).clamp(min=MIN_SCALE)
-        codes = _nearest(grouped / scale, table)
-    reached = table[codes] * scale
+        codes = to_levels(scale)
+    reached = table.index_select(0, codes.flatten()).view(codes.shape) * scale
     s_channel = (reached.abs().amax(dim=(1, 2)) / INT8_MAX).clamp(min=MIN_SCALE)
     s_rel = (scale.squeeze(-1) / s_channel.unsqueeze(1)).float().contiguous().to(torch.float8_e4m3fn)
-    grid = (table.view(1, 1, -1) * s_rel.float().unsqueeze(-1)).round_().clamp_(-INT8_MAX, INT8_MAX)
-    codes = _nearest_per_group(grouped / s_channel.view(-1, 1, 1), grid).view(n, k)
+    target = grouped / s_channel.view(-1, 1, 1)
+    rel_codes = s_rel.view(torch.uint8)
+    if per_group is not None and rel_codes.numel() and int(rel_codes.max()) < _E4M3_NAN and bool(torch.isfinite(s_channel).all()):
+        codes = per_group(target, rel_codes.int().unsqueeze(-1)).view(n, k)
+    else:
+        grid = (table.view(1, 1, -1) * s_rel.float().unsqueeze(-1)).round_().clamp_(-INT8_MAX, INT8_MAX)
+        codes = _nearest_per_group(target, grid).view(n, k)
     packed = ((codes[:, 0::2] & 0xF) | ((codes[:, 1::2] & 0xF) << 4)).to(torch.int8)
     return packed.contiguous(), s_rel, s_channel.float().contiguous()
+
+
+#: float8_e4m3fn's bit patterns: 0 to 126 the non-negative numbers, 127 NaN (then the negative ones)
+_E4M3_NAN = 127
+#: the most distinct steps one bucket of a `_Steps` may hold before it is not worth it
+_MOST_IN_A_BUCKET = 4
+
+
+class _Steps:
+    """A non-decreasing step function from float32 to the codes 0..15, one per row of a table (the nearest level
+    of a sorted codebook; of one float8 s_rel's int8 grid), read off its exact thresholds: the code of t is the
+    number of thresholds at most t. The thresholds are found once by bisection over float32 bit patterns with the
+    straightforward function itself (so they are its own, bit for bit), and read back through buckets of equal
+    width over [-bound, bound] (every threshold inside): a bucket's count below it, then a compare with each of
+    the few distinct thresholds inside it. Same codes as the function for every float32, ±inf included."""
+
+    def __init__(self, evaluate, rows: int, bound: float, buckets: int) -> None:
+        self.bound, self.buckets, self.width = bound, buckets, buckets / (2 * bound)
+        steps = torch.arange(1, LEVELS, dtype=torch.int64).expand(rows, LEVELS - 1)
+        lo = torch.full((rows, LEVELS - 1), int(_ordered(torch.tensor([-bound]))[0]))
+        hi = torch.full((rows, LEVELS - 1), int(_ordered(torch.tensor([bound]))[0]))
+        if bool((evaluate(_unordered(lo)) != 0).any()) or bool((evaluate(_unordered(hi)) != LEVELS - 1).any()):
+            raise _NotCovered
+        while bool((hi - lo > 1).any()):  # f(lo) < step <= f(hi)
+            mid = (lo + hi) >> 1
+            reached = evaluate(_unordered(mid)) >= steps
+            hi, lo = torch.where(reached, mid, hi), torch.where(reached, lo, mid)
+        thresholds = _unordered(hi)  # [rows, 15], non-decreasing along a row
+        keys = self._keys(thresholds).long()
+        at = torch.arange(buckets, dtype=torch.int64).expand(rows, buckets).contiguous()
+        self.below = torch.searchsorted(keys.contiguous(), at).int().flatten()
+        inside: dict[int, list[list[float | int]]] = {}
+        for row, (row_keys, row_thresholds) in enumerate(zip(keys.tolist(), thresholds.tolist())):
+            for key, value in zip(row_keys, row_thresholds):
+                found = inside.setdefault(row * buckets + key, [])
+                if found and found[-1][0] == value:
+                    found[-1][1] += 1
+                else:
+                    found.append([value, 1])
+        most = max(len(found) for found in inside.values())
+        if most > _MOST_IN_A_BUCKET:
+            raise _NotCovered
+        self.at = torch.full((most, rows * buckets), float("inf"))
+        self.codes = self.below.view(-1, 1).repeat(1, most + 1)  # [bucket, thresholds passed in it]
+        for index, found in inside.items():
+            reached = int(self.below[index])
+            for slot in range(most):
+                if slot < len(found):
+                    self.at[slot, index] = found[slot][0]
+                    reached += found[slot][1]
+                self.codes[index, slot + 1] = reached  # an unused slot: +inf, passed only by t = +inf
+        self.codes = self.codes.flatten()
+        self.slots = most + 1
+
+    def _keys(self, t: torch.Tensor) -> torch.Tensor:
+        """Each value's bucket: monotone in t, the same float32 operations for the thresholds and the data."""
+        # width a power of 2: t · width is exact, so fused or not, one rounding of the sum
+        return torch.add(self.bound * self.width, t, alpha=self.width).clamp_(0, self.buckets - 1).int()
+
+    def nearest(self, t: torch.Tensor, row: torch.Tensor | None = None) -> torch.Tensor:
+        """The codes (int32, t's shape) of float32 `t`, with the table's `row` (int32 broadcast to t; None: 0)."""
+        index = self._keys(t)
+        if row is not None:
+            index = index.add_(row * self.buckets)
+        index, flat = index.flatten(), t.flatten()
+        passed = index * self.slots
+        for at in self.at:
+            passed += flat >= at.index_select(0, index)
+        return self.codes.index_select(0, passed).view(t.shape)
+
+
+class _NotCovered(Exception):
+    """A codebook `_Steps` cannot read exactly: the straightforward path then."""
+
+
+def _ordered(x: torch.Tensor) -> torch.Tensor:
+    """float32 values as int64 keys in their order (±0 both 0)."""
+    bits = x.float().view(torch.int32).long()
+    return torch.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
+
+
+def _unordered(keys: torch.Tensor) -> torch.Tensor:
+    return torch.where(keys < 0, -keys - (1 << 31), keys).to(torch.int32).view(torch.float32)
+
+
+@functools.lru_cache(maxsize=8)
+def _steps_for(levels: tuple[float, ...]) -> tuple[_Steps, _Steps] | None:
+    table = torch.tensor(levels, dtype=torch.float32)
+    if not bool((table[1:] > table[:-1]).all()):
+        return None  # an unsorted or repeated codebook: the nearest level is not a step function of it
+    try:
+        nearest = _Steps(lambda t: _nearest(t, table), 1, 2.0, 8192)
+        s_rel = torch.arange(_E4M3_NAN, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+        grids = (table.view(1, 1, -1) * s_rel.view(-1, 1, 1)).round_().clamp_(-INT8_MAX, INT8_MAX)
+        per_group = _Steps(lambda t: _nearest_per_group(t.unsqueeze(1), grids).squeeze(1), _E4M3_NAN, 128.0, 1024)
+    except _NotCovered:
+        return None
+    return nearest, per_group
+
+
+def _steps_of(table: torch.Tensor) -> tuple[_Steps, _Steps] | None:
+    """The `_Steps` of a float32 codebook on the CPU (cached): its nearest level, and its int8 grids' for each s_rel;
+    None where they do not apply."""
+    if table.device.type != "cpu" or not bool(torch.isfinite(table).all()):
+        return None
+    return _steps_for(tuple(table.tolist()))
 
 
 FORMAT = ComfyW4a8()

@@ -56,8 +56,9 @@ class FormatInfo:
     recipe_type: str | None = None
     #: the thresholds `verify` holds its bundled recipes' tensors to (a recipe's `checks`)
     checks: tuple[tuple[str, float], ...] = ()
-    #: it scales each block of a row's inputs, not the row (nf4, MXFP8, NVFP4, GGUF): the layers whose inputs hold
-    #: outliers a per-row or per-tensor scale spreads over a whole row are quantized too (`Policy.block_targets`)
+    #: it scales each block of a row's inputs, not the row (nf4, MXFP8, NVFP4, GGUF, W4A8), or rotates a row's inputs
+    #: in groups before one scale (W4A4's ConvRot spreads an outlier over its group): the layers whose inputs hold
+    #: outliers a plain per-row or per-tensor scale spreads over a whole row are quantized too (`Policy.block_targets`)
     block_scaled: bool = False
     #: the type its bundled recipes store a layout's most sensitive layers in (`Policy.sensitive`): NVFP4's MXFP8
     sensitive_type: str | None = None
@@ -229,6 +230,9 @@ FORMAT_INFO: dict[str, FormatInfo] = {
             # its weights measure 4-6 dB below NVFP4's and W4A8's (16.9 against 22.7 dB on a gaussian): the forward
             # floor 3 dB below the default 20 (the families' examples: 19.5 to 29.6 dB where no family lowers it)
             checks=(("min_sqnr_db", 12), ("min_cosine", 0.97), ("min_forward_sqnr_db", 17)),
+            # a 4-bit file for 12-16 GB cards holds the feed-forward's output layer in 4 bits too (about a third of a
+            # Wan block): its inputs' outliers are what ConvRot's rotation spreads
+            block_scaled=True,
         ),
         FormatInfo(
             name="torchao_int8",
