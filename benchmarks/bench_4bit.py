@@ -272,7 +272,6 @@ def report(args, src: Path, rows: list[list[str]], figures: dict, commands: list
         "quantized tensors",
     ]
     lines = [
-        MARKERS[0],
         "## 4-bit ComfyUI formats (W4A8, W4A4) beside NF4 and the 8-bit ones",
         "",
         f"`{display_command([sys.executable, 'benchmarks/bench_4bit.py', '--write', 'docs/BENCHMARKS.md'])}` on "
@@ -286,7 +285,6 @@ def report(args, src: Path, rows: list[list[str]], figures: dict, commands: list
         *verdicts(figures),
         "",
         "Each conversion: `" + display_command(commands[0]).replace("wan-nf4", "RECIPE") + "`.",
-        MARKERS[1],
     ]
     return "\n".join(lines)
 

@@ -631,7 +631,7 @@ def with_input_scales(
     quantized tensor of the plan is an `InputError`: the calibration was of another plan. `smoothing` gives some
     of those Linears a per-input-channel ``pre_quant_scale`` (`Format.smoothed`: ComfyUI's NVFP4 layers; their
     amax is then that of the input times it); one whose format has none is an `InputError`."""
-    fmt, known = plan.format, set()
+    fmt, known, smoothing = plan.format, set(), smoothing or {}
     components = []
     for cp in plan.components:
         tensors = []
@@ -643,7 +643,7 @@ def with_input_scales(
                 layer_fmt = format_for(fmt, tp.options)
                 try:
                     options = layer_fmt.calibrated(tp.options, amax[key])
-                    if smoothing and key in smoothing and options is not None:
+                    if key in smoothing and options is not None:
                         options = layer_fmt.smoothed(options, smoothing[key])
                         if options is None:
                             raise ValueError(f"its {tp.options.type_name} layout has no pre_quant_scale")

@@ -29,6 +29,11 @@ tested bit for bit with that name patched to ours, and within one code step with
 * the stored codes: per group, the levels on the int8 grid, clamp(round(l · s_rel), ±127) (`int8_grid`), and each
   w / s_channel to its nearest one (ties to the lower index).
 
+Each nearest level is that search's (`_nearest`, `_nearest_per_group`: comfy-kitchen's float32 distances) read off
+its exact float32 thresholds (`_Steps`: found once per codebook by bisection with the search itself, for the codebook
+and for each float8 s_rel's grid), a few gathers a value; a codebook that is not strictly increasing, or a
+non-finite scale, takes the search itself. Rows are encoded in blocks that stay in cache (the rotation too).
+
 Decoding (comfy-kitchen's ``dequantize_w4a8_int8_weight`` to float32, its rotation ours): the int8 grid value of
 each code times s_channel, rotated back by H (its own inverse), in float64 rounded once, then cast to the dtype
 asked for (comfy-kitchen casts before rotating: a bf16 decode is a rounding apart).
@@ -278,7 +283,9 @@ def _sample_of(w: torch.Tensor) -> torch.Tensor:
 
 
 def _finite(w: torch.Tensor) -> torch.Tensor:
-    if not bool(torch.isfinite(w).all()):  # the rotation would spread a NaN over its group
+    """`w`, or `NonFiniteWeightError` (the rotation would spread a NaN over its group); a finite sum is all finite,
+    and one pass cheaper than the check of each value it spares."""
+    if not bool(torch.isfinite(w.sum())) and not bool(torch.isfinite(w).all()):
         raise NonFiniteWeightError("holds NaN or Inf values")
     return w
 
@@ -306,42 +313,64 @@ def _nearest_per_group(target: torch.Tensor, grid: torch.Tensor) -> torch.Tensor
     return torch.where(d_hi < d_lo, hi, lo).to(torch.int32).reshape(n, groups, width)
 
 
+#: values `_quantize_rotated` works on at a time on the CPU (its float32 intermediates stay in a core's cache)
+_BLOCK = 1 << 18
+
+
 def _quantize_rotated(
     rotated: torch.Tensor, codebook: torch.Tensor, fast: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(packed codes, s_rel, s_channel) of a rotated float32 weight with `codebook`: the numerics of the module
-    docstring, in comfy-kitchen's ``_quantize_rotated_w4a8_int8_weight`` order of float32 operations. `fast`: each
-    nearest level read off the codebook's `_Steps` (the same codes); False, or a codebook or weight they do not
-    cover (unsorted, non-finite), the straightforward `_nearest` / `_nearest_per_group`."""
+    docstring, in comfy-kitchen's ``_quantize_rotated_w4a8_int8_weight`` order of float32 operations, a block of
+    rows at a time (every part is per row, `ROW_SEPARABLE`). `fast`: each nearest level read off the codebook's
+    `_Steps` (the same codes); False, or a codebook or weight they do not cover (unsorted, non-finite), the
+    straightforward `_nearest` / `_nearest_per_group`."""
+    n, k = rotated.shape
+    step = max(1, _BLOCK // max(k, 1)) if fast and rotated.device.type == "cpu" else max(n, 1)
+    if n <= step:
+        return _quantize_rows(rotated, codebook, fast)
+    blocks = [_quantize_rows(rotated[r0 : r0 + step], codebook, fast) for r0 in range(0, n, step)]
+    return tuple(torch.cat(parts) for parts in zip(*blocks, strict=True))  # type: ignore[return-value]
+
+
+def _quantize_rows(
+    rotated: torch.Tensor, codebook: torch.Tensor, fast: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     n, k = rotated.shape
     grouped = rotated.float().view(n, k // GROUP, GROUP)
     table = codebook.to(device=rotated.device, dtype=torch.float32)
     steps = _steps_of(table) if fast else None
-    nearest, per_group = (steps[0].nearest, steps[1].nearest) if steps else (None, None)
 
-    def to_levels(scale: torch.Tensor) -> torch.Tensor:
-        if nearest is not None and bool(torch.isfinite(scale).all()):
-            return nearest(grouped / scale)
-        return _nearest(grouped / scale, table)
+    def levels_at(scale: torch.Tensor) -> torch.Tensor:  # each w / scale's nearest level
+        if steps is not None and bool(torch.isfinite(scale).all()):
+            return steps[0].nearest(grouped / scale, of=steps[2])
+        return table.index_select(0, _nearest(grouped / scale, table).flatten()).view(grouped.shape)
 
     scale = grouped.abs().amax(dim=-1, keepdim=True).clamp(min=MIN_SCALE)
-    codes = to_levels(scale)
+    if not bool(torch.isfinite(scale).all()):  # an Inf in the rotated weight (a NaN t: no step function's)
+        steps = None
+    levels = levels_at(scale)
     for _ in range(REFINE_ROUNDS):  # least squares for each group's scale, given its levels
-        levels = table.index_select(0, codes.flatten()).view(codes.shape)
         fit = (grouped * levels).sum(-1, keepdim=True)
         scale = (fit / (levels * levels).sum(-1, keepdim=True).clamp(min=MIN_SCALE)).clamp(min=MIN_SCALE)
-        codes = to_levels(scale)
-    reached = table.index_select(0, codes.flatten()).view(codes.shape) * scale
+        levels = levels_at(scale)
+    reached = levels * scale
     s_channel = (reached.abs().amax(dim=(1, 2)) / INT8_MAX).clamp(min=MIN_SCALE)
     s_rel = (scale.squeeze(-1) / s_channel.unsqueeze(1)).float().contiguous().to(torch.float8_e4m3fn)
     target = grouped / s_channel.view(-1, 1, 1)
     rel_codes = s_rel.view(torch.uint8)
-    if per_group is not None and rel_codes.numel() and int(rel_codes.max()) < _E4M3_NAN and bool(torch.isfinite(s_channel).all()):
-        codes = per_group(target, rel_codes.int().unsqueeze(-1)).view(n, k)
+    if (
+        steps is not None
+        and rel_codes.numel()
+        and int(rel_codes.max()) < _E4M3_NAN
+        and bool(torch.isfinite(s_channel).all())
+    ):
+        codes = steps[1].nearest(target, rel_codes.int().unsqueeze(-1), of=steps[3]).view(n, k)  # uint8 0..15
+        packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).view(torch.int8)
     else:
         grid = (table.view(1, 1, -1) * s_rel.float().unsqueeze(-1)).round_().clamp_(-INT8_MAX, INT8_MAX)
         codes = _nearest_per_group(target, grid).view(n, k)
-    packed = ((codes[:, 0::2] & 0xF) | ((codes[:, 1::2] & 0xF) << 4)).to(torch.int8)
+        packed = ((codes[:, 0::2] & 0xF) | ((codes[:, 1::2] & 0xF) << 4)).to(torch.int8)
     return packed.contiguous(), s_rel, s_channel.float().contiguous()
 
 
@@ -364,7 +393,9 @@ class _Steps:
         steps = torch.arange(1, LEVELS, dtype=torch.int64).expand(rows, LEVELS - 1)
         lo = torch.full((rows, LEVELS - 1), int(_ordered(torch.tensor([-bound]))[0]))
         hi = torch.full((rows, LEVELS - 1), int(_ordered(torch.tensor([bound]))[0]))
-        if bool((evaluate(_unordered(lo)) != 0).any()) or bool((evaluate(_unordered(hi)) != LEVELS - 1).any()):
+        if bool((evaluate(_unordered(lo)) != 0).any()) or bool(
+            (evaluate(_unordered(hi)) != LEVELS - 1).any()
+        ):
             raise _NotCovered
         while bool((hi - lo > 1).any()):  # f(lo) < step <= f(hi)
             mid = (lo + hi) >> 1
@@ -375,8 +406,10 @@ class _Steps:
         at = torch.arange(buckets, dtype=torch.int64).expand(rows, buckets).contiguous()
         self.below = torch.searchsorted(keys.contiguous(), at).int().flatten()
         inside: dict[int, list[list[float | int]]] = {}
-        for row, (row_keys, row_thresholds) in enumerate(zip(keys.tolist(), thresholds.tolist())):
-            for key, value in zip(row_keys, row_thresholds):
+        for row, (row_keys, row_thresholds) in enumerate(
+            zip(keys.tolist(), thresholds.tolist(), strict=True)
+        ):
+            for key, value in zip(row_keys, row_thresholds, strict=True):
                 found = inside.setdefault(row * buckets + key, [])
                 if found and found[-1][0] == value:
                     found[-1][1] += 1
@@ -402,8 +435,11 @@ class _Steps:
         # width a power of 2: t · width is exact, so fused or not, one rounding of the sum
         return torch.add(self.bound * self.width, t, alpha=self.width).clamp_(0, self.buckets - 1).int()
 
-    def nearest(self, t: torch.Tensor, row: torch.Tensor | None = None) -> torch.Tensor:
-        """The codes (int32, t's shape) of float32 `t`, with the table's `row` (int32 broadcast to t; None: 0)."""
+    def nearest(
+        self, t: torch.Tensor, row: torch.Tensor | None = None, of: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The codes (int32, t's shape) of float32 `t`, with the table's `row` (int32 broadcast to t; None: 0); `of`:
+        `composed` with a table, that table's entries at them instead."""
         index = self._keys(t)
         if row is not None:
             index = index.add_(row * self.buckets)
@@ -411,7 +447,11 @@ class _Steps:
         passed = index * self.slots
         for at in self.at:
             passed += flat >= at.index_select(0, index)
-        return self.codes.index_select(0, passed).view(t.shape)
+        return (self.codes if of is None else of).index_select(0, passed).view(t.shape)
+
+    def composed(self, table: torch.Tensor) -> torch.Tensor:
+        """table[code] for each of `nearest`'s indices into its codes: a code's value in one gather."""
+        return table.index_select(0, self.codes)
 
 
 class _NotCovered(Exception):
@@ -429,7 +469,7 @@ def _unordered(keys: torch.Tensor) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=8)
-def _steps_for(levels: tuple[float, ...]) -> tuple[_Steps, _Steps] | None:
+def _steps_for(levels: tuple[float, ...]) -> tuple[_Steps, _Steps, torch.Tensor, torch.Tensor] | None:
     table = torch.tensor(levels, dtype=torch.float32)
     if not bool((table[1:] > table[:-1]).all()):
         return None  # an unsorted or repeated codebook: the nearest level is not a step function of it
@@ -437,15 +477,18 @@ def _steps_for(levels: tuple[float, ...]) -> tuple[_Steps, _Steps] | None:
         nearest = _Steps(lambda t: _nearest(t, table), 1, 2.0, 8192)
         s_rel = torch.arange(_E4M3_NAN, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
         grids = (table.view(1, 1, -1) * s_rel.view(-1, 1, 1)).round_().clamp_(-INT8_MAX, INT8_MAX)
-        per_group = _Steps(lambda t: _nearest_per_group(t.unsqueeze(1), grids).squeeze(1), _E4M3_NAN, 128.0, 1024)
+        per_group = _Steps(
+            lambda t: _nearest_per_group(t.unsqueeze(1), grids).squeeze(1), _E4M3_NAN, 128.0, 1024
+        )
     except _NotCovered:
         return None
-    return nearest, per_group
+    return nearest, per_group, nearest.composed(table), per_group.codes.to(torch.uint8)
 
 
-def _steps_of(table: torch.Tensor) -> tuple[_Steps, _Steps] | None:
-    """The `_Steps` of a float32 codebook on the CPU (cached): its nearest level, and its int8 grids' for each s_rel;
-    None where they do not apply."""
+def _steps_of(table: torch.Tensor) -> tuple[_Steps, _Steps, torch.Tensor, torch.Tensor] | None:
+    """The `_Steps` of a float32 codebook on the CPU (cached): its nearest level, its int8 grids' for each s_rel,
+    the first's codes composed with the codebook (the levels themselves), the second's as uint8; None where they do
+    not apply."""
     if table.device.type != "cpu" or not bool(torch.isfinite(table).all()):
         return None
     return _steps_for(tuple(table.tolist()))

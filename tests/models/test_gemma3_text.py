@@ -39,6 +39,8 @@ RECIPES = {
     "comfy_int8": "gemma3-text-comfy-int8",
     "comfy_nvfp4": "gemma3-text-comfy-nvfp4",
     "comfy_mxfp8": "gemma3-text-comfy-mxfp8",
+    "comfy_w4a8": "gemma3-text-comfy-w4a8",
+    "comfy_w4a4": "gemma3-text-comfy-w4a4",
 }
 
 

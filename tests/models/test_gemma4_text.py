@@ -42,6 +42,8 @@ RECIPES = {
     "comfy_int8": "gemma4-text-comfy-int8",
     "comfy_nvfp4": "gemma4-text-comfy-nvfp4",
     "comfy_mxfp8": "gemma4-text-comfy-mxfp8",
+    "comfy_w4a8": "gemma4-text-comfy-w4a8",
+    "comfy_w4a4": "gemma4-text-comfy-w4a4",
 }
 
 

@@ -32,7 +32,7 @@ import torch
 from safetensors import safe_open
 
 from quantize.errors import InputError
-from quantize.formats import FORMAT_INFO
+from quantize.formats import FORMAT_INFO, format_info
 from quantize.models import get_family, name_table, runnable_names
 from quantize.models.examples import examples_of
 from quantize.models.examples.ltx2 import connectors_config
@@ -52,7 +52,7 @@ FORMATS = [
     "fp8_channel", "torchao_fp8", "torchao_int8", "nf4",
     "comfy_fp8", "comfy_int8", "comfy_nvfp4", "comfy_mxfp8", "gguf",
 ]  # fmt: skip
-NATIVE_FORMATS = [f for f in FORMATS if f.startswith("comfy_") or f == "gguf"]
+NATIVE_FORMATS = [f for f in FORMAT_INFO if format_info(f).names != "source"]
 COMFY_PARTS = (".comfy_quant", ".weight_scale", ".weight_scale_2", ".input_scale")
 LAYOUTS = {"release": "ltx2", "diffusers": "ltx2-diffusers"}
 #: the example folders the tests convert: each (preset, layout); ``*-2.3`` the LTX-2.3 structure

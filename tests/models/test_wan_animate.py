@@ -19,6 +19,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from quantize.formats import FORMAT_INFO
 from quantize.models import family_of, get_family, runnable_names, runnable_stacks
 from quantize.models.examples import examples_of
 from quantize.models.wan_animate import not_one_to_one
@@ -193,7 +194,7 @@ SPLIT = {
         r"blocks\.\d+\.(attn[12]\.(to_q|to_k|to_v|to_out\.0|add_k_proj|add_v_proj)|ffn\.net\.(0\.proj|2))|face_adapter\.\d+\.to_[qkv]",
     ),
 }  # fmt: skip
-FULL = {"nf4", "comfy_nvfp4", "comfy_mxfp8", "gguf"}
+FULL = {name for name, info in FORMAT_INFO.items() if info.block_scaled}  # the block targets (ffn.2) too
 
 
 @pytest.mark.parametrize("kind", list(LAYOUTS))

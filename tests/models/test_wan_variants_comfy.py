@@ -20,6 +20,7 @@ from safetensors import safe_open
 
 from quantize.errors import InputError
 from quantize.examples import write_example
+from quantize.formats import FORMAT_INFO
 from quantize.models import FAMILIES, family_of, get_family
 from quantize.models.examples import examples_of
 from quantize.plan import make_plan
@@ -53,7 +54,7 @@ OWN = {
         r"music_encoder\..*|music_projection|patch_embedding_global|img_emb_refimage\..*|head_global\..*",
     ),
 }  # fmt: skip
-NATIVE = ["comfy_fp8", "comfy_int8", "comfy_nvfp4", "comfy_mxfp8", "gguf"]
+NATIVE = [name for name, info in FORMAT_INFO.items() if info.names != "source"]
 LIBRARY_FORMATS = ["torchao_fp8", "torchao_int8", "nf4"]
 
 

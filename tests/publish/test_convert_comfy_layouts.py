@@ -179,7 +179,8 @@ def test_a_layer_in_a_layout_we_do_not_read_is_refused_naming_it(small_wan, tmp_
     run_cli("convert", small_wan, out, "--recipe", "wan-comfy-mxfp8", check=True)
     path = _file(out)
     state = load_file(path)
-    state["blocks.1.ffn.0.comfy_quant"] = torch.tensor(list(b'{"format": "convrot_w4a4"}'), dtype=torch.uint8)
+    marker = b'{"format": "asym_w4a8_int8", "group_size": 32, "convrot_groupsize": 256}'  # ComfyUI reads it, we do not
+    state["blocks.1.ffn.0.comfy_quant"] = torch.tensor(list(marker), dtype=torch.uint8)
     save_file(state, path)
-    with pytest.raises(InputError, match=re.escape("'blocks.1.ffn.0' is stored as") + ".*convrot_w4a4"):
+    with pytest.raises(InputError, match=re.escape("'blocks.1.ffn.0' is stored as") + ".*group_size 32"):
         load_quantized(diffusers.WanTransformer3DModel, out)

@@ -152,9 +152,12 @@ def test_recipes_for_lists_what_fits(sources):
     listed = [line.split("│")[1].strip() for line in proc.stdout.splitlines() if ".yaml" in line]
     assert listed == [
         "wan2.2-a14b-comfy-fp8.yaml",
+        "wan2.2-a14b-comfy-int8-convrot.yaml",  # each width takes its own ConvRot group
         "wan2.2-a14b-comfy-int8.yaml",
         "wan2.2-a14b-comfy-mxfp8.yaml",
         "wan2.2-a14b-comfy-nvfp4.yaml",
+        "wan2.2-a14b-comfy-w4a4.yaml",
+        "wan2.2-a14b-comfy-w4a8.yaml",
         "wan2.2-a14b-fp8.yaml",
         "wan2.2-a14b-gguf-q8_0.yaml",
         "wan2.2-a14b-nf4.yaml",
