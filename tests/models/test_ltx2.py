@@ -53,7 +53,7 @@ FORMATS = [
     "comfy_fp8", "comfy_int8", "comfy_nvfp4", "comfy_mxfp8", "gguf",
 ]  # fmt: skip
 NATIVE_FORMATS = [f for f in FORMAT_INFO if format_info(f).names != "source"]
-COMFY_PARTS = (".comfy_quant", ".weight_scale", ".weight_scale_2", ".input_scale")
+COMFY_PARTS = (".comfy_quant", ".weight_scale", ".weight_scale_2", ".input_scale", ".weight_s_rel", ".weight_s_channel", ".weight_codebook")  # fmt: skip
 LAYOUTS = {"release": "ltx2", "diffusers": "ltx2-diffusers"}
 #: the example folders the tests convert: each (preset, layout); ``*-2.3`` the LTX-2.3 structure
 SOURCES = {
