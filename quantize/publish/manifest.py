@@ -29,11 +29,13 @@ __all__ = [
 ]
 
 #: 1: the manifest as it always was; 2: with the recorded steps (`steps`); 3: with static input scales
-#: (`calibration`). A reader takes every version up to `SCHEMA_VERSION`; a manifest without steps or calibration is
-#: written as version 1, byte for byte as before.
-SCHEMA_VERSION = 3
+#: (`calibration`); 4: with NVFP4 smoothing (a calibration's `smoothing` entries). A reader takes every version up to
+#: `SCHEMA_VERSION`; a manifest without steps or calibration is written as version 1, byte for byte as before, one
+#: without smoothing as the version before it.
+SCHEMA_VERSION = 4
 STEPS_SCHEMA_VERSION = 2
 CALIBRATION_SCHEMA_VERSION = 3
+SMOOTHING_SCHEMA_VERSION = 4
 
 
 class _Strict(BaseModel):
@@ -203,9 +205,14 @@ class Manifest(_Strict):
 
     @model_validator(mode="after")
     def _calibration_schema(self) -> Manifest:
-        """A manifest with input scales is of the version that has them."""
+        """A manifest with input scales (and smoothing) is of the version that has them."""
         if self.calibration is not None and self.schema_version < CALIBRATION_SCHEMA_VERSION:
             self.schema_version = CALIBRATION_SCHEMA_VERSION
+        smoothed = self.calibration is not None and any(
+            e.smoothing is not None for e in self.calibration.tensors.values()
+        )
+        if smoothed and self.schema_version < SMOOTHING_SCHEMA_VERSION:  # a reader of 3 refuses its fields
+            self.schema_version = SMOOTHING_SCHEMA_VERSION
         return self
 
     @model_validator(mode="after")
