@@ -79,51 +79,29 @@ def weight_figures(out: Path) -> tuple[float, float, int]:
 
 def ck_peer(src: Path, out: Path, recipe: str) -> None:
     """comfy-kitchen's eager quantizer of the recipe's layout on each tensor the recipe quantizes, whole, in float32,
-    shard by shard (the tensors written with save_file; the marker as ComfyUI writes it): the peer of our streaming
+    shard by shard (`bench_convert.write_peer_shards`; the marker as ComfyUI writes it): the peer of our streaming
     encoder (`--ck-peer`)."""
-    import torch
-    from bench_convert import fsync_file, source_shards
+    from bench_convert import write_peer_shards
     from comfy_kitchen.tensor import AsymW4A8Int8Layout, TensorCoreConvRotW4A4Layout
-    from safetensors import safe_open
-    from safetensors.torch import save_file
 
-    from quantize.formats import _comfy
-    from quantize.plan import make_plan
-    from quantize.recipes import load_recipe
+    from quantize.formats import _comfy, comfy_w4a4, comfy_w4a8
 
-    (component,) = make_plan(src, load_recipe(f"{recipe}.yaml").recipe).components
-    plans = {t.name: t for t in component.tensors}
-
-    def quantized(w: torch.Tensor, options) -> dict[str, torch.Tensor]:
-        group = options.group
-        if options.layout == "asym_w4a8_int8":
-            q, p = AsymW4A8Int8Layout.quantize(w.float(), convrot_groupsize=group)
+    def quantized(w, tp) -> dict:
+        options = tp.options
+        if options.layout == comfy_w4a8.LAYOUT:
+            q, p = AsymW4A8Int8Layout.quantize(w.float(), convrot_groupsize=options.group)
             parts = {
-                "weight": q,
-                "weight_s_rel": p.scale,
-                "weight_s_channel": p.s_channel,
-                "weight_codebook": p.codebook,
+                comfy_w4a8.WEIGHT: q,
+                comfy_w4a8.S_REL: p.scale,
+                comfy_w4a8.S_CHANNEL: p.s_channel,
+                comfy_w4a8.CODEBOOK: p.codebook,
             }
         else:
-            q, p = TensorCoreConvRotW4A4Layout.quantize(w.float(), convrot_groupsize=group)
-            parts = {"weight": q, "weight_scale": p.scale}
-        return {**parts, "comfy_quant": _comfy.marker(options)}
+            q, p = TensorCoreConvRotW4A4Layout.quantize(w.float(), convrot_groupsize=options.group)
+            parts = {comfy_w4a4.WEIGHT: q, comfy_w4a4.SCALE: p.scale}
+        return {**parts, _comfy.MARKER: _comfy.marker(options)}
 
-    for shard in source_shards(src):
-        dest = out / shard.relative_to(src)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tensors = {}
-        with safe_open(shard, framework="pt") as f:
-            for name in f.keys():
-                t, tp = f.get_tensor(name), plans[name]
-                if not tp.quantize:
-                    tensors[tp.output_name] = t
-                    continue
-                keys = {part: spec.name for part, spec in zip(tp.parts, tp.outputs, strict=True)}
-                tensors.update({keys[p]: v.contiguous() for p, v in quantized(t, tp.options).items()})
-        save_file(tensors, dest)
-        del tensors
-        fsync_file(dest)
+    write_peer_shards(src, out, f"{recipe}.yaml", quantized)
 
 
 def large_source(data_dir: Path) -> Path:

@@ -343,11 +343,6 @@ def ck_peer(src: Path, out: Path, recipe: str) -> None:
     import torch
     from comfy_kitchen.backends.eager.quantization import quantize_int8_convrot_weight
     from comfy_kitchen.tensor import TensorCoreMXFP8Layout, TensorCoreNVFP4Layout
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    from quantize.plan import make_plan
-    from quantize.recipes import load_recipe
 
     def marker(conf: dict) -> torch.Tensor:
         return torch.tensor(list(json.dumps(conf).encode("utf-8")), dtype=torch.uint8)
@@ -374,6 +369,19 @@ def ck_peer(src: Path, out: Path, recipe: str) -> None:
             return {"weight": q, "weight_scale": scale, "comfy_quant": marker(conf)}
         raise SystemExit(f"--ck-peer: no comfy-kitchen peer for type {qtype!r}")
 
+    write_peer_shards(src, out, recipe, lambda w, tp: quantize(w, tp.qtype))
+
+
+def write_peer_shards(src: Path, out: Path, recipe: str, quantize) -> None:
+    """A peer's output: each source shard read whole, each tensor the recipe quantizes replaced by
+    ``quantize(w, tp)`` (its parts by local name, `tp` its plan), the rest kept, the output keys those of `quantize
+    convert`; each shard written with save_file and fsynced."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from quantize.plan import make_plan
+    from quantize.recipes import load_recipe
+
     (component,) = make_plan(src, load_recipe(recipe).recipe).components
     plans = {t.name: t for t in component.tensors}
     for shard in source_shards(src):
@@ -387,7 +395,7 @@ def ck_peer(src: Path, out: Path, recipe: str) -> None:
                     tensors[tp.output_name] = t
                     continue
                 keys = {part: spec.name for part, spec in zip(tp.parts, tp.outputs, strict=True)}
-                tensors.update({keys[part]: v for part, v in quantize(t, tp.qtype).items()})
+                tensors.update({keys[part]: v.contiguous() for part, v in quantize(t, tp).items()})
         save_file(tensors, dest)
         del tensors
         fsync_file(dest)

@@ -42,19 +42,29 @@ class ComfyInt8Linear(QuantizedLinear):
 
     def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, scale = self._buffers[comfy_int8.WEIGHT], self._buffers[comfy_int8.SCALE]
-        rows = self._input_rows(x)
-        if fused.available(rows.device):
-            x_q, x_scale = fused.int8_rows(rows)
-            y = _int8_product(x_q, weight, x_scale, scale, self.bias, x.dtype, "comfy")
-            return y.reshape(*x.shape[:-1], self.out_features)
-        x_q, x_scale = comfy_int8.quantize_rows(rows)
-        acc = int_mm(x_q, weight.t())
-        y = acc.float().mul_(x_scale * scale.reshape(1, -1)).to(x.dtype)
-        if self.bias is not None:
-            y = y + self.bias.to(x.dtype)
-        return y.reshape(*x.shape[:-1], self.out_features)
+        return int8_linear(x, self._input_rows(x), weight, scale, self.bias)
 
     def kernel_operands(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x_q, x_scale = comfy_int8.quantize_rows(self._input_rows(x))
         weight, scale = self._buffers[comfy_int8.WEIGHT], self._buffers[comfy_int8.SCALE]
         return _decoded(x_q, x_scale), _decoded(weight, scale.reshape(-1, 1))
+
+
+def int8_linear(
+    x: torch.Tensor, rows: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """comfy-kitchen's eager ``int8_linear`` of `x`'s 2-D `rows` (already rotated where the layout rotates) by an
+    int8 `weight` [out, in] with one float32 `scale` per output row: the rows quantized per row to int8,
+    `torch._int_mm`, both scales in float32, cast to x's dtype, then the bias; on CUDA the fused passes. Shaped as
+    `x` with its last dim the weight's rows. Shared by every ComfyUI layout that multiplies int8 by int8."""
+    out_features = weight.shape[0]
+    if fused.available(rows.device):
+        x_q, x_scale = fused.int8_rows(rows)
+        y = _int8_product(x_q, weight, x_scale, scale, bias, x.dtype, "comfy")
+        return y.reshape(*x.shape[:-1], out_features)
+    x_q, x_scale = comfy_int8.quantize_rows(rows)
+    acc = int_mm(x_q, weight.t())
+    y = acc.float().mul_(x_scale * scale.reshape(1, -1)).to(x.dtype)
+    if bias is not None:
+        y = y + bias.to(x.dtype)
+    return y.reshape(*x.shape[:-1], out_features)

@@ -12,10 +12,9 @@ import torch
 
 from quantize.formats import _hadamard, comfy_int8, comfy_w4a8
 
-from .. import fused
 from ..emulation import INT32_SUM, Accumulation
 from .base import QuantizedLinear, _decoded, _rows
-from .gemm import _int8_product, int_mm
+from .comfy_int8 import int8_linear
 
 
 class ComfyW4a8Linear(QuantizedLinear):
@@ -45,17 +44,7 @@ class ComfyW4a8Linear(QuantizedLinear):
 
     def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
         grid, s_channel = comfy_w4a8.int8_grid(self.stored())
-        rows = self._input_rows(x)
-        if fused.available(rows.device):
-            x_q, x_scale = fused.int8_rows(rows)
-            y = _int8_product(x_q, grid, x_scale, s_channel, self.bias, x.dtype, "comfy")
-            return y.reshape(*x.shape[:-1], self.out_features)
-        x_q, x_scale = comfy_int8.quantize_rows(rows)
-        acc = int_mm(x_q, grid.t())
-        y = acc.float().mul_(x_scale * s_channel.reshape(1, -1)).to(x.dtype)
-        if self.bias is not None:
-            y = y + self.bias.to(x.dtype)
-        return y.reshape(*x.shape[:-1], self.out_features)
+        return int8_linear(x, self._input_rows(x), grid, s_channel, self.bias)
 
     def kernel_operands(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x_q, x_scale = comfy_int8.quantize_rows(self._input_rows(x))
