@@ -27,6 +27,7 @@ __all__ = [
     "host_buffer",
     "remember_source",
     "mapped_source",
+    "reread",
 ]
 
 HOST_MODES = ("mmap", "pageable", "pinned")
@@ -121,6 +122,14 @@ def remember_source(module: torch.nn.Module, attr: str, tensor: torch.Tensor, in
     """Note on `module` that its tensor `attr` is a memory-mapped view of `info`, so that it can later be
     re-read from the file instead of copied out of the mapping (which faults every page into the process)."""
     module.__dict__.setdefault("_mapped_from", {})[attr] = (info, tensor.data_ptr())
+
+
+def reread(info: TensorInfo, out: torch.Tensor) -> torch.Tensor:
+    """Read `info`'s stored bytes again into `out`: a contiguous host tensor of as many bytes, typed as stored or a
+    quantized part's bytes (what `QuantizedLinear` holds)."""
+    flat = out.reshape(-1).view(torch.uint8)
+    read_into(info, flat.view(dtypes.by_name(info.dtype).torch).view(dtypes.held_shape(info.dtype, info.shape)))
+    return out
 
 
 def mapped_source(module: torch.nn.Module, attr: str, tensor: torch.Tensor) -> TensorInfo | None:

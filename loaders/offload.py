@@ -21,10 +21,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from quantize.read.checkpoint import read_into
-
 from .blocks import find_block_lists
-from .host import check_host, host_buffer, mapped_source
+from .host import check_host, host_buffer, mapped_source, reread
 from .modules import QuantizedLinear, set_param
 
 __all__ = ["enable_block_offload", "BlockOffloader", "OffloadStats"]
@@ -160,7 +158,7 @@ class BlockOffloader:
             for i, pinned in zip(moving, host_buffer(specs, True, self.model), strict=True):
                 module, local = entries[i][0], entries[i][1]
                 source = mapped_source(module, local, homes[i])
-                homes[i] = read_into(source, pinned) if source is not None else pinned.copy_(homes[i])
+                homes[i] = reread(source, pinned) if source is not None else pinned.copy_(homes[i])
         bindings = []
         for (module, local, is_param, _), home in zip(entries, homes, strict=True):
             if is_param:

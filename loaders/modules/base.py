@@ -1,7 +1,9 @@
 """What every quantized Linear shares: `QuantizedLinear` and the once-per-device probe of its kernel.
 
-`QuantizedLinear` keeps a format's stored parts as plain buffers under the format's part names (so the state dict is
-the checkpoint's keys), moves with `.to()` keeping their stored dtypes, and chooses per call between the scheme's
+`QuantizedLinear` keeps a format's stored parts as frozen parameters holding their bytes (uint8: what FSDP2 shards and
+gathers in any group, what no dtype cast or "first floating parameter" rule touches), reads them back typed under the
+format's part names (so the state dict is the checkpoint's keys, in its dtypes), moves with `.to()` keeping their
+stored dtypes, and chooses per call between the scheme's
 kernel (`fast_forward`) and its eager reference (the weight decoded for the call); whether a kernel runs on a device
 is probed once per class, device and dtype, its result held to the exact emulation (`loaders/emulation.py`). The
 schemes (one module per format beside this one) define what differs: their kernel, its operands, its accumulation.
@@ -20,6 +22,8 @@ from quantize.formats import NO_OPTIONS, Format, FormatOptions
 
 from ..emulation import FP32_SUM, Accumulation, Emulation, emulate_product
 
+_REQUIRED = object()
+
 #: how a module computes: the faster of its kernel and its reference on the device ("fast"), its kernel wherever it
 #: runs and an error where it does not ("kernel"), or the weight decoded for each call ("dequantize", the eager
 #: reference)
@@ -32,8 +36,9 @@ class KernelUnavailable(RuntimeError):
 
 
 def _attr(part: str) -> str:
-    """The attribute holding a part; part names may contain dots (``weight.absmax``), attributes may not."""
-    return part.replace(".", "_")
+    """The parameter holding a part's bytes, ``<part>_bytes``: part names may contain dots (``weight.absmax``),
+    attributes may not, and ``weight`` is the class's stand-in, which FSDP2 would read (`getattr`) for the part."""
+    return part.replace(".", "_") + "_bytes"
 
 
 class QuantizedLinear(nn.Module):
@@ -59,12 +64,12 @@ class QuantizedLinear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.options, self.compute = options, compute
         self.part_attrs: dict[str, str] = {}
+        self._part_types: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}  # attr -> the part's dtype, shape
         self._late_parts: set[str] = set()  # parts whose size is only known from the checkpoint
         for part, (dtype_name, shape) in self._specs().items():
             held = (0,) if shape is None else dtypes.held_shape(dtype_name, shape)
-            empty = torch.empty(held, dtype=dtypes.by_name(dtype_name).torch, device=device)
-            self._buffers[_attr(part)] = empty  # as `register_buffer` does: `weight` is the property below
             self.part_attrs[part] = _attr(part)
+            self._hold(_attr(part), torch.empty(held, dtype=dtypes.by_name(dtype_name).torch, device=device))
             if shape is None:
                 self._late_parts.add(part)
         self.bias = (
@@ -110,19 +115,46 @@ class QuantizedLinear(nn.Module):
             module.bias = nn.Parameter(bias.detach().cpu().clone(), requires_grad=False)
         return module
 
+    def _hold(self, attr: str, tensor: torch.Tensor) -> None:
+        """Keep `tensor` (not a copy) as the part at `attr`: a frozen parameter of its bytes (`as_bytes`), its dtype
+        and shape noted to read it back (`part`). `weight` is the property below, not this parameter's name."""
+        self._part_types[attr] = (tensor.dtype, tuple(tensor.shape))
+        self._parameters[attr] = nn.Parameter(as_bytes(tensor), requires_grad=False)
+
+    def part(self, part: str, default=_REQUIRED) -> torch.Tensor | None:
+        """The stored part `part` in its format's dtype and shape: a view of the bytes held, never a copy. A part the
+        layer's options leave out is `default` where one is given (an error otherwise)."""
+        attr = self.part_attrs.get(part)
+        if attr is None:
+            if default is _REQUIRED:
+                raise KeyError(f"{self.FORMAT.NAME} layer has no part {part!r}")
+            return default
+        return self._typed(attr)
+
+    def _typed(self, attr: str) -> torch.Tensor:
+        held = self._parameters[attr]
+        dtype, shape = self._part_types[attr]
+        if held.dtype != torch.uint8:
+            raise TypeError(
+                f"{type(self).__name__} part {attr!r} was cast to {held.dtype}: its stored bytes are gone. A stored "
+                "part is never cast (FSDP2: leave MixedPrecisionPolicy's param_dtype unset, the weights are "
+                "already in their compute dtype)"
+            )
+        return held.view(dtype).view(shape)
+
     @property
     def weight(self) -> torch.Tensor:
         """What model code reads of a Linear's weight: a float32 stand-in of its logical shape on its device (one
         element, expanded), never the stored part of that name (float8 values, packed bytes): code that casts its
         input to ``.weight.dtype`` (transformers' T5 before its ``wo``) must not cast it to a storage dtype. The
         parts are `stored()`; the weight's values, `dequantize()`."""
-        device = next(iter(self._buffers.values())).device
+        device = self._parameters[next(iter(self.part_attrs.values()))].device
         one = torch.empty((1, 1), dtype=torch.float32, device=device)
         return one.expand(self.out_features, self.in_features)
 
     def stored(self) -> dict[str, torch.Tensor]:
         """The parts, by the format's part names."""
-        return {part: self._buffers[attr] for part, attr in self.part_attrs.items()}
+        return {part: self._typed(attr) for part, attr in self.part_attrs.items()}
 
     def set_part(self, part: str, tensor: torch.Tensor) -> None:
         """Take `tensor` (not a copy) as the stored part `part`; its dtype and shape must be the format's."""
@@ -134,7 +166,7 @@ class QuantizedLinear(nn.Module):
                 f"{self.FORMAT.NAME} part {part!r} of a [{self.out_features}, {self.in_features}] Linear is "
                 f"{dtype_name}{list(shape or [])}, got {tensor.dtype}{list(tensor.shape)}"
             )
-        self._buffers[self.part_attrs[part]] = tensor
+        self._hold(self.part_attrs[part], tensor)
         self.parts_changed()
 
     def parts_changed(self) -> None:
@@ -231,8 +263,7 @@ class QuantizedLinear(nn.Module):
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         for part, attr in self.part_attrs.items():
-            t = self._buffers[attr]
-            destination[prefix + part] = t if keep_vars else t.detach()
+            destination[prefix + part] = self._typed(attr).detach()
         if self.bias is not None:
             destination[prefix + "bias"] = self.bias if keep_vars else self.bias.detach()
 
@@ -249,7 +280,7 @@ class QuantizedLinear(nn.Module):
                 missing_keys.append(key)
                 continue
             value = state_dict[key]
-            current = self.bias if attr == "bias" else self._buffers[attr]  # `weight` is a stand-in
+            current = self.bias if attr == "bias" else self._typed(attr)  # `weight` is a stand-in
             shape_ok = name in self._late_parts or value.shape == current.shape
             if not shape_ok or (attr != "bias" and value.dtype != current.dtype):
                 error_msgs.append(
@@ -263,7 +294,7 @@ class QuantizedLinear(nn.Module):
                     with torch.no_grad():
                         self.bias.copy_(value)
             elif assign or current.is_meta or value.shape != current.shape:  # a late part may change size
-                self._buffers[attr] = value
+                self._hold(attr, value)
             else:
                 with torch.no_grad():
                     current.copy_(value)
@@ -280,7 +311,10 @@ class QuantizedLinear(nn.Module):
     # -- moving: parts keep their dtype, follow the device ------------------------------------------
 
     def _apply(self, fn, recurse=True):
-        for name, t in self._buffers.items():
+        for attr in self.part_attrs.values():  # bytes: follow the device, never a dtype
+            held = self._parameters[attr].data
+            set_param(self, attr, held.to(fn(torch.empty(0, dtype=held.dtype, device=held.device)).device))
+        for name, t in self._buffers.items():  # what a scheme derived from its parts (NF4's nested offset)
             if t is None:
                 continue
             probe = fn(torch.empty(0, dtype=t.dtype, device=t.device))
@@ -288,6 +322,12 @@ class QuantizedLinear(nn.Module):
         if self.bias is not None:
             set_param(self, "bias", fn(self.bias.data))
         return self
+
+
+def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor`'s bytes as uint8, a view (no copy): its last dim times its itemsize, a scalar's as one row. A part's
+    bytes are what FSDP2 shards and all-gathers (a group of float8 alone fails gloo's all-gather; bytes never do)."""
+    return (tensor if tensor.dim() else tensor.reshape(1)).view(torch.uint8)
 
 
 def set_param(module: nn.Module, name: str, value: torch.Tensor) -> None:

@@ -39,7 +39,7 @@ class ComfyFP8Linear(QuantizedLinear):
     )
 
     def static_problem(self, x: torch.Tensor) -> str | None:
-        if self._buffers[comfy_fp8.WEIGHT].dtype != FP8_DTYPE:
+        if self.part(comfy_fp8.WEIGHT).dtype != FP8_DTYPE:
             return "the kernel multiplies float8_e4m3fn weights, this layer's are float8_e5m2"
         return _fp8_problem(self, x)
 
@@ -47,19 +47,19 @@ class ComfyFP8Linear(QuantizedLinear):
         return _fp8_accumulation(device)
 
     def quantized_input(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        static = self._buffers.get(comfy_fp8.INPUT_SCALE)  # a part only where the options have it
+        static = self.part(comfy_fp8.INPUT_SCALE, None)  # a part only where the options have it
         if fused.available(rows.device):
             return fused.fp8_tensor(rows, static)
         return comfy_fp8.quantize_tensor(rows, static)
 
     def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight, scale = self._buffers[comfy_fp8.WEIGHT], self._buffers[comfy_fp8.SCALE]
+        weight, scale = self.part(comfy_fp8.WEIGHT), self.part(comfy_fp8.SCALE)
         x_q, x_scale = self.quantized_input(_rows(x, self.in_features))
         y = _scaled_mm_with_bias(x_q, weight.t(), x_scale, scale.float(), self.bias, x.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def kernel_operands(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x_q, x_scale = comfy_fp8.quantize_tensor(rows, self._buffers.get(comfy_fp8.INPUT_SCALE))
+        x_q, x_scale = comfy_fp8.quantize_tensor(rows, self.part(comfy_fp8.INPUT_SCALE, None))
         return _decoded(x_q, x_scale), _decoded(
-            self._buffers[comfy_fp8.WEIGHT], self._buffers[comfy_fp8.SCALE]
+            self.part(comfy_fp8.WEIGHT), self.part(comfy_fp8.SCALE)
         )

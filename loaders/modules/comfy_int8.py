@@ -41,12 +41,12 @@ class ComfyInt8Linear(QuantizedLinear):
         return rows
 
     def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight, scale = self._buffers[comfy_int8.WEIGHT], self._buffers[comfy_int8.SCALE]
+        weight, scale = self.part(comfy_int8.WEIGHT), self.part(comfy_int8.SCALE)
         return int8_linear(x, self._input_rows(x), weight, scale, self.bias)
 
     def kernel_operands(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x_q, x_scale = comfy_int8.quantize_rows(self._input_rows(x))
-        weight, scale = self._buffers[comfy_int8.WEIGHT], self._buffers[comfy_int8.SCALE]
+        weight, scale = self.part(comfy_int8.WEIGHT), self.part(comfy_int8.SCALE)
         return _decoded(x_q, x_scale), _decoded(weight, scale.reshape(-1, 1))
 
 

@@ -37,10 +37,10 @@ class ComfyNVFP4Linear(QuantizedLinear):
     def _encoded_input(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         """The call's input as the kernel takes it: times the stored ``pre_quant_scale`` first where the layer has
         one (cast to the input's dtype, as ComfyUI's Linear multiplies it), then NVFP4 with the static scale."""
-        smoothing = self._buffers.get(comfy_nvfp4.PRE_QUANT_SCALE)  # a part only where the options have it
+        smoothing = self.part(comfy_nvfp4.PRE_QUANT_SCALE, None)  # a part only where the options have it
         if smoothing is not None:
             rows = rows * smoothing.to(rows.dtype)
-        static = self._buffers.get(comfy_nvfp4.INPUT_SCALE)
+        static = self.part(comfy_nvfp4.INPUT_SCALE, None)
         return comfy_nvfp4.FORMAT.encode(rows, **({} if static is None else {"scale": static}))
 
     def _stored_weight(self, dtype: torch.dtype) -> torch.Tensor:

@@ -40,7 +40,7 @@ class FP8ChannelLinear(QuantizedLinear):
         return fp8_channel.quantize_rows(rows)
 
     def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight, scale = self._buffers[fp8_channel.WEIGHT], self._buffers[fp8_channel.SCALE]
+        weight, scale = self.part(fp8_channel.WEIGHT), self.part(fp8_channel.SCALE)
         x_q, x_scale = self.quantized_input(_rows(x, self.in_features))
         y = _scaled_mm_with_bias(x_q, weight.t(), x_scale, scale.t(), self.bias, x.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
@@ -48,5 +48,5 @@ class FP8ChannelLinear(QuantizedLinear):
     def kernel_operands(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x_q, x_scale = fp8_channel.quantize_rows(rows)
         return _decoded(x_q, x_scale), _decoded(
-            self._buffers[fp8_channel.WEIGHT], self._buffers[fp8_channel.SCALE]
+            self.part(fp8_channel.WEIGHT), self.part(fp8_channel.SCALE)
         )

@@ -28,7 +28,7 @@ class GGUFLinear(QuantizedLinear):
     HAS_KERNEL = False
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        blocks = self._buffers[gguf.WEIGHT]
+        blocks = self.part(gguf.WEIGHT)
         if self.options.type_name == "Q8_0" and fused.available(blocks.device):
             return fused.q8_0_decode(blocks, dtype)
         return super().dequantize(dtype)

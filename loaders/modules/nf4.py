@@ -13,7 +13,7 @@ from quantize.formats import nf4
 
 from .. import bnb
 from ..emulation import BF16_REDUCED_SUM, FP32_SUM, Accumulation
-from .base import QuantizedLinear, _attr
+from .base import QuantizedLinear
 
 
 class NF4Linear(QuantizedLinear):
@@ -36,7 +36,7 @@ class NF4Linear(QuantizedLinear):
         self.register_buffer("nested_offset", torch.zeros((), device=kw.get("device")), persistent=False)
 
     def parts_changed(self) -> None:
-        packed = self._buffers[_attr(nf4.QUANT_STATE)]
+        packed = self.part(nf4.QUANT_STATE)
         if packed.is_meta:
             self._fields = None
             return
@@ -52,7 +52,7 @@ class NF4Linear(QuantizedLinear):
     def _bnb_weight(self) -> torch.Tensor:
         """The weight as bitsandbytes dequantizes it for a matmul (in the quant state's dtype, bf16)."""
         return bnb.functional().dequantize_4bit(
-            self._buffers[nf4.WEIGHT], self._quant_state(), quant_type="nf4"
+            self.part(nf4.WEIGHT), self._quant_state(), quant_type="nf4"
         )
 
     def static_problem(self, x: torch.Tensor) -> str | None:
@@ -67,7 +67,7 @@ class NF4Linear(QuantizedLinear):
         if x.device.type == "cpu":
             y = F.linear(x, self._bnb_weight().to(self.compute_dtype), bias)
         else:
-            weight = self._buffers[nf4.WEIGHT].t()
+            weight = self.part(nf4.WEIGHT).t()
             y = bnb.bitsandbytes().matmul_4bit(x, weight, bias=bias, quant_state=self._quant_state())
         return y.to(x_dtype)
 

@@ -39,7 +39,7 @@ class TorchaoInt8Linear(QuantizedLinear):
         return INT32_SUM
 
     def fast_forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight, scale = self._buffers[torchao_int8.QDATA], self._buffers[torchao_int8.SCALE]
+        weight, scale = self.part(torchao_int8.QDATA), self.part(torchao_int8.SCALE)
         rows = _rows(x, self.in_features)
         if fused.available(rows.device):
             x_q, x_scale = fused.int8_rows_torchao(rows)
@@ -53,5 +53,5 @@ class TorchaoInt8Linear(QuantizedLinear):
 
     def kernel_operands(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x_q, x_scale = torchao_int8.quantize_rows(rows)
-        weight, scale = self._buffers[torchao_int8.QDATA], self._buffers[torchao_int8.SCALE]
+        weight, scale = self.part(torchao_int8.QDATA), self.part(torchao_int8.SCALE)
         return _decoded(x_q, x_scale), _decoded(weight, scale.reshape(-1, 1))

@@ -196,9 +196,9 @@ def test_pinned_loading_and_pinned_homing_of_a_mapped_model(converted, fake_pinn
 
     mapped = load("mmap")
     reread = []
-    real_read_into = loaders.offload.read_into
+    real_reread = loaders.offload.reread
     monkeypatch.setattr(
-        loaders.offload, "read_into", lambda info, out: reread.append(info.name) or real_read_into(info, out)
+        loaders.offload, "reread", lambda info, out: reread.append(info.name) or real_reread(info, out)
     )
     enable_block_offload(mapped, device="cpu", host="pinned")
     from_file = {k for k in stored_tensors(out) if k.startswith("blocks.")}  # the checkpoint's names
