@@ -61,6 +61,7 @@ bench: setup
 	$(BIN)/python benchmarks/bench_convert.py --preset 1.3b --write docs/BENCHMARKS.md
 	$(BIN)/python benchmarks/bench_convert.py --preset 1.3b --lora-only --write docs/BENCHMARKS.md
 	$(BIN)/python benchmarks/bench_4bit.py --write docs/BENCHMARKS.md
+	$(BIN)/python benchmarks/bench_parallel.py --write docs/BENCHMARKS.md
 	$(BIN)/python benchmarks/bench_verify.py --preset 1.3b --write docs/BENCHMARKS.md
 	$(BIN)/python benchmarks/bench_sensitivity.py --preset 1.3b --write docs/BENCHMARKS.md
 	$(BIN)/python benchmarks/bench_load.py --write docs/BENCHMARKS.md

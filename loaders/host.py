@@ -128,7 +128,9 @@ def reread(info: TensorInfo, out: torch.Tensor) -> torch.Tensor:
     """Read `info`'s stored bytes again into `out`: a contiguous host tensor of as many bytes, typed as stored or a
     quantized part's bytes (what `QuantizedLinear` holds)."""
     flat = out.reshape(-1).view(torch.uint8)
-    read_into(info, flat.view(dtypes.by_name(info.dtype).torch).view(dtypes.held_shape(info.dtype, info.shape)))
+    read_into(
+        info, flat.view(dtypes.by_name(info.dtype).torch).view(dtypes.held_shape(info.dtype, info.shape))
+    )
     return out
 
 

@@ -3,10 +3,10 @@
 `QuantizedLinear` keeps a format's stored parts as frozen parameters holding their bytes (uint8: what FSDP2 shards and
 gathers in any group, what no dtype cast or "first floating parameter" rule touches), reads them back typed under the
 format's part names (so the state dict is the checkpoint's keys, in its dtypes), moves with `.to()` keeping their
-stored dtypes, and chooses per call between the scheme's
-kernel (`fast_forward`) and its eager reference (the weight decoded for the call); whether a kernel runs on a device
-is probed once per class, device and dtype, its result held to the exact emulation (`loaders/emulation.py`). The
-schemes (one module per format beside this one) define what differs: their kernel, its operands, its accumulation.
+stored dtypes, and chooses per call between the scheme's kernel (`fast_forward`) and its eager reference (the weight
+decoded for the call); whether a kernel runs on a device is probed once per class, device and dtype, its result held
+to the exact emulation (`loaders/emulation.py`). The schemes (one module per format beside this one) define what
+differs: their kernel, its operands, its accumulation.
 """
 
 from __future__ import annotations
@@ -64,7 +64,9 @@ class QuantizedLinear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.options, self.compute = options, compute
         self.part_attrs: dict[str, str] = {}
-        self._part_types: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}  # attr -> the part's dtype, shape
+        self._part_types: dict[
+            str, tuple[torch.dtype, tuple[int, ...]]
+        ] = {}  # attr -> the part's dtype, shape
         self._late_parts: set[str] = set()  # parts whose size is only known from the checkpoint
         for part, (dtype_name, shape) in self._specs().items():
             held = (0,) if shape is None else dtypes.held_shape(dtype_name, shape)
@@ -136,7 +138,7 @@ class QuantizedLinear(nn.Module):
         dtype, shape = self._part_types[attr]
         if held.dtype != torch.uint8:
             raise TypeError(
-                f"{type(self).__name__} part {attr!r} was cast to {held.dtype}: its stored bytes are gone. A stored "
+                f"{type(self).__name__} parameter {attr!r} was cast to {held.dtype}: its stored bytes are gone. A stored "
                 "part is never cast (FSDP2: leave MixedPrecisionPolicy's param_dtype unset, the weights are "
                 "already in their compute dtype)"
             )
@@ -311,9 +313,10 @@ class QuantizedLinear(nn.Module):
     # -- moving: parts keep their dtype, follow the device ------------------------------------------
 
     def _apply(self, fn, recurse=True):
-        for attr in self.part_attrs.values():  # bytes: follow the device, never a dtype
+        for attr in self.part_attrs.values():  # bytes: follow the device (pinning, sharing), never a dtype
             held = self._parameters[attr].data
-            set_param(self, attr, held.to(fn(torch.empty(0, dtype=held.dtype, device=held.device)).device))
+            probe = fn(torch.empty(0, dtype=held.dtype, device=held.device))
+            set_param(self, attr, fn(held) if probe.dtype == held.dtype else held.to(probe.device))
         for name, t in self._buffers.items():  # what a scheme derived from its parts (NF4's nested offset)
             if t is None:
                 continue

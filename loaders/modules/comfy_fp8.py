@@ -60,6 +60,4 @@ class ComfyFP8Linear(QuantizedLinear):
 
     def kernel_operands(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x_q, x_scale = comfy_fp8.quantize_tensor(rows, self.part(comfy_fp8.INPUT_SCALE, None))
-        return _decoded(x_q, x_scale), _decoded(
-            self.part(comfy_fp8.WEIGHT), self.part(comfy_fp8.SCALE)
-        )
+        return _decoded(x_q, x_scale), _decoded(self.part(comfy_fp8.WEIGHT), self.part(comfy_fp8.SCALE))

@@ -47,6 +47,4 @@ class FP8ChannelLinear(QuantizedLinear):
 
     def kernel_operands(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x_q, x_scale = fp8_channel.quantize_rows(rows)
-        return _decoded(x_q, x_scale), _decoded(
-            self.part(fp8_channel.WEIGHT), self.part(fp8_channel.SCALE)
-        )
+        return _decoded(x_q, x_scale), _decoded(self.part(fp8_channel.WEIGHT), self.part(fp8_channel.SCALE))

@@ -51,9 +51,7 @@ class NF4Linear(QuantizedLinear):
 
     def _bnb_weight(self) -> torch.Tensor:
         """The weight as bitsandbytes dequantizes it for a matmul (in the quant state's dtype, bf16)."""
-        return bnb.functional().dequantize_4bit(
-            self.part(nf4.WEIGHT), self._quant_state(), quant_type="nf4"
-        )
+        return bnb.functional().dequantize_4bit(self.part(nf4.WEIGHT), self._quant_state(), quant_type="nf4")
 
     def static_problem(self, x: torch.Tensor) -> str | None:
         if x.device.type == "cuda" and (problem := bnb.cuda_problem()) is not None:

@@ -13,7 +13,9 @@
 - **lora** (`LoraNames`): the key prefixes its LoRAs carry in the wild, its modulation tables' names.
 - **card** (`CardWords`): what the model card says of it.
 - **running it**: the diffusers class (`detection.diffusers_class`), a pass's inputs (`inputs`) and the class's
-  config derived from an original one (`diffusers_config`), abstract, as `formats.base.Format`'s hooks are.
+  config derived from an original one (`diffusers_config`), abstract, as `formats.base.Format`'s hooks are; the
+  context-parallel plan where diffusers' class ships none (`cp_plan`, ``loaders.parallel``) and whether its
+  attention's masks go on under it as the keys' (`cp_masks_on_keys`).
 
 A family is a subclass that sets these parts and overrides the few hooks it truly needs: `HOOKS`, declared in one
 block of `Family`, each abstract or with its default; everything else of the base is final (a subclass that
@@ -502,6 +504,19 @@ class Family(abc.ABC):
             stacks[native] = stack
         return stacks
 
+    def cp_plan(self, config: dict) -> dict | None:
+        """diffusers' context-parallel plan for the class (module name -> its ``ContextParallelInput``s or
+        ``ContextParallelOutput``, as a class's ``_cp_plan``), where the class ships none; built when asked, so
+        that importing a family imports nothing of diffusers. Default: None (the class's own, or none)."""
+        return None
+
+    def cp_masks_on_keys(self) -> bool:
+        """Whether the class's attention builds a query-and-key mask ([B, 1, S, S]: a query sees a key where both
+        are valid) from the tokens a rank holds, which Ulysses cannot gather (it gathers a mask along the keys):
+        `loaders.parallel` then passes such a mask on as its keys' ([B, 1, 1, S]) under context parallelism, the
+        same rows for every valid query. Default: False."""
+        return False
+
     # --- final: what callers ask, made of the declared parts (a family overrides none of it) ---------------------
 
     def __init_subclass__(cls, **kwargs: object) -> None:
@@ -633,5 +648,7 @@ HOOKS = frozenset(
         "gguf_companion_key_values",
         "refuse_native",
         "native_stacks",
+        "cp_plan",
+        "cp_masks_on_keys",
     }
 )

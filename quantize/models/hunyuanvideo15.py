@@ -419,5 +419,31 @@ class HunyuanVideo15(Family):
         task = config.get("task_type") or config.get("ideal_task")
         return "image-to-video" if task == "i2v" else "text-to-video"
 
+    def cp_plan(self, config: dict) -> dict:
+        """diffusers' context-parallel plan for `HunyuanVideo15Transformer3DModel`, which ships none: the
+        rotary tables (cos, sin: one row per image token) split as RoPE returns them; the first block's image tokens
+        and its joined text tokens split along the sequence, each rank holding a share of both (the blocks' joint
+        attention sees [image; text] of every rank after Ulysses' all-to-all, the same set of tokens as one
+        process), and the text mask at every block; the output projection's tokens gathered back. The attention's
+        query-and-key mask goes on as its keys' (`cp_masks_on_keys`)."""
+        from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+
+        rows = ContextParallelInput(split_dim=0, expected_dims=2, split_output=True)
+        tokens = ContextParallelInput(split_dim=1, expected_dims=3, split_output=False)
+        return {
+            "rope": {0: rows, 1: rows},
+            # the tokens once (each block passes its share on), the text mask at every block (each gets the whole)
+            "transformer_blocks.0": {"hidden_states": tokens, "encoder_hidden_states": tokens},
+            "transformer_blocks.*": {
+                "attention_mask": ContextParallelInput(split_dim=1, expected_dims=2, split_output=False)
+            },
+            "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3),
+        }
+
+    def cp_masks_on_keys(self) -> bool:
+        """diffusers' `HunyuanVideo15AttnProcessor2_0` (0.42) builds [B, 1, S, S] from the valid tokens a rank
+        holds; every rank holds image tokens (all valid), so its mask's keys are the rank's valid tokens."""
+        return True
+
 
 HUNYUANVIDEO15 = HunyuanVideo15()

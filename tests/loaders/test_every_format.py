@@ -696,3 +696,23 @@ def test_to_dtype_moves_the_bias_but_never_the_stored_parts(cls, options):
     m.float()
     assert all(same_bytes(m.state_dict()[k], t) for k, t in before.items())
     assert m.bias.dtype == torch.float32
+
+
+@pytest.mark.parametrize("cls, options", NEW_MODULES)
+def test_parts_are_frozen_byte_parameters_read_back_typed_without_a_copy(cls, options):
+    """What FSDP2 shards and what "the first floating parameter" rules (diffusers' `ModelMixin.dtype`) read: each
+    part is a frozen uint8 parameter `<part>_bytes`, its typed view the stored part (same memory), never floating; a
+    cast of those bytes is refused in one line rather than read as values."""
+    m = _module(cls, options)
+    parts = cls.FORMAT.parts((96, 256), *(() if options is None else (options,)))
+    held = {n: p for n, p in m.named_parameters() if n != "bias"}
+    assert set(held) == {p.replace(".", "_") + "_bytes" for p in parts}
+    assert all(p.dtype == torch.uint8 and not p.requires_grad for p in held.values())
+    for part, t in m.stored().items():
+        assert t.data_ptr() == held[part.replace(".", "_") + "_bytes"].data_ptr()
+        assert t.nbytes == held[part.replace(".", "_") + "_bytes"].nbytes
+    assert [p.dtype for p in m.parameters() if p.is_floating_point()] == [m.bias.dtype]
+    name = next(iter(held))
+    m._parameters[name] = torch.nn.Parameter(held[name].to(torch.bfloat16), requires_grad=False)
+    with pytest.raises(TypeError, match=rf"'{name}' was cast to torch.bfloat16: .* param_dtype unset"):
+        m(layer_input(inp=256))
