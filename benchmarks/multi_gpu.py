@@ -593,14 +593,21 @@ def main(argv: list[str] | None = None) -> None:
     import torch.distributed as dist
 
     from loaders.parallel import fsdp_problem
+    from quantize.errors import InputError
 
     if (problem := fsdp_problem()) is not None:
         sys.exit(f"multi_gpu.py: {problem}")
+    try:
+        folders = model_folders(args.checkpoint, args.expert)
+    except (
+        InputError
+    ) as e:  # a checkpoint that is not there or holds no model: one line, before any rank waits
+        print(f"multi_gpu.py: {e}", file=sys.stderr)
+        sys.exit(2)
 
     device = init_distributed(args)
     rank = dist.get_rank()
     try:
-        folders = model_folders(args.checkpoint, args.expert)
         models, outputs, kept = {}, {}, []
         for folder in folders:
             result, model, tensors = run_distributed(folder, args, device)
@@ -623,6 +630,10 @@ def main(argv: list[str] | None = None) -> None:
                 args.json.write_text(json.dumps(report, indent=2) + "\n")
             if args.outputs:
                 save_outputs(outputs, args.outputs)
+    except InputError as e:  # a checkpoint that does not fit its class (every rank finds the same): one line
+        if rank == 0:
+            print(f"multi_gpu.py: {e}", file=sys.stderr)
+        sys.exit(2)
     finally:
         dist.destroy_process_group()
 

@@ -56,14 +56,15 @@ def a14b(tmp_path_factory) -> Path:
     return ckpt
 
 
-def torchrun(*args: str | Path) -> subprocess.CompletedProcess:
-    """`torchrun --standalone --nproc_per_node 2 benchmarks/multi_gpu.py ARGS --device cpu`, one thread a rank."""
+def torchrun(*args: str | Path, code: int = 0) -> subprocess.CompletedProcess:
+    """`torchrun --standalone --nproc_per_node 2 benchmarks/multi_gpu.py ARGS --device cpu`, one thread a rank,
+    which must exit with `code`."""
     launcher = [str(TORCHRUN)] if TORCHRUN.exists() else [sys.executable, "-m", "torch.distributed.run"]
     cmd = [*launcher, "--standalone", "--nproc_per_node", "2", str(SCRIPT), *map(str, args)]
     cmd += ["--device", "cpu", "--threads", "1", *VIDEO]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, (
+    assert proc.returncode == code, (
         f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr[-4000:]}"
     )
     return proc
@@ -142,3 +143,14 @@ def test_fsdp_over_the_blocks_alone(a14b, tmp_path):
         assert r["rest_bytes"] == result["bytes"]["rest"]
     saved = load_file(outputs_path)
     assert torch.equal(saved[f"{name}/output"], single_process_output(a14b / name, saved, name))
+
+
+def test_a_checkpoint_that_is_not_there_is_one_line_and_exit_2(tmp_path):
+    missing = tmp_path / "Wan2.1-T2V-14B-fp8"
+    proc = torchrun(missing, code=1)  # torchrun's own code for a failed rank; the rank's is 2
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("multi_gpu.py:")]
+    assert lines == [f"multi_gpu.py: {missing}: not found"] * 2  # each rank says it, before any waits
+    assert (
+        "]: Traceback" not in proc.stderr
+    )  # no rank's traceback (torchrun reports the failed rank with its own)
+    assert "exitcode  : 2" in proc.stderr
